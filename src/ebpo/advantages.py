@@ -1,0 +1,893 @@
+"""Advantage estimators for outcome rewards: EBPO and its baselines, found through one registry.
+
+Contract (docs/design.md, "Advantage estimators")::
+
+    est = get_estimator("ebpo", prior_scope="global")      # unknown name -> ValueError listing valid ones
+    adv_N = est(rewards_N, index_N, cluster=None)           # float32, one advantage per sequence
+    est.observe(rewards_N, index_N, cluster=None)           # update state only (DAPO's dropped groups)
+    est.state_dict(); est.load_state_dict(sd); est.metrics()
+
+``rewards`` are N sequence rewards, ``index`` N group ids (any hashable; groups need not be contiguous and
+may differ in size), ``cluster`` optional N cluster keys, constant within a group. Computation is float64
+inside; the result is float32 on the rewards' device. Non-finite rewards raise ``ValueError`` naming the
+first bad position; an empty batch returns an empty tensor and leaves the state alone.
+
+The math lives in pure tensor functions (``grpo_advantage``, ``rloo_advantage``, ``jspo_advantage``,
+``shrinkage_baseline``, ``ebpo_advantage``...) over per-sample group ids, vectorised with ``index_add`` /
+``scatter_reduce`` (no Python loop over groups); the registered classes hold state and metrics.
+Formulas: SPEC sections 1-3 (``shared/SPEC.md``) and the EBPO paper (Section 3.2, Algorithm 1).
+
+Metrics (``est.metrics()``, the last call's batch), for every estimator:
+
+- ``groups/num``: number of groups M in the batch.
+- ``groups/all_fail`` / ``groups/all_pass``: fraction of groups whose rewards are all at the floor / all
+  at the ceiling. Binary batches (every reward 0 or 1): all 0 / all 1. Shaped rewards: all equal to the
+  batch minimum / maximum, counted only when the batch minimum < maximum (a batch holding one value
+  everywhere says nothing about which end it is at, so both fractions are 0 there).
+- ``adv/zero_frac``: fraction of samples with |A| < 1e-8; ``adv/abs_mean``: mean |A|.
+
+and for ``ebpo`` (means over the batch's groups of each group's prior): ``ebpo/mu_glob``, ``ebpo/sigma2``,
+``ebpo/tau2``, ``ebpo/shrinkage`` (mean S), ``ebpo/baseline_mean`` (mean V_eb), ``ebpo/cluster_prior_frac``
+(fraction of groups that used their cluster's own prior); for ``jspo``: ``jspo/lambda`` (mean lambda).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Hashable
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from ebpo.welford import EWWelford, Welford
+
+__all__ = [
+    "AdvantageEstimator",
+    "Batch",
+    "EBPOEstimator",
+    "GroupStats",
+    "batch_normalize",
+    "dr_grpo_advantage",
+    "ebpo_advantage",
+    "get_estimator",
+    "group_ids",
+    "group_moments",
+    "grpo_advantage",
+    "jspo_advantage",
+    "list_estimators",
+    "register_estimator",
+    "reinforce_pp_baseline_advantage",
+    "rloo_advantage",
+    "shrinkage_baseline",
+]
+
+ZERO_ADV_TOL = 1e-8  # |A| below this counts as "no signal" in adv/zero_frac
+
+# ----------------------------------------------------------------------------------------------------
+# Registry
+# ----------------------------------------------------------------------------------------------------
+
+_ESTIMATORS: dict[str, type[AdvantageEstimator]] = {}
+
+
+def register_estimator(name: str) -> Callable[[type[AdvantageEstimator]], type[AdvantageEstimator]]:
+    """Class decorator: make ``get_estimator(name, **options)`` build ``cls(**options)``."""
+
+    def decorator(cls: type[AdvantageEstimator]) -> type[AdvantageEstimator]:
+        if name in _ESTIMATORS and _ESTIMATORS[name] is not cls:
+            raise ValueError(f"advantage estimator {name!r} is already registered to {_ESTIMATORS[name]}")
+        _ESTIMATORS[name] = cls
+        cls.name = name
+        return cls
+
+    return decorator
+
+
+def list_estimators() -> list[str]:
+    """Names accepted by :func:`get_estimator`, sorted."""
+    return sorted(_ESTIMATORS)
+
+
+def get_estimator(name: str, **options: Any) -> AdvantageEstimator:
+    """Build the estimator registered as ``name`` with keyword ``options``.
+
+    Raises ValueError for an unknown name (listing the valid ones) and TypeError for options the
+    estimator does not take (naming them and listing the ones it does).
+    """
+    if name not in _ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {name!r}; valid names: {', '.join(list_estimators())}")
+    cls = _ESTIMATORS[name]
+    params = inspect.signature(cls.__init__).parameters
+    valid = [p for p in params if p != "self" and params[p].kind is inspect.Parameter.KEYWORD_ONLY]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise TypeError(
+            f"advantage estimator {name!r} got unknown option(s) {unknown}; "
+            f"valid options: {valid if valid else 'none'}"
+        )
+    return cls(**options)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Input handling
+# ----------------------------------------------------------------------------------------------------
+
+
+def _to_hashable(key: Any) -> Hashable:
+    """numpy scalars -> Python scalars so that np.str_('a'), 'a' and checkpoints agree."""
+    if isinstance(key, np.generic):
+        return key.item()
+    return key
+
+
+def group_ids(index: Any) -> tuple[torch.Tensor, int]:
+    """Map N group ids to (inverse LongTensor[N] with values in 0..M-1, M).
+
+    ``index`` may be a 1-D tensor or numpy array of ints / strings, a numpy object array, or any sequence
+    of hashables. Integer and fixed-width string arrays are factorised with ``unique`` (group numbers in
+    sorted order); anything else with a dict (numbers in order of first appearance). Object arrays are
+    first cut into runs of equal neighbours (vectorised), so only one key per run goes through the dict:
+    verl-style batches, where a group's samples sit together, cost O(M) Python work, not O(N). Only
+    equality of ids matters to the estimators, never their order.
+    """
+    if isinstance(index, torch.Tensor):
+        if index.ndim != 1:
+            raise ValueError(f"index must be 1-D, got shape {tuple(index.shape)}")
+        if not index.dtype.is_floating_point and not index.dtype.is_complex:
+            uniques, inverse_N = torch.unique(index, return_inverse=True)
+            return inverse_N.long(), int(uniques.numel())
+        index = index.tolist()
+    if isinstance(index, np.ndarray):
+        if index.ndim != 1:
+            raise ValueError(f"index must be 1-D, got shape {index.shape}")
+        if index.dtype.kind in "biuUS":
+            uniques, inverse = np.unique(index, return_inverse=True)
+            return torch.from_numpy(inverse.reshape(-1).astype(np.int64)), int(uniques.size)
+        runs = _runs(index)
+        if runs is not None:
+            starts, lengths = runs
+            run_ids, num_groups = _factorize_hashables(index[starts].tolist())
+            return torch.from_numpy(np.repeat(run_ids, lengths)), num_groups
+        index = index.tolist()
+    inverse, num_groups = _factorize_hashables(index)
+    return torch.from_numpy(inverse), num_groups
+
+
+def _runs(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(start, length) of each run of equal neighbours in an object array; None if keys do not compare."""
+    num = keys.size
+    if num == 0:
+        return None
+    try:
+        change = np.empty(num, dtype=bool)
+        change[0] = True
+        change[1:] = np.asarray(keys[1:] != keys[:-1], dtype=bool)
+    except (TypeError, ValueError):
+        return None
+    starts = np.flatnonzero(change)
+    lengths = np.diff(np.append(starts, num))
+    return starts, lengths
+
+
+def _factorize_hashables(keys: Any) -> tuple[np.ndarray, int]:
+    """Number distinct keys in order of first appearance: (int64 array of ids, count)."""
+    mapping: dict[Hashable, int] = {}
+    try:
+        inverse = [mapping.setdefault(key, len(mapping)) for key in keys]
+    except TypeError:
+        for position, key in enumerate(keys):
+            if not isinstance(key, Hashable):
+                raise TypeError(
+                    f"group id at position {position} is {type(key).__name__} {key!r}, which is not hashable"
+                ) from None
+        raise
+    return np.array(inverse, dtype=np.int64), len(mapping)
+
+
+class Batch(NamedTuple):
+    """A validated batch: float64 rewards, group ids 0..M-1, and optional per-sample cluster keys."""
+
+    rewards_N: torch.Tensor  # (N,) float64
+    group_N: torch.Tensor  # (N,) long, values in 0..num_groups-1
+    num_groups: int
+    cluster: list[Hashable] | None  # N keys, or None
+
+
+def _prepare(rewards: Any, index: Any, cluster: Any) -> Batch:
+    """Validate the contract's inputs (see module docstring) and compute group ids."""
+    rewards_t = torch.as_tensor(rewards)
+    if rewards_t.ndim != 1:
+        raise ValueError(
+            f"rewards must be a 1-D tensor of N sequence rewards, got shape {tuple(rewards_t.shape)}"
+        )
+    rewards_N = rewards_t.detach().to(torch.float64)
+    num = rewards_N.numel()
+    finite_N = torch.isfinite(rewards_N)
+    if not bool(finite_N.all()):
+        position = int((~finite_N).nonzero()[0, 0])
+        raise ValueError(
+            f"reward at position {position} is {rewards_N[position].item()}: rewards must be finite "
+            "(check the reward function for this sample)"
+        )
+    if len(index) != num:
+        raise ValueError(f"index has {len(index)} entries but rewards has {num}; they must match")
+    if cluster is not None and len(cluster) != num:
+        raise ValueError(f"cluster has {len(cluster)} entries but rewards has {num}; they must match")
+    if num == 0:
+        return Batch(rewards_N, torch.zeros(0, dtype=torch.long, device=rewards_N.device), 0, None)
+    group_N, num_groups = group_ids(index)
+    keys = None
+    if cluster is not None:
+        source = cluster.tolist() if isinstance(cluster, np.ndarray | torch.Tensor) else list(cluster)
+        keys = [_to_hashable(key) for key in source]
+    return Batch(rewards_N, group_N.to(rewards_N.device), num_groups, keys)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Pure math over group ids
+# ----------------------------------------------------------------------------------------------------
+
+
+class GroupStats(NamedTuple):
+    """Per-group statistics; each tensor has shape (M,)."""
+
+    count_M: torch.Tensor  # G_m, float64
+    mean_M: torch.Tensor  # r̄_m
+    var_M: torch.Tensor  # unbiased sample variance s_m^2 (0 when G_m < 2)
+
+
+def _group_sum(values_N: torch.Tensor, group_N: torch.Tensor, num_groups: int) -> torch.Tensor:
+    return torch.zeros(num_groups, dtype=values_N.dtype, device=values_N.device).index_add_(
+        0, group_N, values_N
+    )
+
+
+def group_moments(rewards_N: torch.Tensor, group_N: torch.Tensor, num_groups: int) -> GroupStats:
+    """G_m, r̄_m = sum_i r_mi / G_m and s_m^2 = sum_i (r_mi - r̄_m)^2 / (G_m - 1) (0 for G_m < 2); two-pass."""
+    count_M = _group_sum(torch.ones_like(rewards_N), group_N, num_groups)
+    mean_M = _group_sum(rewards_N, group_N, num_groups) / count_M.clamp_min(1.0)
+    centered_N = rewards_N - mean_M[group_N]
+    sq_sum_M = _group_sum(centered_N * centered_N, group_N, num_groups)
+    var_M = torch.where(count_M > 1, sq_sum_M / (count_M - 1).clamp_min(1.0), torch.zeros_like(sq_sum_M))
+    return GroupStats(count_M, mean_M, var_M)
+
+
+def batch_normalize(adv_N: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """A = (a - mean(a)) / (std(a) + eps), std unbiased over all N samples (0 when N < 2); SPEC §1 step 5."""
+    num = adv_N.numel()
+    if num == 0:
+        return adv_N
+    centered_N = adv_N - adv_N.mean()
+    std = torch.sqrt((centered_N * centered_N).sum() / (num - 1)) if num > 1 else adv_N.new_zeros(())
+    return centered_N / (std + eps)
+
+
+def grpo_advantage(
+    rewards_N: torch.Tensor,
+    group_N: torch.Tensor,
+    num_groups: int,
+    *,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """GRPO (Shao et al. 2024; SPEC §3): A_i = (r_i - r̄_g) / (s_g + eps), s_g the unbiased group std.
+
+    With ``norm_by_std=False`` this is Dr. GRPO's A_i = r_i - r̄_g. A group of one has r_i = r̄_g and
+    s_g = 0, so its advantage is 0 (verl instead uses mean 0, std 1 there and returns r_i).
+    """
+    stats = group_moments(rewards_N, group_N, num_groups)
+    adv_N = rewards_N - stats.mean_M[group_N]
+    if norm_by_std:
+        std_M = torch.sqrt(stats.var_M)
+        adv_N = adv_N / (std_M[group_N] + eps)
+    return adv_N
+
+
+def dr_grpo_advantage(rewards_N: torch.Tensor, group_N: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """Dr. GRPO (Liu et al. 2025; SPEC §3): A_i = r_i - r̄_g, no std normalisation."""
+    return grpo_advantage(rewards_N, group_N, num_groups, norm_by_std=False)
+
+
+def rloo_advantage(rewards_N: torch.Tensor, group_N: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """RLOO (Ahmadian et al. 2024; SPEC §3): A_i = r_i - (sum_g - r_i) / (G - 1) = G / (G - 1) * (r_i - r̄_g).
+
+    A group of one has no other sample to form a baseline from: its advantage is 0.
+    """
+    stats = group_moments(rewards_N, group_N, num_groups)
+    count_N = stats.count_M[group_N]
+    loo_scale_N = torch.where(count_N > 1, count_N / (count_N - 1).clamp_min(1.0), torch.zeros_like(count_N))
+    return loo_scale_N * (rewards_N - stats.mean_M[group_N])
+
+
+def reinforce_pp_baseline_advantage(
+    rewards_N: torch.Tensor, group_N: torch.Tensor, num_groups: int, *, whiten_eps: float = 1e-8
+) -> torch.Tensor:
+    """REINFORCE++-baseline (Hu 2025; verl's ``reinforce_plus_plus_baseline``).
+
+    a_i = r_i - r̄_g, then whitened over the whole batch: A = (a - mean(a)) / sqrt(var(a) + whiten_eps),
+    var unbiased (0 when N < 2). Two deliberate differences from verl: verl whitens over tokens (each
+    sequence weighted by its length; equal to ours when all responses have one length) and gives a group
+    of one the baseline 0; here a group of one gets a = 0 before whitening.
+    """
+    stats = group_moments(rewards_N, group_N, num_groups)
+    adv_N = rewards_N - stats.mean_M[group_N]
+    num = adv_N.numel()
+    centered_N = adv_N - adv_N.mean()
+    var = (centered_N * centered_N).sum() / (num - 1) if num > 1 else adv_N.new_zeros(())
+    return centered_N * torch.rsqrt(var + whiten_eps)
+
+
+def jspo_advantage(
+    rewards_N: torch.Tensor, group_N: torch.Tensor, num_groups: int, *, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """JSPO's James-Stein baseline (Zeng et al. 2025; SPEC §3), returning (A_N, lambda_M).
+
+    For prompt p, using only the other prompts q != p (M - 1 of them):
+      v2_p = mean_{q != p} s_q^2 / G_q,
+      s2_p = mean_{q != p} (r̄_q - mean_{q' != p} r̄_q')^2   (spread of the other prompts' means, divided by
+             M - 1 as in the official code),
+      lambda_p = v2_p / (v2_p + s2_p + eps),
+      baseline_i = (1 - lambda_p) * (sum_p - r_i) / (G_p - 1) + lambda_p * (mean of all rewards outside p),
+      A_i = r_i - baseline_i (no std normalisation).
+    Edge cases: with a single prompt (M = 1) there are no other prompts, lambda = 0 and JSPO is RLOO; a group
+    of one has no leave-one-out mean, so its baseline is the outside mean alone (lambda taken as 1), and 0
+    advantage when it is also the only prompt.
+    """
+    stats = group_moments(rewards_N, group_N, num_groups)
+    count_M, mean_M = stats.count_M, stats.mean_M
+    sum_M = mean_M * count_M
+    num = rewards_N.numel()
+    others = num_groups - 1
+    if others > 0:
+        noise_M = stats.var_M / count_M  # s_q^2 / G_q
+        v2_M = (noise_M.sum() - noise_M) / others
+        other_mean_M = (mean_M.sum() - mean_M) / others
+        other_sq_M = ((mean_M * mean_M).sum() - mean_M * mean_M) / others
+        s2_M = (other_sq_M - other_mean_M * other_mean_M).clamp_min(0.0)
+        js_lambda_M = v2_M / (v2_M + s2_M + eps)
+        outside_mean_M = (sum_M.sum() - sum_M) / (num - count_M)
+    else:
+        js_lambda_M = torch.zeros_like(mean_M)
+        outside_mean_M = mean_M.clone()
+    count_N = count_M[group_N]
+    loo_mean_N = (sum_M[group_N] - rewards_N) / (count_N - 1).clamp_min(1.0)
+    js_lambda_N = js_lambda_M[group_N]
+    single_N = count_N < 2
+    if others > 0:
+        js_lambda_N = torch.where(single_N, torch.ones_like(js_lambda_N), js_lambda_N)
+    loo_mean_N = torch.where(single_N, rewards_N, loo_mean_N)  # only used when others == 0 (weight 1 - 0)
+    baseline_N = (1.0 - js_lambda_N) * loo_mean_N + js_lambda_N * outside_mean_M[group_N]
+    return rewards_N - baseline_N, js_lambda_M
+
+
+def shrinkage_baseline(
+    mean_M: torch.Tensor,
+    count_M: torch.Tensor,
+    mu_glob_M: torch.Tensor,
+    sigma2_M: torch.Tensor,
+    tau2_M: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """EBPO's shrinkage baseline (paper eq. for V^EB; SPEC §1 step 3), returning (S_M, V_eb_M).
+
+    S_m = (sigma2 / G_m) / (sigma2 / G_m + tau2), S_m = 0 when the denominator is 0;
+    V_m = (1 - S_m) * r̄_m + S_m * mu_glob. Prior arguments broadcast against (M,).
+    """
+    noise_M = sigma2_M / count_M  # sigma2 / G_m
+    denom_M = noise_M + tau2_M
+    shrinkage = torch.where(denom_M > 0, noise_M / torch.where(denom_M > 0, denom_M, 1.0), 0.0)
+    V_eb = (1.0 - shrinkage) * mean_M + shrinkage * mu_glob_M
+    return shrinkage, V_eb
+
+
+def ebpo_advantage(
+    rewards_N: torch.Tensor,
+    group_N: torch.Tensor,
+    stats: GroupStats,
+    mu_glob_M: torch.Tensor,
+    sigma2_M: torch.Tensor,
+    tau2_M: torch.Tensor,
+    *,
+    normalize: str = "batch",
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """EBPO advantage given the prior (SPEC §1 steps 3-5; paper Algorithm 1), returning (A_N, S_M, V_eb_M).
+
+    a_mi = r_mi - V_m (raw advantage), then per ``normalize``:
+      - ``batch`` (paper): A = (a - mean(a)) / (std(a) + eps) over all N samples;
+      - ``group``: A = a / (sqrt((1 - S_m) s_m^2 + S_m sigma2) + eps), each group scaled by its shrunk
+        standard deviation (GRPO's per-group scale when S = 0; an all-fail group keeps a finite scale).
+        No group mean is subtracted: that would cancel the shrinkage and give back GRPO;
+      - ``none``: A = a.
+    """
+    shrinkage, V_eb = shrinkage_baseline(stats.mean_M, stats.count_M, mu_glob_M, sigma2_M, tau2_M)
+    adv_N = rewards_N - V_eb[group_N]
+    adv_N = _NORMALIZERS[normalize](adv_N, group_N, stats, shrinkage, sigma2_M, eps)
+    return adv_N, shrinkage, V_eb
+
+
+def _normalize_batch(
+    adv_N: torch.Tensor,
+    group_N: torch.Tensor,
+    stats: GroupStats,
+    shrinkage: torch.Tensor,
+    sigma2_M: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    """normalize="batch": the paper's batch normalisation."""
+    return batch_normalize(adv_N, eps)
+
+
+def _normalize_group(
+    adv_N: torch.Tensor,
+    group_N: torch.Tensor,
+    stats: GroupStats,
+    shrinkage: torch.Tensor,
+    sigma2_M: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    """normalize="group": a / (sqrt((1 - S_m) s_m^2 + S_m sigma2) + eps)."""
+    shrunk_var_M = (1.0 - shrinkage) * stats.var_M + shrinkage * sigma2_M
+    return adv_N / (torch.sqrt(shrunk_var_M.clamp_min(0.0))[group_N] + eps)
+
+
+def _normalize_none(
+    adv_N: torch.Tensor,
+    group_N: torch.Tensor,
+    stats: GroupStats,
+    shrinkage: torch.Tensor,
+    sigma2_M: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    """normalize="none": the raw advantage a = r - V_eb."""
+    return adv_N
+
+
+_NORMALIZERS: dict[str, Callable[..., torch.Tensor]] = {
+    "batch": _normalize_batch,
+    "group": _normalize_group,
+    "none": _normalize_none,
+}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Metrics shared by every estimator
+# ----------------------------------------------------------------------------------------------------
+
+
+def _common_metrics(
+    rewards_N: torch.Tensor, group_N: torch.Tensor, num_groups: int, adv_N: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """groups/num, groups/all_fail, groups/all_pass, adv/zero_frac, adv/abs_mean (definitions: module doc)."""
+    inf = torch.full((num_groups,), math.inf, dtype=rewards_N.dtype, device=rewards_N.device)
+    group_min_M = inf.scatter_reduce(0, group_N, rewards_N, reduce="amin")
+    group_max_M = (-inf).scatter_reduce(0, group_N, rewards_N, reduce="amax")
+    batch_min, batch_max = rewards_N.min(), rewards_N.max()
+    binary = bool(((rewards_N == 0) | (rewards_N == 1)).all())
+    if binary:
+        floor, ceiling, informative = rewards_N.new_zeros(()), rewards_N.new_ones(()), True
+    else:
+        floor, ceiling, informative = batch_min, batch_max, bool(batch_min < batch_max)
+    zero = rewards_N.new_zeros(())
+    all_fail = (group_max_M == floor).double().mean() if informative else zero
+    all_pass = (group_min_M == ceiling).double().mean() if informative else zero
+    abs_adv_N = adv_N.abs()
+    return {
+        "groups/num": rewards_N.new_tensor(float(num_groups)),
+        "groups/all_fail": all_fail,
+        "groups/all_pass": all_pass,
+        "adv/zero_frac": (abs_adv_N < ZERO_ADV_TOL).double().mean(),
+        "adv/abs_mean": abs_adv_N.mean(),
+    }
+
+
+_EMPTY_METRICS = {
+    "groups/num": 0.0,
+    "groups/all_fail": 0.0,
+    "groups/all_pass": 0.0,
+    "adv/zero_frac": 0.0,
+    "adv/abs_mean": 0.0,
+}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Estimator classes
+# ----------------------------------------------------------------------------------------------------
+
+
+class AdvantageEstimator:
+    """Base class: validation, metrics, and the call contract. Subclasses implement :meth:`_advantages`.
+
+    Stateless estimators inherit the no-op :meth:`observe` and the empty state dict.
+    """
+
+    name: str = ""
+
+    def __init__(self) -> None:
+        self._metrics: dict[str, float] = dict(_EMPTY_METRICS)
+
+    def __call__(self, rewards: Any, index: Any, cluster: Any = None) -> torch.Tensor:
+        """Advantages (float32, shape (N,)) of N sequence rewards grouped by ``index``."""
+        batch = _prepare(rewards, index, cluster)
+        if batch.rewards_N.numel() == 0:
+            self._metrics = dict(_EMPTY_METRICS)
+            return torch.zeros(0, dtype=torch.float32, device=batch.rewards_N.device)
+        adv_N, extra = self._advantages(batch)
+        metrics_t = {**_common_metrics(batch.rewards_N, batch.group_N, batch.num_groups, adv_N), **extra}
+        values = torch.stack([value.to(torch.float64).reshape(()) for value in metrics_t.values()]).tolist()
+        self._metrics = dict(zip(metrics_t, values, strict=True))
+        return adv_N.to(torch.float32)
+
+    def _advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        raise NotImplementedError
+
+    def observe(self, rewards: Any, index: Any, cluster: Any = None) -> None:
+        """Update state from a batch without computing advantages; stateless estimators only validate."""
+        _prepare(rewards, index, cluster)
+
+    def metrics(self) -> dict[str, float]:
+        """Statistics of the last ``__call__`` (names in the module docstring)."""
+        return dict(self._metrics)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ValueError(f"estimator {self.name!r} is stateless but got state keys {sorted(state)}")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+@register_estimator("grpo")
+class GRPOEstimator(AdvantageEstimator):
+    """GRPO: A_i = (r_i - r̄_g) / (s_g + eps) (see :func:`grpo_advantage`)."""
+
+    def __init__(self, *, norm_by_std: bool = True, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.norm_by_std = bool(norm_by_std)
+        self.eps = float(eps)
+
+    def _advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        adv_N = grpo_advantage(
+            batch.rewards_N, batch.group_N, batch.num_groups, norm_by_std=self.norm_by_std, eps=self.eps
+        )
+        return adv_N, {}
+
+
+@register_estimator("dr_grpo")
+class DrGRPOEstimator(AdvantageEstimator):
+    """Dr. GRPO: A_i = r_i - r̄_g (see :func:`dr_grpo_advantage`)."""
+
+    def _advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return dr_grpo_advantage(batch.rewards_N, batch.group_N, batch.num_groups), {}
+
+
+@register_estimator("rloo")
+class RLOOEstimator(AdvantageEstimator):
+    """RLOO: A_i = r_i - mean of the other G - 1 rewards (see :func:`rloo_advantage`)."""
+
+    def _advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return rloo_advantage(batch.rewards_N, batch.group_N, batch.num_groups), {}
+
+
+@register_estimator("reinforce_pp_baseline")
+class ReinforcePPBaselineEstimator(AdvantageEstimator):
+    """REINFORCE++-baseline: group-mean baseline, then batch whitening (see
+    :func:`reinforce_pp_baseline_advantage`)."""
+
+    def _advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return reinforce_pp_baseline_advantage(batch.rewards_N, batch.group_N, batch.num_groups), {}
+
+
+@register_estimator("jspo")
+class JSPOEstimator(AdvantageEstimator):
+    """JSPO's James-Stein baseline over the other prompts of the batch (see :func:`jspo_advantage`)."""
+
+    def __init__(self, *, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = float(eps)
+
+    def _advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        adv_N, js_lambda_M = jspo_advantage(batch.rewards_N, batch.group_N, batch.num_groups, eps=self.eps)
+        return adv_N, {"jspo/lambda": js_lambda_M.mean()}
+
+
+class _Prior:
+    """One EBPO prior: W_glob (rewards), W_means (group means), W_within (group variances, for
+    ``sigma2="pooled"``) and W_inv_size (1/G_m, for ``tau2="latent"``), all with one memory policy."""
+
+    def __init__(self, half_life: float | None) -> None:
+        def make() -> Welford | EWWelford:
+            return Welford() if half_life is None else EWWelford(half_life)
+
+        self.W_glob = make()
+        self.W_means = make()
+        self.W_within = make()
+        self.W_inv_size = make()
+
+    def accumulators(self) -> dict[str, Welford | EWWelford]:
+        return {
+            "W_glob": self.W_glob,
+            "W_means": self.W_means,
+            "W_within": self.W_within,
+            "W_inv_size": self.W_inv_size,
+        }
+
+    def update(self, rewards_N: torch.Tensor, stats: GroupStats) -> None:
+        """Algorithm 1, lines 4-6: every reward into W_glob, every group mean into W_means."""
+        self.W_glob.update(rewards_N)
+        self.W_means.update(stats.mean_M)
+        self.W_within.update(stats.var_M[stats.count_M > 1])
+        self.W_inv_size.update(1.0 / stats.count_M)
+
+    def step(self) -> None:
+        for acc in self.accumulators().values():
+            if isinstance(acc, EWWelford):
+                acc.step()
+
+    @property
+    def num_groups(self) -> float:
+        return self.W_means.count
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: acc.state_dict() for name, acc in self.accumulators().items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name, acc in self.accumulators().items():
+            acc.load_state_dict(state[name])
+
+
+def _sigma2_total(prior: _Prior) -> float:
+    """Paper: sigma2 = Var(W_glob), the variance of every reward seen (within + between prompts)."""
+    return prior.W_glob.var
+
+
+def _sigma2_pooled(prior: _Prior) -> float:
+    """SPEC §2: running mean of per-group sample variances (groups with G >= 2), the within-group variance."""
+    return prior.W_within.mean
+
+
+_SIGMA2: dict[str, Callable[[_Prior], float]] = {"total": _sigma2_total, "pooled": _sigma2_pooled}
+
+
+def _tau2_raw(prior: _Prior, sigma2: float, floor: float) -> float:
+    """Paper (Remark on between-group variance): tau2 = Var(W_means), the raw variance of group means."""
+    return prior.W_means.var
+
+
+def _tau2_latent(prior: _Prior, sigma2: float, floor: float) -> float:
+    """SPEC §2: tau2 = max(Var(means) - sigma2 * E[1/G], floor), E[1/G] over the same groups as Var(means)."""
+    return max(prior.W_means.var - sigma2 * prior.W_inv_size.mean, floor)
+
+
+_TAU2: dict[str, Callable[[_Prior, float, float], float]] = {"raw": _tau2_raw, "latent": _tau2_latent}
+_PRIOR_SCOPES = ("global", "cluster")
+
+
+@register_estimator("ebpo")
+class EBPOEstimator(AdvantageEstimator):
+    """EBPO (paper Section 3.2, Algorithm 1; SPEC §1-§2): GRPO's group mean shrunk toward a running prior.
+
+    Per call: (1) the batch's rewards and group means enter the prior (current batch included before the
+    prior is read); (2) mu_glob = mean(W_glob), sigma2, tau2 are read; (3) S_m and V_m per group
+    (:func:`shrinkage_baseline`); (4) a = r - V_m; (5) normalisation (:func:`ebpo_advantage`). With
+    ``prior_memory`` a half-life, the accumulators are aged by one step at the end of each call.
+
+    Options (defaults are the paper's):
+      prior_scope: ``"global"`` (one prior) or ``"cluster"`` (one prior per cluster key passed as
+        ``cluster=``; a group uses its cluster's prior once that cluster's prior holds at least
+        ``cluster_min_groups`` group means, the global prior before that; the global prior always sees
+        every group).
+      cluster_min_groups: groups a cluster needs before its own prior replaces the global one; default 16,
+        below which the variance of its group means (tau2) is too noisy to trust. With a half-life this
+        counts the decayed weight of the cluster's group means.
+      prior_memory: ``"all"`` (plain Welford over all history) or a half-life in steps (EWWelford).
+      tau2: ``"raw"`` (Var of group means) or ``"latent"`` (max(Var(means) - sigma2 * E[1/G], tau2_floor)).
+      tau2_floor: floor for latent tau2 (default 1e-4), so S < 1 unless sigma2 dwarfs it.
+      sigma2: ``"total"`` (Var of all rewards) or ``"pooled"`` (running mean of group variances).
+      normalize: ``"batch"``, ``"group"`` or ``"none"`` (see :func:`ebpo_advantage`).
+      eps: added to the normalising standard deviation (1e-6).
+    Call :meth:`observe` for a step's dropped groups before that step's ``__call__``.
+    """
+
+    def __init__(
+        self,
+        *,
+        prior_scope: str = "global",
+        cluster_min_groups: int = 16,
+        prior_memory: str | float = "all",
+        tau2: str = "raw",
+        tau2_floor: float = 1e-4,
+        sigma2: str = "total",
+        normalize: str = "batch",
+        eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        _check_choice("prior_scope", prior_scope, _PRIOR_SCOPES)
+        _check_choice("tau2", tau2, tuple(_TAU2))
+        _check_choice("sigma2", sigma2, tuple(_SIGMA2))
+        _check_choice("normalize", normalize, tuple(_NORMALIZERS))
+        if prior_memory == "all":
+            self.half_life: float | None = None
+        else:
+            try:
+                self.half_life = float(prior_memory)
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"prior_memory must be 'all' or a positive half-life in steps, got {prior_memory!r}"
+                ) from None
+            if not (math.isfinite(self.half_life) and self.half_life > 0):
+                raise ValueError(
+                    f"prior_memory half-life must be a positive number of steps, got {prior_memory!r}"
+                )
+        if int(cluster_min_groups) < 1:
+            raise ValueError(f"cluster_min_groups must be >= 1, got {cluster_min_groups}")
+        if tau2_floor < 0 or eps < 0:
+            raise ValueError(f"tau2_floor and eps must be >= 0, got tau2_floor={tau2_floor}, eps={eps}")
+        self.prior_scope = prior_scope
+        self.cluster_min_groups = int(cluster_min_groups)
+        self.prior_memory = prior_memory
+        self.tau2_mode = tau2
+        self.tau2_floor = float(tau2_floor)
+        self.sigma2_mode = sigma2
+        self.normalize = normalize
+        self.eps = float(eps)
+        self.prior = _Prior(self.half_life)
+        self.cluster_priors: dict[Hashable, _Prior] = {}
+
+    # -- prior bookkeeping -------------------------------------------------------------------------
+
+    def _read(self, prior: _Prior) -> tuple[float, float, float]:
+        """Algorithm 1, lines 8-10: (mu_glob, sigma2, tau2) of one prior."""
+        mu_glob = prior.W_glob.mean
+        sigma2 = _SIGMA2[self.sigma2_mode](prior)
+        tau2 = _TAU2[self.tau2_mode](prior, sigma2, self.tau2_floor)
+        return mu_glob, sigma2, tau2
+
+    def _group_clusters(self, batch: Batch) -> tuple[list[Hashable], torch.Tensor]:
+        """(cluster keys K, cluster id of each group (M,)); errors if a group spans two clusters."""
+        if batch.cluster is None:
+            raise ValueError(
+                "prior_scope='cluster' needs cluster= keys (topic or difficulty bucket) per sample"
+            )
+        cluster_N, num_clusters = group_ids(batch.cluster)
+        cluster_N = cluster_N.to(batch.group_N.device)
+        big = torch.full((batch.num_groups,), num_clusters, dtype=torch.long, device=cluster_N.device)
+        low_M = big.scatter_reduce(0, batch.group_N, cluster_N, reduce="amin")
+        high_M = torch.full_like(big, -1).scatter_reduce(0, batch.group_N, cluster_N, reduce="amax")
+        if bool((low_M != high_M).any()):
+            group = int((low_M != high_M).nonzero()[0, 0])
+            position = int((batch.group_N == group).nonzero()[0, 0])
+            raise ValueError(
+                f"cluster keys must be constant within a group; the group of sample {position} has more than one"
+            )
+        first_N = torch.zeros(num_clusters, dtype=torch.long, device=cluster_N.device)
+        order_N = torch.arange(cluster_N.numel(), device=cluster_N.device)
+        first_N = first_N.scatter_reduce(0, cluster_N, order_N, reduce="amin", include_self=False)
+        keys = [batch.cluster[i] for i in first_N.tolist()]
+        return keys, low_M
+
+    def _update(self, batch: Batch, stats: GroupStats) -> tuple[list[Hashable], torch.Tensor] | None:
+        """Fold a batch into the global prior and, for cluster scope, its clusters' priors."""
+        self.prior.update(batch.rewards_N, stats)
+        if self.prior_scope != "cluster":
+            return None
+        keys, cluster_M = self._group_clusters(batch)
+        cluster_N = cluster_M[batch.group_N]
+        for k, key in enumerate(keys):  # loop over the few clusters present, each update vectorised
+            prior = self.cluster_priors.setdefault(key, _Prior(self.half_life))
+            in_cluster_M = cluster_M == k
+            prior.update(
+                batch.rewards_N[cluster_N == k],
+                GroupStats(
+                    stats.count_M[in_cluster_M], stats.mean_M[in_cluster_M], stats.var_M[in_cluster_M]
+                ),
+            )
+        return keys, cluster_M
+
+    def _step(self) -> None:
+        self.prior.step()
+        for prior in self.cluster_priors.values():
+            prior.step()
+
+    # -- contract ----------------------------------------------------------------------------------
+
+    def observe(self, rewards: Any, index: Any, cluster: Any = None) -> None:
+        """Fold a batch into the prior without computing advantages (no ageing: see class doc)."""
+        batch = _prepare(rewards, index, cluster)
+        if batch.rewards_N.numel() == 0:
+            return
+        self._update(batch, group_moments(batch.rewards_N, batch.group_N, batch.num_groups))
+
+    def _advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        stats = group_moments(batch.rewards_N, batch.group_N, batch.num_groups)
+        clusters = self._update(batch, stats)
+        mu_glob, sigma2, tau2 = self._read(self.prior)
+        like = batch.rewards_N
+        mu_glob_M = like.new_full((batch.num_groups,), mu_glob)
+        sigma2_M = like.new_full((batch.num_groups,), sigma2)
+        tau2_M = like.new_full((batch.num_groups,), tau2)
+        cluster_prior_M = torch.zeros(batch.num_groups, dtype=torch.bool, device=like.device)
+        if clusters is not None:
+            keys, cluster_M = clusters
+            for k, key in enumerate(keys):
+                prior = self.cluster_priors[key]
+                if prior.num_groups < self.cluster_min_groups:
+                    continue  # too few groups: this cluster keeps the global prior
+                in_cluster_M = cluster_M == k
+                cluster_mu, cluster_sigma2, cluster_tau2 = self._read(prior)
+                mu_glob_M[in_cluster_M] = cluster_mu
+                sigma2_M[in_cluster_M] = cluster_sigma2
+                tau2_M[in_cluster_M] = cluster_tau2
+                cluster_prior_M |= in_cluster_M
+        adv_N, shrinkage, V_eb = ebpo_advantage(
+            batch.rewards_N,
+            batch.group_N,
+            stats,
+            mu_glob_M,
+            sigma2_M,
+            tau2_M,
+            normalize=self.normalize,
+            eps=self.eps,
+        )
+        self._step()
+        extra = {
+            "ebpo/mu_glob": mu_glob_M.mean(),
+            "ebpo/sigma2": sigma2_M.mean(),
+            "ebpo/tau2": tau2_M.mean(),
+            "ebpo/shrinkage": shrinkage.mean(),
+            "ebpo/baseline_mean": V_eb.mean(),
+            "ebpo/cluster_prior_frac": cluster_prior_M.double().mean(),
+        }
+        return adv_N, extra
+
+    def prior_stats(self, cluster: Hashable | None = None) -> dict[str, float]:
+        """Current (mu_glob, sigma2, tau2, num_groups) of the global prior or of one cluster's prior."""
+        prior = self.prior if cluster is None else self.cluster_priors[_to_hashable(cluster)]
+        mu_glob, sigma2, tau2 = self._read(prior)
+        return {"mu_glob": mu_glob, "sigma2": sigma2, "tau2": tau2, "num_groups": prior.num_groups}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "options": self._options(),
+            "prior": self.prior.state_dict(),
+            "cluster_priors": [[key, prior.state_dict()] for key, prior in self.cluster_priors.items()],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved_memory = state.get("options", {}).get("prior_memory")
+        if saved_memory != self._options()["prior_memory"]:
+            raise ValueError(
+                f"EBPO checkpoint has prior_memory={saved_memory!r} but this estimator has "
+                f"{self._options()['prior_memory']!r}; build the estimator with the checkpoint's prior_memory"
+            )
+        self.prior.load_state_dict(state["prior"])
+        self.cluster_priors = {}
+        for key, prior_state in state["cluster_priors"]:
+            prior = _Prior(self.half_life)
+            prior.load_state_dict(prior_state)
+            self.cluster_priors[key] = prior
+
+    def _options(self) -> dict[str, Any]:
+        return {
+            "prior_scope": self.prior_scope,
+            "cluster_min_groups": self.cluster_min_groups,
+            "prior_memory": "all" if self.half_life is None else self.half_life,
+            "tau2": self.tau2_mode,
+            "tau2_floor": self.tau2_floor,
+            "sigma2": self.sigma2_mode,
+            "normalize": self.normalize,
+            "eps": self.eps,
+        }
+
+    def __repr__(self) -> str:
+        options = ", ".join(f"{k}={v!r}" for k, v in self._options().items())
+        return f"EBPOEstimator({options})"
+
+
+def _check_choice(field: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"EBPO option {field}={value!r} is not one of {list(choices)}")

@@ -1,0 +1,264 @@
+"""Online moments for EBPO's global prior: Welford's algorithm with Chan et al.'s parallel combination.
+
+EBPO (paper, Section 3.2 and Algorithm 1; SPEC section 1) keeps two accumulators across training steps,
+``W_glob`` over every reward and ``W_means`` over every group mean, and reads ``mu_glob``, ``sigma2`` and
+``tau2`` from them. Both classes here hold (count, mean, M2) in float64 (Python floats are IEEE doubles):
+
+- :class:`Welford`: every value ever seen has weight 1 (the paper's "all history").
+- :class:`EWWelford`: exponentially weighted moments (SPEC section 2, ``prior_memory`` = a half-life in
+  steps); the weight of old data halves every ``half_life`` calls to :meth:`EWWelford.step`.
+
+Updates are vectorised: a batch's mean and M2 are computed with two tensor passes and then combined with
+the running state by Chan, Golub and LeVeque's pairwise formula
+
+    n = n_a + n_b,  delta = mean_b - mean_a,
+    mean = mean_a + delta * n_b / n,   M2 = M2_a + M2_b + delta^2 * n_a * n_b / n,
+
+so there is never a Python loop over values, and shards merged in any order equal one pass.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+__all__ = ["EWWelford", "Welford", "batch_moments"]
+
+
+def _as_float64_1d(values: Any) -> torch.Tensor:
+    """``values`` (tensor, array, list, scalar) as a flat float64 tensor on its own device."""
+    values_t = torch.as_tensor(values)
+    return values_t.detach().reshape(-1).to(torch.float64)
+
+
+def batch_moments(values: Any) -> tuple[int, float, float]:
+    """(n, mean, M2) of a batch, two-pass in float64, shifted by the first value for accuracy.
+
+    M2 = sum_i (x_i - mean)^2. Shifting by x_0 before summing keeps the sum small when the values share
+    a large offset (e.g. 1e9 + noise), so the mean is exact to float64 rounding of the noise.
+    """
+    values_n = _as_float64_1d(values)
+    n = values_n.numel()
+    if n == 0:
+        return 0, 0.0, 0.0
+    shift = values_n[0]
+    shifted_n = values_n - shift
+    mean = shift + shifted_n.mean()
+    m2 = ((values_n - mean) ** 2).sum()
+    return n, float(mean), float(m2)
+
+
+def _chan_combine(
+    n_a: float, mean_a: float, m2_a: float, n_b: float, mean_b: float, m2_b: float
+) -> tuple[float, float, float]:
+    """Chan et al. (1979) pairwise combination of two (weight, mean, M2) triples."""
+    n = n_a + n_b
+    if n_b == 0:
+        return n_a, mean_a, m2_a
+    if n_a == 0:
+        return n_b, mean_b, m2_b
+    delta = mean_b - mean_a
+    mean = mean_a + delta * (n_b / n)
+    m2 = m2_a + m2_b + delta * delta * (n_a * n_b / n)
+    return n, mean, m2
+
+
+def _gather_rows(row: list[float], group: Any) -> list[list[float]] | None:
+    """all_gather one float64 row per rank, in rank order; None when torch.distributed is not running."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    device = torch.device("cpu")
+    if dist.get_backend(group) == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    row_t = torch.tensor(row, dtype=torch.float64, device=device)
+    world_size = dist.get_world_size(group)
+    rows = [torch.empty_like(row_t) for _ in range(world_size)]
+    dist.all_gather(rows, row_t, group=group)
+    return [r.cpu().tolist() for r in rows]
+
+
+class Welford:
+    """Running count, mean and M2 of every value ever seen (Welford 1962; Chan et al. 1979).
+
+    ``var`` is the sample variance M2 / (n - 1), and 0 when n < 2 (SPEC section 1, step 2).
+    """
+
+    def __init__(self) -> None:
+        self.count: int = 0
+        self._mean: float = 0.0
+        self.m2: float = 0.0
+
+    @property
+    def mean(self) -> float:
+        """Mean of all values seen (0.0 before any)."""
+        return self._mean
+
+    @property
+    def var(self) -> float:
+        """Sample variance M2 / (n - 1); 0.0 when fewer than two values were seen."""
+        if self.count < 2:
+            return 0.0
+        return max(self.m2, 0.0) / (self.count - 1)
+
+    def update(self, values: Any) -> Welford:
+        """Add a batch of values (any shape; flattened): batch (n, mean, M2), then Chan combination."""
+        n_b, mean_b, m2_b = batch_moments(values)
+        n, self._mean, self.m2 = _chan_combine(self.count, self._mean, self.m2, n_b, mean_b, m2_b)
+        self.count = int(n)
+        return self
+
+    def merge(self, other: Welford) -> Welford:
+        """Fold ``other`` into this accumulator (Chan et al.); equal to one pass over both data."""
+        if not isinstance(other, Welford):
+            raise TypeError(f"Welford.merge needs a Welford, got {type(other).__name__}")
+        n, self._mean, self.m2 = _chan_combine(
+            self.count, self._mean, self.m2, other.count, other._mean, other.m2
+        )
+        self.count = int(n)
+        return self
+
+    def all_reduce(self, group: Any = None) -> Welford:
+        """Make every data-parallel rank hold the merge of all ranks' accumulators.
+
+        all_gathers the (count, mean, M2) triples and Chan-merges them in rank order, so all ranks end with
+        bit-identical state. A no-op when ``torch.distributed`` is not initialised. Call it on per-step
+        deltas (accumulate a step's local data in a fresh ``Welford``, all_reduce it, then ``merge`` it into
+        the persistent prior): on an accumulator that already holds shared history, that history would be
+        counted once per rank.
+        """
+        rows = _gather_rows([float(self.count), self._mean, self.m2], group)
+        if rows is None:
+            return self
+        merged = Welford()
+        for count, mean, m2 in rows:
+            part = Welford()
+            part.count, part._mean, part.m2 = int(round(count)), mean, m2
+            merged.merge(part)
+        self.count, self._mean, self.m2 = merged.count, merged._mean, merged.m2
+        return self
+
+    def state_dict(self) -> dict[str, float]:
+        return {"count": self.count, "mean": self._mean, "m2": self.m2}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.count = int(state["count"])
+        self._mean = float(state["mean"])
+        self.m2 = float(state["m2"])
+
+    def __repr__(self) -> str:
+        return f"Welford(count={self.count}, mean={self._mean:.6g}, var={self.var:.6g})"
+
+
+class EWWelford:
+    """Exponentially weighted running mean and variance; old data's weight halves every ``half_life`` steps.
+
+    Each value enters with weight 1. :meth:`step` (called once per training step, *after* the step has
+    read the prior; EBPO's estimator calls it at the end of each ``__call__``) multiplies every existing
+    weight by ``d = 0.5 ** (1 / half_life)``: the weighted mean is unchanged, and the total weight W, the
+    weighted M2 and the sum of squared weights W2 become d * W, d * M2 and d^2 * W2.
+    Updates never decay, so several ``update`` calls within one step weigh alike.
+
+    ``var`` uses reliability weights, M2 / (W - W2 / W), which is the sample variance M2 / (n - 1) when all
+    weights are 1 (so an ``EWWelford`` that never steps equals :class:`Welford`); it is 0 when
+    W - W2 / W <= 0 (fewer than two effective values). ``count`` is the total weight W.
+    """
+
+    def __init__(self, half_life: float) -> None:
+        if not (isinstance(half_life, int | float) and math.isfinite(half_life) and half_life > 0):
+            raise ValueError(f"EWWelford half_life must be a positive number of steps, got {half_life!r}")
+        self.half_life = float(half_life)
+        self.decay = 0.5 ** (1.0 / self.half_life)
+        self.weight: float = 0.0
+        self.weight_sq: float = 0.0
+        self._mean: float = 0.0
+        self.m2: float = 0.0
+
+    @property
+    def count(self) -> float:
+        """Total weight W of the data (the plain count before any decay)."""
+        return self.weight
+
+    @property
+    def mean(self) -> float:
+        """Weighted mean sum_i w_i x_i / W (0.0 before any value)."""
+        return self._mean
+
+    @property
+    def var(self) -> float:
+        """Reliability-weighted sample variance M2 / (W - W2 / W); 0.0 with under two effective values."""
+        if self.weight <= 0.0:
+            return 0.0
+        denom = self.weight - self.weight_sq / self.weight
+        if denom <= 1e-12 * self.weight:
+            return 0.0
+        return max(self.m2, 0.0) / denom
+
+    def step(self) -> EWWelford:
+        """Age the data by one step: every weight times decay = 0.5 ** (1 / half_life)."""
+        self.weight *= self.decay
+        self.weight_sq *= self.decay * self.decay
+        self.m2 *= self.decay
+        return self
+
+    def update(self, values: Any) -> EWWelford:
+        """Add a batch of values, each with weight 1 (no decay here; see :meth:`step`)."""
+        n_b, mean_b, m2_b = batch_moments(values)
+        self.weight, self._mean, self.m2 = _chan_combine(self.weight, self._mean, self.m2, n_b, mean_b, m2_b)
+        self.weight_sq += n_b
+        return self
+
+    def merge(self, other: EWWelford) -> EWWelford:
+        """Weighted Chan combination with ``other`` (same half-life required)."""
+        if not isinstance(other, EWWelford):
+            raise TypeError(f"EWWelford.merge needs an EWWelford, got {type(other).__name__}")
+        if other.half_life != self.half_life:
+            raise ValueError(f"cannot merge EWWelford half_life={other.half_life} into {self.half_life}")
+        self.weight, self._mean, self.m2 = _chan_combine(
+            self.weight, self._mean, self.m2, other.weight, other._mean, other.m2
+        )
+        self.weight_sq += other.weight_sq
+        return self
+
+    def all_reduce(self, group: Any = None) -> EWWelford:
+        """As :meth:`Welford.all_reduce`, gathering (W, W2, mean, M2) and merging in rank order."""
+        rows = _gather_rows([self.weight, self.weight_sq, self._mean, self.m2], group)
+        if rows is None:
+            return self
+        merged = EWWelford(self.half_life)
+        for weight, weight_sq, mean, m2 in rows:
+            part = EWWelford(self.half_life)
+            part.weight, part.weight_sq, part._mean, part.m2 = weight, weight_sq, mean, m2
+            merged.merge(part)
+        self.weight, self.weight_sq, self._mean, self.m2 = (
+            merged.weight,
+            merged.weight_sq,
+            merged._mean,
+            merged.m2,
+        )
+        return self
+
+    def state_dict(self) -> dict[str, float]:
+        return {
+            "half_life": self.half_life,
+            "weight": self.weight,
+            "weight_sq": self.weight_sq,
+            "mean": self._mean,
+            "m2": self.m2,
+        }
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        if float(state["half_life"]) != self.half_life:
+            raise ValueError(
+                f"checkpoint EWWelford half_life={state['half_life']} differs from this one's {self.half_life}"
+            )
+        self.weight = float(state["weight"])
+        self.weight_sq = float(state["weight_sq"])
+        self._mean = float(state["mean"])
+        self.m2 = float(state["m2"])
+
+    def __repr__(self) -> str:
+        return f"EWWelford(half_life={self.half_life}, weight={self.weight:.6g}, mean={self._mean:.6g})"
