@@ -1,0 +1,222 @@
+"""``ebpo annotate difficulty``: each prompt's pass rate under a model (SPEC section 4; paper appendix).
+
+difficulty(q) = c_q / k, where c_q is the number of the k responses sampled from the model at temperature T
+(the paper: k = 16, T = 1.0, the base model) that the reward scores as correct (reward > threshold,
+0.5 by default, so +1/-1 rewards work too). Higher means easier; the ``difficulty`` sampler puts high
+pass rates first.
+
+Resumable: prompts are processed in fixed chunks of ``prompts_per_call`` (chunk c = rows
+``[c*P, (c+1)*P)`` of the input), each chunk sampled with its own generator seeded by ``(seed, c)``,
+and each finished prompt is appended to ``{output}.partial.jsonl``. A restart skips the prompts found
+there (a chunk already partly done is regenerated with the same seed, and only its missing prompts are
+written), so an interrupted-then-resumed run writes the same file as an uninterrupted one. When every
+prompt is done, the output (input columns + ``difficulty``) is written and the partial file removed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ebpo.annotate import load_input, row_answer, row_id, row_prompt, write_output
+
+__all__ = ["DifficultyConfig", "annotate_difficulty", "partial_path", "chunk_seed"]
+
+
+@dataclass
+class DifficultyConfig:
+    """Settings of ``ebpo annotate difficulty``.
+
+    Attributes:
+        model: Hugging Face model directory or name (the base model whose pass rate defines difficulty).
+        reward: reward name from ``ebpo.rewards`` (``math``, ``math_dapo``, ``arith``).
+        k: samples per prompt (paper: 16).
+        temperature: sampling temperature (paper: 1.0).
+        top_p: nucleus mass (1.0: off).
+        max_new_tokens: longest response.
+        prompts_per_call: prompts sampled together in one ``generation.sample`` call (k rows each).
+        seed: seed of the sampling; chunk c uses ``chunk_seed(seed, c)``.
+        threshold: a sample counts as correct when its reward is above this.
+        chat_template: apply the tokenizer's chat template to string prompts (``None``: when it has one).
+        device: torch device (``None``: CUDA when available, else CPU).
+        dtype: model dtype name (``auto``, ``float32``, ``bfloat16``, ``float16``).
+    """
+
+    model: str
+    reward: str = "math"
+    k: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 1024
+    prompts_per_call: int = 8
+    seed: int = 0
+    threshold: float = 0.5
+    chat_template: bool | None = None
+    device: str | None = None
+    dtype: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise ValueError(f"annotate difficulty: k must be >= 1, got {self.k}")
+        if self.prompts_per_call < 1:
+            raise ValueError(
+                f"annotate difficulty: prompts_per_call must be >= 1, got {self.prompts_per_call}"
+            )
+        if self.temperature < 0:
+            raise ValueError(f"annotate difficulty: temperature must be >= 0, got {self.temperature}")
+
+
+def partial_path(output: str | Path) -> Path:
+    """Where finished prompts are appended while a run is in progress."""
+    output = Path(output)
+    return output.with_name(output.name + ".partial.jsonl")
+
+
+def chunk_seed(seed: int, chunk: int) -> int:
+    """Seed of chunk ``chunk``'s generator: a fixed mix of the run seed and the chunk number."""
+    return (int(seed) * 1_000_003 + int(chunk)) % (2**63 - 1)
+
+
+def _read_partial(path: Path) -> dict[str, dict[str, Any]]:
+    """Finished prompts by id; a torn last line (the run was killed mid-write) is ignored."""
+    done: dict[str, dict[str, Any]] = {}
+    if not path.is_file():
+        return done
+    with open(path, encoding="utf-8") as fh:
+        lines = fh.readlines()
+    for line_no, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            if line_no == len(lines) and not line.endswith("\n"):
+                break
+            raise ValueError(
+                f"{path}, line {line_no}: corrupt partial results ({err.msg}); delete it to restart"
+            ) from err
+        done[str(row["id"])] = row
+    return done
+
+
+def _format_prompts(tokenizer: Any, prompts: Sequence[Any], chat_template: bool | None) -> list[str]:
+    use_template = (
+        chat_template if chat_template is not None else bool(getattr(tokenizer, "chat_template", None))
+    )
+    out = []
+    for prompt in prompts:
+        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        if use_template or isinstance(prompt, list):
+            out.append(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+        else:
+            out.append(prompt)
+    return out
+
+
+def _load_model(cfg: DifficultyConfig) -> tuple[Any, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = cfg.dtype if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype).to(device)
+    model.eval()
+    return model, tokenizer
+
+
+def annotate_difficulty(
+    input_path: str | Path,
+    output_path: str | Path,
+    cfg: DifficultyConfig,
+    *,
+    model: Any = None,
+    tokenizer: Any = None,
+    reward: Any = None,
+    progress: bool = True,
+    schema: str | None = None,
+) -> list[dict[str, Any]]:
+    """Write ``output_path`` = input rows + ``difficulty`` (pass rate over ``cfg.k`` samples); return the rows.
+
+    ``model`` / ``tokenizer`` / ``reward`` may be passed in (already loaded); by default they come from
+    ``cfg.model`` and ``ebpo.rewards.get_reward(cfg.reward)``. ``schema``: read the input with that
+    ``ebpo.data.loaders`` schema and write records (see :func:`ebpo.annotate.load_input`). Raises ``ValueError`` on duplicate ids
+    (resuming matches prompts by id) and on rows without a prompt or answer (naming the row).
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    from ebpo.generation import sample
+
+    input_path, output_path = Path(input_path), Path(output_path)
+    if output_path.resolve() == input_path.resolve():
+        raise ValueError(
+            f"annotate difficulty: output {output_path} would overwrite the input; pick a new file"
+        )
+    rows = load_input(input_path, schema)
+    ids = [row_id(row, i) for i, row in enumerate(rows)]
+    if len(set(ids)) != len(ids):
+        dup = next(x for x in ids if ids.count(x) > 1)
+        raise ValueError(f"{input_path}: id {dup!r} appears more than once; ids must be unique to resume")
+    prompts = [row_prompt(row, i, input_path) for i, row in enumerate(rows)]
+    answers = [row_answer(row, i, input_path) for i, row in enumerate(rows)]
+
+    part = partial_path(output_path)
+    done = _read_partial(part)
+    if done and (next(iter(done.values())).get("k") != cfg.k):
+        raise ValueError(
+            f"{part} was written with k={next(iter(done.values())).get('k')}, this run has k={cfg.k}"
+        )
+    todo = [i for i, x in enumerate(ids) if x not in done]
+    if todo and model is None:
+        model, tokenizer = _load_model(cfg)
+    if todo and reward is None:
+        from ebpo.rewards import get_reward
+
+        reward = get_reward(cfg.reward)
+
+    P = cfg.prompts_per_call
+    bar = tqdm(
+        total=len(rows), initial=len(rows) - len(todo), desc="difficulty", unit="prompt", disable=not progress
+    )
+    part.parent.mkdir(parents=True, exist_ok=True)
+    with open(part, "a", encoding="utf-8") as fh:
+        for chunk in range((len(rows) + P - 1) // P):
+            members = range(chunk * P, min(len(rows), (chunk + 1) * P))
+            if all(ids[i] in done for i in members):
+                continue
+            generator = torch.Generator().manual_seed(chunk_seed(cfg.seed, chunk))
+            rollouts = sample(
+                model,
+                tokenizer,
+                _format_prompts(tokenizer, [prompts[i] for i in members], cfg.chat_template),
+                n=cfg.k,
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                max_new_tokens=cfg.max_new_tokens,
+                generator=generator,
+            )
+            gold = [answers[i] for i in members for _ in range(cfg.k)]
+            rewards = reward.batch(rollouts.texts, gold)
+            for j, i in enumerate(members):
+                if ids[i] in done:
+                    continue
+                num_correct = sum(r > cfg.threshold for r in rewards[j * cfg.k : (j + 1) * cfg.k])
+                result = {
+                    "id": ids[i],
+                    "num_correct": int(num_correct),
+                    "k": cfg.k,
+                    "difficulty": num_correct / cfg.k,
+                }
+                fh.write(json.dumps(result) + "\n")
+                done[ids[i]] = result
+                bar.update(1)
+            fh.flush()
+    bar.close()
+    out_rows = [{**row, "difficulty": done[ids[i]]["difficulty"]} for i, row in enumerate(rows)]
+    write_output(output_path, out_rows, schema)
+    part.unlink(missing_ok=True)
+    return out_rows
