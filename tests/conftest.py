@@ -14,7 +14,8 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("EBPO_SHARED", REPO.parent / "shared"))
 BENCHMARK_DIR = SHARED / "data" / "benchmarks"
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Tiny models gain nothing from intra-op threads, and a shared machine loses a lot to them.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,384 @@
+"""``ebpo eval``: Pass@1 over n samples (plus pass@k, maj@k) for one or more models on named benchmarks.
+
+With no MODEL, evaluates the built-in ``arith`` base model (built on first use) on the ``arith`` test split;
+with models, the default benchmarks are the paper's five (aime24, aime25, amc23, math500, olympiadbench).
+Writes ``results.md`` (the paper-style table: one row per model, one column per benchmark, plus Average),
+``results.csv`` and ``results.json`` to ``--out-dir`` and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+BUILTIN = "builtin"
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"every k must be >= 1, got {text!r}")
+    return values
+
+
+def _reward_option(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE``; VALUE is read as JSON when it parses (numbers, true/false), else kept as a string."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key.strip(), json.loads(value)
+    except json.JSONDecodeError:
+        return key.strip(), value
+
+
+def default_cache_dir() -> Path:
+    """``$EBPO_CACHE/eval`` or ``~/.cache/ebpo/eval``."""
+    return Path(os.environ.get("EBPO_CACHE", "~/.cache/ebpo")).expanduser() / "eval"
+
+
+def add_parser(subparsers) -> None:
+    """Register ``ebpo eval``."""
+    parser = subparsers.add_parser(
+        "eval",
+        help="evaluate models: Pass@1 (avg over n samples), pass@k, maj@k; paper-style table",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "models",
+        nargs="*",
+        metavar="MODEL",
+        help=f"local Hugging Face model directories, or '{BUILTIN}' for the built-in arith base model "
+        f"(default: {BUILTIN})",
+    )
+    parser.add_argument(
+        "--benchmarks",
+        default=None,
+        help="comma-separated benchmark names: aime24, aime25, amc23, math500, olympiadbench, arith "
+        "(default: arith when only the built-in model is evaluated, else the five paper sets)",
+    )
+    parser.add_argument(
+        "--n", type=int, default=32, help="samples per problem; Pass@1 averages over them (default 32)"
+    )
+    parser.add_argument(
+        "--temperature", type=float, default=0.6, help="sampling temperature, 0 = greedy (default 0.6)"
+    )
+    parser.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (default 0.95)")
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="longest response in tokens (default: per benchmark, 4096 for the math sets, 16 for arith)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=64,
+        help="sequences decoded together; max(1, batch_size // n) problems per batch (default 64)",
+    )
+    parser.add_argument(
+        "--limit", type=int, default=None, help="evaluate only the first LIMIT problems of each benchmark"
+    )
+    parser.add_argument("--ks", type=_int_list, default=[1, 16], help="k values of pass@k (default 1,16)")
+    parser.add_argument("--maj-ks", type=_int_list, default=[16], help="k values of maj@k (default 16)")
+    parser.add_argument(
+        "--maj-mode",
+        choices=["subsets", "first"],
+        default="subsets",
+        help="maj@k with n > k: expected vote over random k-subsets (subsets) or vote of the first k (first)",
+    )
+    parser.add_argument(
+        "--chat-template",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="wrap prompts in the tokenizer's chat template: auto = when the tokenizer has one (default auto)",
+    )
+    parser.add_argument(
+        "--reward", default=None, help="reward name override (default: math for math sets, arith for arith)"
+    )
+    parser.add_argument(
+        "--reward-option",
+        type=_reward_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="option for the reward factory, repeatable, e.g. timeout_s=10 or num_workers=0 (math: in-process "
+        "verification without a time limit)",
+    )
+    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        default="auto",
+        help="model dtype (auto: bfloat16 on CUDA, float32 on CPU)",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        default=None,
+        help="per-problem result cache for resuming (default: $EBPO_CACHE/eval or ~/.cache/ebpo/eval)",
+    )
+    parser.add_argument("--no-cache", action="store_true", help="do not read or write the result cache")
+    parser.add_argument("--keep-texts", action="store_true", help="store response texts in the cache")
+    parser.add_argument(
+        "--out-dir", default="eval_results", help="where results.md/.csv/.json go (default eval_results)"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.set_defaults(func=run)
+
+
+def _resolve_model(name: str, quiet: bool) -> Path:
+    if name == BUILTIN:
+        from ebpo.models.base_model import build_base_model
+
+        return build_base_model(progress=not quiet)
+    path = Path(name).expanduser()
+    if not path.is_dir():
+        raise SystemExit(
+            f"ebpo eval: model directory {name} not found (give a local model directory or '{BUILTIN}')"
+        )
+    return path
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.2f}"
+
+
+def markdown_table(
+    results: dict[str, dict[str, dict[str, float]]], benchmarks: Sequence[str], metric: str
+) -> str:
+    """One row per model, one column per benchmark plus Average, in %.
+
+    Average is the unweighted mean over benchmarks (the paper's column); for a standard-error metric
+    (``.../se_...``) it is the standard error of that mean, sqrt(sum of se^2) / #benchmarks, treating the
+    benchmarks as independent. Blank ("-") when a benchmark is missing.
+    """
+    is_se = "/se_" in metric
+    lines = [
+        "| Model | " + " | ".join(benchmarks) + " | Average |",
+        "|---|" + "---:|" * (len(benchmarks) + 1),
+    ]
+    for model, per_bench in results.items():
+        values = [per_bench.get(b, {}).get(metric) for b in benchmarks]
+        average = None
+        if values and all(v is not None for v in values):
+            if is_se:
+                average = sum(v * v for v in values) ** 0.5 / len(values)
+            else:
+                average = sum(values) / len(values)
+        lines.append(f"| {model} | " + " | ".join(_percent(v) for v in values) + f" | {_percent(average)} |")
+    return "\n".join(lines)
+
+
+def render_markdown(
+    results: dict[str, dict[str, dict[str, float]]], benchmarks: Sequence[str], settings: dict
+) -> str:
+    """The results page: Pass@1 table, its standard errors, then one table per pass@k / maj@k."""
+    n = settings["n"]
+    parts = [
+        f"## Pass@1 (%), averaged over n = {n} samples per problem",
+        "",
+        markdown_table(results, benchmarks, "pass@1"),
+        "",
+        "Standard error of Pass@1 across problems (%):",
+        "",
+        markdown_table(results, benchmarks, "pass@1/se_problems"),
+        "",
+        f"Standard error of Pass@1 across the n = {n} sample seeds (%):",
+        "",
+        markdown_table(results, benchmarks, "pass@1/se_seeds"),
+    ]
+    extra = sorted(
+        {m for per in results.values() for s in per.values() for m in s if m.startswith(("pass@", "maj@"))}
+        - {"pass@1"},
+        key=lambda m: (m.startswith("maj@"), int(m.split("@")[1].split("/")[0]), m),  # pass@k first
+    )
+    for metric in (m for m in extra if "/" not in m):
+        parts += ["", f"{metric} (%):", "", markdown_table(results, benchmarks, metric)]
+    parts += [
+        "",
+        f"Sampling: temperature {settings['temperature']}, top-p {settings['top_p']}, seed {settings['seed']}, "
+        f"max new tokens {settings['max_new_tokens'] or 'per benchmark'}"
+        + (f", first {settings['limit']} problems per benchmark" if settings.get("limit") else "")
+        + ".",
+    ]
+    return "\n".join(parts) + "\n"
+
+
+def write_outputs(out_dir: Path, results: dict, benchmarks: Sequence[str], settings: dict[str, Any]) -> str:
+    """Write results.md / results.csv / results.json; returns the markdown."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    markdown = render_markdown(results, benchmarks, settings)
+    (out_dir / "results.md").write_text(markdown)
+    metric_names = sorted({m for per in results.values() for s in per.values() for m in s})
+    with open(out_dir / "results.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["model", "benchmark", *metric_names])
+        for model, per_bench in results.items():
+            for bench in benchmarks:
+                if bench in per_bench:
+                    writer.writerow([model, bench, *(per_bench[bench].get(m, "") for m in metric_names)])
+    (out_dir / "results.json").write_text(
+        json.dumps({"settings": settings, "benchmarks": list(benchmarks), "results": results}, indent=2)
+        + "\n"
+    )
+    return markdown
+
+
+def records_digest(records: Sequence[Any]) -> str:
+    """12 hex digits over every record's id, prompt and answer: a changed data file gets a new cache."""
+    import hashlib
+
+    payload = json.dumps([[str(r.id), r.prompt, r.answer] for r in records])
+    return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+
+class LazyModel:
+    """Loads a model on the first chunk that needs sampling, so a run answered fully from the cache never
+    loads it; ``generate_fn(sampling)`` gives the harness's ``(prompts, n, seed)`` callable."""
+
+    def __init__(self, path: Path, tokenizer: Any, *, device: str | None, dtype: str):
+        self.path, self.tokenizer, self.device, self.dtype = path, tokenizer, device, dtype
+        self.model = None
+
+    def generate_fn(self, sampling: Any):
+        from ebpo.eval.harness import load_model, model_generate_fn
+
+        def generate(prompts: list[str], n: int, seed: int):
+            if self.model is None:
+                self.model, _ = load_model(self.path, device=self.device, dtype=self.dtype)
+            return model_generate_fn(self.model, self.tokenizer, sampling)(prompts, n, seed)
+
+        return generate
+
+
+def run(args: argparse.Namespace, *, generate_fns: dict[str, Any] | None = None) -> int:
+    """Run ``ebpo eval``. ``generate_fns`` (model name -> ``(prompts, n, seed) -> texts``) replaces model
+    loading for those names: used by tests and by callers with their own inference engine."""
+    from ebpo.eval.harness import (
+        PAPER_BENCHMARKS,
+        SamplingConfig,
+        cache_file,
+        evaluate,
+        get_benchmark,
+    )
+    from ebpo.eval.harness import model_fingerprint as fingerprint
+
+    generate_fns = generate_fns or {}
+    models = list(args.models) or [BUILTIN]
+    if args.benchmarks:
+        benchmarks = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
+    else:
+        benchmarks = ["arith"] if models == [BUILTIN] else list(PAPER_BENCHMARKS)
+    specs = [get_benchmark(b) for b in benchmarks]  # unknown names fail here, before any model loads
+    if args.n < 1:
+        raise SystemExit(f"ebpo eval: --n must be >= 1, got {args.n}")
+    cache_dir = None if args.no_cache else Path(args.cache_dir or default_cache_dir())
+    settings = {
+        "n": args.n,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "max_new_tokens": args.max_new_tokens,
+        "seed": args.seed,
+        "batch_size": args.batch_size,
+        "limit": args.limit,
+        "ks": args.ks,
+        "maj_ks": args.maj_ks,
+        "maj_mode": args.maj_mode,
+        "chat_template": args.chat_template,
+        "reward_options": dict(args.reward_option),
+    }
+    records_by_bench = {spec.name: spec.load() for spec in specs}
+    reward_options = dict(args.reward_option)
+    rewards: dict[str, Any] = {}  # one reward object (and worker pool) per name
+
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    for name in models:
+        scripted = generate_fns.get(name)
+        lazy_model = None
+        tokenizer = None
+        use_template = False
+        if scripted is None:
+            from transformers import AutoTokenizer
+
+            path = _resolve_model(name, args.quiet)
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            tokenizer.padding_side = "left"
+            has_template = bool(getattr(tokenizer, "chat_template", None))
+            use_template = args.chat_template == "on" or (args.chat_template == "auto" and has_template)
+            if use_template and not has_template:
+                raise SystemExit(f"ebpo eval: --chat-template on, but {path} has no chat template")
+            model_key = {"path": str(path.resolve()), "fingerprint": fingerprint(path)}
+            lazy_model = LazyModel(path, tokenizer, device=args.device, dtype=args.dtype)
+        else:
+            model_key = {"generate_fn": name}
+        results[name] = {}
+        for spec in specs:
+            sampling = SamplingConfig(
+                n=args.n,
+                temperature=args.temperature,
+                top_p=args.top_p,
+                max_new_tokens=args.max_new_tokens or spec.max_new_tokens,
+                seed=args.seed,
+                batch_size=args.batch_size,
+                chat_template=use_template,
+            )
+            reward_name = args.reward or spec.reward
+            if reward_name not in rewards:
+                from ebpo.rewards import get_reward
+
+                try:
+                    rewards[reward_name] = get_reward(reward_name, **reward_options)
+                except TypeError as err:
+                    raise SystemExit(
+                        f"ebpo eval: --reward-option not accepted by reward {reward_name!r}: {err}"
+                    ) from err
+            cache = None
+            if cache_dir is not None:
+                cache = cache_file(
+                    cache_dir,
+                    name,
+                    spec.name,
+                    sampling,
+                    reward=reward_name,
+                    records=records_digest(records_by_bench[spec.name]),
+                    **model_key,
+                )
+            if not args.quiet:
+                print(
+                    f"[{name}] {spec.name}: {len(records_by_bench[spec.name][: args.limit])} problems x n={args.n}",
+                    file=sys.stderr,
+                )
+            generate_fn = scripted or lazy_model.generate_fn(sampling)
+
+            result = evaluate(
+                None,
+                records_by_bench[spec.name],
+                rewards[reward_name],
+                sampling,
+                tokenizer=tokenizer,
+                generate_fn=generate_fn,
+                ks=args.ks,
+                maj_ks=args.maj_ks,
+                maj_mode=args.maj_mode,
+                limit=args.limit,
+                cache_path=cache,
+                keep_texts=args.keep_texts,
+                progress=not args.quiet,
+            )
+            results[name][spec.name] = result.summary
+        del lazy_model  # free this model before the next one loads
+    markdown = write_outputs(Path(args.out_dir), results, benchmarks, settings)
+    print(markdown)
+    print(f"wrote {Path(args.out_dir) / 'results.md'}, results.csv, results.json", file=sys.stderr)
+    return 0

@@ -1,0 +1,459 @@
+"""The evaluation harness: sample n responses per problem, score them, summarise (SPEC §5).
+
+```python
+from ebpo.eval import SamplingConfig, evaluate
+result = evaluate("path/to/model", records, "math", SamplingConfig(n=32, temperature=0.6, top_p=0.95))
+result.summary["pass@1"], result.metrics(prefix="eval/aime24/")
+```
+
+- Responses come from :func:`ebpo.generation.sample` (KV cache, batched), or from any ``generate_fn``
+  callable ``(prompts, n, seed) -> list[list[str]] | Rollouts`` (tests script one; other engines plug in).
+- Problems are cut into fixed chunks of ``max(1, batch_size // n)`` consecutive records (by position in the
+  full record list) and chunk ``c`` is sampled with seed ``chunk_seed(seed, c)``, so the responses of a
+  problem do not depend on ``limit`` or on a resume.
+- With ``cache_path`` each finished problem is appended as one JSONL line (:class:`ProblemScores`) after its
+  chunk is scored; a rerun reads the file, skips the problems it holds and samples only chunks with
+  missing problems, so an interrupted evaluation resumes where it stopped. A torn last line (a kill
+  mid-write) is dropped on load.
+- Scoring: reward > 0 is correct; final answers for maj@k come from the reward's ``extract`` and are
+  clustered with its ``equivalent_batch`` / ``equivalent`` (plain string equality when it has neither).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ebpo.data.records import Record
+from ebpo.eval.metrics import ProblemScores, score_problem, summarize
+
+__all__ = [
+    "PAPER_BENCHMARKS",
+    "BenchmarkSpec",
+    "EvalResult",
+    "SamplingConfig",
+    "cache_file",
+    "chunk_seed",
+    "evaluate",
+    "get_benchmark",
+    "list_benchmarks",
+    "load_model",
+    "model_fingerprint",
+    "model_generate_fn",
+    "register_benchmark",
+]
+
+CACHE_FORMAT = 1  # bump when the cache line format changes: old cache files are then ignored
+
+GenerateFn = Callable[[list[str], int, int], Any]
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How responses are sampled for evaluation (every field is part of the cache key)."""
+
+    n: int = field(default=32, metadata={"help": "responses per problem (the paper: 32 for Pass@1)"})
+    temperature: float = field(default=0.6, metadata={"help": "sampling temperature; 0 = greedy"})
+    top_p: float = field(default=0.95, metadata={"help": "nucleus sampling mass in (0, 1]"})
+    max_new_tokens: int = field(default=4096, metadata={"help": "longest response in tokens (EOS included)"})
+    seed: int = field(default=0, metadata={"help": "base seed; chunk c is sampled with chunk_seed(seed, c)"})
+    batch_size: int = field(
+        default=64,
+        metadata={"help": "sequences decoded together; a chunk holds max(1, batch_size // n) problems"},
+    )
+    chat_template: bool = field(
+        default=False,
+        metadata={"help": "render prompts with ebpo.data.loaders.apply_chat_template (instruct models)"},
+    )
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"SamplingConfig.n must be >= 1, got {self.n}")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingConfig.temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingConfig.top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1 or self.batch_size < 1:
+            raise ValueError("SamplingConfig.max_new_tokens and batch_size must be >= 1")
+
+    @property
+    def problems_per_chunk(self) -> int:
+        return max(1, self.batch_size // self.n)
+
+
+def chunk_seed(seed: int, chunk: int) -> int:
+    """Seed of chunk ``chunk``: the first 8 bytes of SHA-256 over ``"{seed}/{chunk}"`` (independent streams)."""
+    return int.from_bytes(hashlib.sha256(f"{seed}/{chunk}".encode()).digest()[:8], "little") >> 1
+
+
+# --- benchmarks ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BenchmarkSpec:
+    """A named evaluation set: how to load its records and which reward grades it."""
+
+    name: str
+    load: Callable[[], list[Record]]
+    reward: str
+    max_new_tokens: int  # the CLI's default response budget for this set
+
+
+_BENCHMARKS: dict[str, BenchmarkSpec] = {}
+
+
+def register_benchmark(spec: BenchmarkSpec) -> BenchmarkSpec:
+    """Add a benchmark to the registry (a second one with the same name raises)."""
+    if spec.name in _BENCHMARKS:
+        raise ValueError(f"benchmark {spec.name!r} is already registered")
+    _BENCHMARKS[spec.name] = spec
+    return spec
+
+
+def list_benchmarks() -> list[str]:
+    """Registered benchmark names, in registration order."""
+    return list(_BENCHMARKS)
+
+
+def get_benchmark(name: str) -> BenchmarkSpec:
+    """The benchmark registered as ``name``; an unknown name lists the valid ones."""
+    try:
+        return _BENCHMARKS[name]
+    except KeyError:
+        raise ValueError(f"unknown benchmark {name!r}; valid: {', '.join(list_benchmarks())}") from None
+
+
+def _shared_loader(name: str) -> Callable[[], list[Record]]:
+    def load() -> list[Record]:
+        from ebpo.data.loaders import load_benchmark
+
+        return list(load_benchmark(name))
+
+    return load
+
+
+ARITH_TEST_SIZE = 450  # 10 problems per (topic, level) cell of the 9 x 5 grid
+ARITH_TEST_SEED = 0
+
+for _name in ("aime24", "aime25", "amc23", "math500", "olympiadbench"):
+    register_benchmark(BenchmarkSpec(_name, _shared_loader(_name), reward="math", max_new_tokens=4096))
+
+
+def _load_arith_test() -> list[Record]:
+    from ebpo.tasks import get_task
+
+    return get_task("arith").generate("test", ARITH_TEST_SIZE, seed=ARITH_TEST_SEED)
+
+
+register_benchmark(BenchmarkSpec("arith", _load_arith_test, reward="arith", max_new_tokens=16))
+PAPER_BENCHMARKS: tuple[str, ...] = ("aime24", "aime25", "amc23", "math500", "olympiadbench")
+
+
+# --- models --------------------------------------------------------------------------------------------
+
+
+def model_fingerprint(path: str | Path) -> str:
+    """12 hex digits over the names, sizes and modification times of a model directory's files, so a
+    checkpoint rewritten in place gets a new cache key."""
+    root = Path(path)
+    entries = sorted(
+        (p.relative_to(root).as_posix(), p.stat().st_size, p.stat().st_mtime_ns)
+        for p in root.rglob("*")
+        if p.is_file()
+    )
+    return hashlib.sha256(json.dumps(entries).encode()).hexdigest()[:12]
+
+
+def load_model(path: str | Path, *, device: str | None = None, dtype: str = "auto"):
+    """``(model, tokenizer)`` from a Hugging Face directory: eval mode, left padding, on ``device``
+    (default: CUDA if available). ``dtype``: ``auto`` (bfloat16 on CUDA, float32 on CPU), ``float32``,
+    ``bfloat16`` or ``float16``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if dtype == "auto":
+        torch_dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    elif dtype in dtypes:
+        torch_dtype = dtypes[dtype]
+    else:
+        raise ValueError(f"unknown dtype {dtype!r}; valid: auto, {', '.join(dtypes)}")
+    if not Path(path).is_dir():
+        raise FileNotFoundError(
+            f"model directory {path} not found (give a local Hugging Face model directory)"
+        )
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device).eval()
+    return model, tokenizer
+
+
+def model_generate_fn(model, tokenizer, sampling: SamplingConfig) -> GenerateFn:
+    """``(prompts, n, seed) -> Rollouts`` through :func:`ebpo.generation.sample`."""
+    import torch
+
+    from ebpo.generation import sample
+
+    device = next(model.parameters()).device
+
+    def generate(prompts: list[str], n: int, seed: int):
+        if sampling.chat_template:  # the rendered template already holds any BOS: do not add another
+            prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        generator = torch.Generator(device=device).manual_seed(seed)
+        return sample(
+            model,
+            tokenizer,
+            prompts,
+            n=n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_new_tokens=sampling.max_new_tokens,
+            generator=generator,
+            batch_size=sampling.batch_size,
+        )
+
+    return generate
+
+
+# --- the cache -----------------------------------------------------------------------------------------
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[-80:] or "model"
+
+
+def cache_file(
+    cache_dir: str | Path, model_name: str, benchmark: str, sampling: SamplingConfig, **key: Any
+) -> Path:
+    """``<cache_dir>/<model>/<benchmark>-<hash>.jsonl``; the hash covers the model name, the benchmark, every
+    sampling setting and ``key`` (e.g. the reward and the model fingerprint). A ``.meta.json`` beside it
+    records what the hash covers."""
+    material = {
+        "format": CACHE_FORMAT,
+        "model": model_name,
+        "benchmark": benchmark,
+        "sampling": asdict(sampling),
+        **key,
+    }
+    digest = hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    path = Path(cache_dir) / _slug(model_name) / f"{_slug(benchmark)}-{digest}.jsonl"
+    meta = path.with_suffix(".meta.json")
+    if not meta.exists():
+        meta.parent.mkdir(parents=True, exist_ok=True)
+        meta.write_text(json.dumps(material, indent=2, sort_keys=True, default=str) + "\n")
+    return path
+
+
+def _read_cache(path: Path) -> dict[str, ProblemScores]:
+    """Finished problems in a cache file, by id. A last line without its newline (torn write) is cut off."""
+    if not path.exists():
+        return {}
+    raw = path.read_bytes()
+    if raw and not raw.endswith(b"\n"):
+        keep = raw.rfind(b"\n") + 1
+        with open(path, "r+b") as handle:
+            handle.truncate(keep)
+        raw = raw[:keep]
+    done: dict[str, ProblemScores] = {}
+    for line_no, line in enumerate(raw.decode().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            problem = ProblemScores.from_dict(json.loads(line))
+        except (json.JSONDecodeError, TypeError) as err:
+            raise ValueError(
+                f"{path}, line {line_no}: not a cached problem ({err}); delete the file to redo"
+            ) from err
+        done[problem.id] = problem
+    return done
+
+
+def _append_cache(path: Path, problems: Sequence[ProblemScores]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write("".join(json.dumps(p.to_dict()) + "\n" for p in problems))
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+# --- evaluate ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EvalResult:
+    """Per-problem scores (in record order) and their summary (:func:`ebpo.eval.metrics.summarize`)."""
+
+    problems: list[ProblemScores]
+    summary: dict[str, float]
+    cache_path: Path | None = None
+    num_cached: int = 0  # problems read from the cache rather than sampled in this call
+
+    def metrics(self, prefix: str = "eval/") -> dict[str, float]:
+        """The summary with ``prefix`` on every key (e.g. ``eval/pass@1``, ``eval/maj@16``)."""
+        return {f"{prefix}{key}": value for key, value in self.summary.items()}
+
+
+def _as_texts(output: Any, num_prompts: int, n: int) -> tuple[list[list[str]], list | None, list | None]:
+    """Normalise a generate_fn result to per-prompt text lists (+ lengths, truncated when known)."""
+    if hasattr(output, "texts") and hasattr(output, "lengths"):  # ebpo.generation.Rollouts
+        texts, lengths, truncated = output.texts, output.lengths.tolist(), output.truncated.tolist()
+        if len(texts) != num_prompts * n:
+            raise ValueError(f"generate_fn returned {len(texts)} responses for {num_prompts} prompts x n={n}")
+        rows = [slice(i * n, (i + 1) * n) for i in range(num_prompts)]
+        return [texts[r] for r in rows], [lengths[r] for r in rows], [truncated[r] for r in rows]
+    groups = [list(group) for group in output]
+    if len(groups) != num_prompts or any(len(g) != n for g in groups):
+        shape = [len(g) for g in groups]
+        raise ValueError(f"generate_fn must return {num_prompts} lists of n={n} strings, got lengths {shape}")
+    return groups, None, None
+
+
+def _scorer(reward: Any) -> tuple[Callable[[str], str | None], dict[str, Any]]:
+    """The reward's answer extractor (as str) and its equivalence callables for maj@k."""
+    extract = getattr(reward, "extract", None)
+
+    def extract_str(text: str) -> str | None:
+        if extract is None:
+            return text.strip() or None
+        answer = extract(text)
+        return None if answer is None else str(answer)
+
+    equivalence: dict[str, Any] = {}
+    if getattr(reward, "equivalent_batch", None) is not None:
+        equivalence["equivalent_batch"] = reward.equivalent_batch
+    elif getattr(reward, "equivalent", None) is not None:
+        equivalence["equivalent"] = reward.equivalent
+    else:
+        equivalence["equivalent"] = lambda gold, pred: gold == pred
+    return extract_str, equivalence
+
+
+def evaluate(
+    model_or_path: Any,
+    records: Sequence[Record],
+    reward: Any,
+    sampling: SamplingConfig | None = None,
+    *,
+    tokenizer: Any = None,
+    generate_fn: GenerateFn | None = None,
+    ks: Sequence[int] = (1,),
+    maj_ks: Sequence[int] = (),
+    maj_mode: str = "subsets",
+    limit: int | None = None,
+    cache_path: str | Path | None = None,
+    keep_texts: bool = False,
+    progress: bool = False,
+    device: str | None = None,
+    dtype: str = "auto",
+) -> EvalResult:
+    """Sample ``sampling.n`` responses per record, score them with ``reward``, summarise.
+
+    Args:
+        model_or_path: a loaded causal LM (then pass ``tokenizer``) or a model directory; ignored when
+            ``generate_fn`` is given (pass ``None``).
+        records: the problems (``prompt``, ``answer``, ``id`` unique).
+        reward: a reward name for :func:`ebpo.rewards.get_reward` or a reward object
+            (``batch(completions, answers)``; optional ``extract``, ``equivalent_batch``/``equivalent``).
+        sampling: :class:`SamplingConfig` (default ``SamplingConfig()``).
+        generate_fn: ``(prompts, n, seed) -> list[list[str]] | Rollouts`` instead of the model.
+        ks / maj_ks: the k of pass@k / maj@k to report (k above n is skipped).
+        maj_mode: ``"subsets"`` or ``"first"`` (:func:`ebpo.eval.metrics.maj_at_k`).
+        limit: evaluate only the first ``limit`` records.
+        cache_path: JSONL file of finished problems (see the module docstring; :func:`cache_file`).
+        keep_texts: store each response's text in the results (and cache).
+        progress: show a tqdm bar.
+    """
+    sampling = sampling or SamplingConfig()
+    records = list(records)[: limit if limit is not None else None]
+    ids = [str(rec.id) for rec in records]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise ValueError(f"record ids must be unique; {dup!r} repeats")
+    if isinstance(reward, str):
+        from ebpo.rewards import get_reward
+
+        reward = get_reward(reward)
+    if generate_fn is None:
+        if model_or_path is None:
+            raise ValueError("evaluate needs a model (or a model path) or a generate_fn")
+        if isinstance(model_or_path, str | Path):
+            model, tokenizer = load_model(model_or_path, device=device, dtype=dtype)
+        else:
+            if tokenizer is None:
+                raise ValueError("evaluate: pass tokenizer= with a loaded model")
+            model = model_or_path
+        generate_fn = model_generate_fn(model, tokenizer, sampling)
+
+    if sampling.chat_template:
+        if tokenizer is None:
+            raise ValueError(
+                "SamplingConfig.chat_template needs a tokenizer (pass tokenizer= or a model path)"
+            )
+        from ebpo.data.loaders import apply_chat_template
+
+        def render(chunk_records: list[Record]) -> list[str]:
+            return apply_chat_template(chunk_records, tokenizer)
+    else:
+
+        def render(chunk_records: list[Record]) -> list[str]:
+            return [rec.prompt for rec in chunk_records]
+
+    cache = Path(cache_path) if cache_path is not None else None
+    done = _read_cache(cache) if cache is not None else {}
+    num_cached = sum(i in done for i in ids)
+    extract, equivalence = _scorer(reward)
+    per_chunk = sampling.problems_per_chunk
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(records), initial=num_cached, desc="eval", unit="problem", dynamic_ncols=True)
+    for chunk, start in enumerate(range(0, len(records), per_chunk)):
+        chunk_records = records[start : start + per_chunk]
+        if all(str(rec.id) in done for rec in chunk_records):
+            continue
+        output = generate_fn(render(chunk_records), sampling.n, chunk_seed(sampling.seed, chunk))
+        texts, lengths, truncated = _as_texts(output, len(chunk_records), sampling.n)
+        flat_texts = [t for group in texts for t in group]
+        flat_answers = [rec.answer for rec in chunk_records for _ in range(sampling.n)]
+        flat_rewards = [float(r) for r in reward.batch(flat_texts, flat_answers)]
+        finished = []
+        for i, rec in enumerate(chunk_records):
+            if str(rec.id) in done:  # already cached from an earlier run: keep the cached line
+                continue
+            extra: dict[str, Any] = {}
+            if lengths is not None:
+                extra = {
+                    "lengths": [int(x) for x in lengths[i]],
+                    "truncated": [bool(x) for x in truncated[i]],
+                }
+            if keep_texts:
+                extra["texts"] = texts[i]
+            finished.append(
+                score_problem(
+                    str(rec.id),
+                    flat_rewards[i * sampling.n : (i + 1) * sampling.n],
+                    [extract(t) for t in texts[i]],
+                    **equivalence,
+                    **extra,
+                )
+            )
+        if cache is not None:
+            _append_cache(cache, finished)
+        done.update((p.id, p) for p in finished)
+        if bar is not None:
+            bar.update(len(finished))
+    if bar is not None:
+        bar.close()
+    problems = [done[i] for i in ids]
+    summary = (
+        summarize(problems, ks=ks, maj_ks=maj_ks, maj_mode=maj_mode, seed=sampling.seed) if problems else {}
+    )
+    return EvalResult(problems=problems, summary=summary, cache_path=cache, num_cached=num_cached)

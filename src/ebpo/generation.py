@@ -1,0 +1,376 @@
+"""Batched sampling from a causal LM with a KV cache, shared by the trainer, ``ebpo eval`` and annotate.
+
+One call of :func:`sample` turns B prompts into B*n responses:
+
+1. the prompts are tokenized and left-padded to a common length P;
+2. one prefill forward pass runs over the B *unique* prompts (attention mask + position ids that skip the
+   left padding) and its ``DynamicCache`` is repeated n times in the batch dimension, so the prompt is
+   encoded once per group rather than once per response;
+3. incremental decoding feeds one token per step through the cache; each step draws the next token with
+   temperature and nucleus (top-p) sampling from a seeded ``torch.Generator``, or takes the argmax when
+   ``temperature == 0``;
+4. a row stops after it emits an end-of-sequence token; rows that are done are dropped from the batch
+   (and from the cache), and the loop stops when every row is done or ``max_new_tokens`` is reached.
+
+Log-probabilities (``Rollouts.old_logp``) are those of the *temperature-scaled* distribution
+``log_softmax(logits / T)`` **before** top-p filtering, as verl's actor computes them: the trainer's PPO
+ratio ``exp(logp - old_logp)`` must compare the same distribution, so the trainer recomputes its policy
+log-probs with the same temperature, and the ratio starts at exactly 1 (up to float error) on the first
+update. With ``temperature == 0`` (greedy) the log-probs are those of the unscaled distribution (T = 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Rollouts", "sample", "sample_next_token", "stop_token_ids", "left_pad", "prompt_position_ids"]
+
+
+@dataclass
+class Rollouts:
+    """The responses of one :func:`sample` call; row ``j`` belongs to prompt ``group_index[j]``.
+
+    Rows are grouped by prompt: the n responses of prompt ``b`` are rows ``b*n .. b*n + n - 1``.
+    N = B*n rows; P = longest prompt; T = longest response (at most ``max_new_tokens``).
+
+    Attributes:
+        prompt_ids: LongTensor (N, P), prompt tokens, left-padded with the pad id.
+        prompt_mask: LongTensor (N, P), 1 on prompt tokens, 0 on left padding.
+        response_ids: LongTensor (N, T), sampled tokens, right-padded with the pad id. The EOS token,
+            when one was sampled, is included.
+        response_mask: LongTensor (N, T), 1 on every sampled token up to and including EOS, 0 after.
+        old_logp: FloatTensor (N, T), float32, log-prob of each sampled token under the sampling
+            distribution ``log_softmax(logits / temperature)`` *before* top-p (T = 1 when greedy);
+            0 where ``response_mask`` is 0.
+        texts: N decoded responses, without the EOS token or padding (special tokens skipped).
+        lengths: LongTensor (N,), number of response tokens including EOS (= ``response_mask.sum(1)``).
+        truncated: BoolTensor (N,), True where no EOS was sampled within ``max_new_tokens``.
+        group_index: LongTensor (N,), index into ``prompts`` of the prompt each row answers.
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    old_logp: torch.Tensor
+    texts: list[str]
+    lengths: torch.Tensor
+    truncated: torch.Tensor
+    group_index: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def to(self, device: torch.device | str) -> Rollouts:
+        """A copy with every tensor on ``device``."""
+        moved = {
+            name: value.to(device) if isinstance(value, torch.Tensor) else value
+            for name, value in self.__dict__.items()
+        }
+        return Rollouts(**moved)
+
+
+def stop_token_ids(model, tokenizer, eos_token_id: int | Sequence[int] | None = None) -> list[int]:
+    """Token ids that end a response: ``eos_token_id`` if given, else the union of the tokenizer's EOS
+    and the model's ``generation_config.eos_token_id`` (chat models often list several, e.g. Qwen's
+    ``<|im_end|>`` and ``<|endoftext|>``)."""
+    if eos_token_id is not None:
+        ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    else:
+        ids = []
+        if tokenizer.eos_token_id is not None:
+            ids.append(int(tokenizer.eos_token_id))
+        gen_cfg = getattr(model, "generation_config", None)
+        cfg_eos = getattr(gen_cfg, "eos_token_id", None)
+        if cfg_eos is not None:
+            ids.extend([cfg_eos] if isinstance(cfg_eos, int) else list(cfg_eos))
+    ids = list(dict.fromkeys(int(i) for i in ids))
+    if not ids:
+        raise ValueError("no end-of-sequence token: the tokenizer has no eos_token_id; pass eos_token_id=")
+    return ids
+
+
+def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token id lists to a common length: returns ``(ids_BP, mask_BP)``."""
+    max_len = max(len(seq) for seq in sequences)
+    ids_BP = torch.full((len(sequences), max_len), pad_id, dtype=torch.long)
+    mask_BP = torch.zeros((len(sequences), max_len), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        if len(seq):
+            ids_BP[row, max_len - len(seq) :] = torch.as_tensor(list(seq), dtype=torch.long)
+            mask_BP[row, max_len - len(seq) :] = 1
+    return ids_BP, mask_BP
+
+
+def prompt_position_ids(mask_BP: torch.Tensor) -> torch.Tensor:
+    """Position ids for a left-padded batch: 0 at each row's first real token (padding gets 1, as
+    Hugging Face ``generate`` does; padded positions are masked out so their value is irrelevant)."""
+    pos_BP = mask_BP.long().cumsum(-1) - 1
+    return pos_BP.masked_fill(mask_BP == 0, 1)
+
+
+def sample_next_token(
+    logits_BV: torch.Tensor,
+    *,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row; returns ``(token_B, logp_B)``.
+
+    ``logp_B`` = log_softmax(logits / T)[token], the log-prob under the temperature-scaled distribution
+    before top-p (T = 1 when greedy). Greedy (``temperature == 0``): argmax, no randomness.
+    Top-p (Holtzman et al. 2020): keep the smallest set of most likely tokens whose probability mass
+    reaches ``top_p`` (the most likely token is always kept), renormalise, and draw with
+    ``torch.multinomial(..., generator=generator)`` over the tokens in descending-probability order
+    (with ``top_p == 1`` the draw is over the whole vocabulary in id order, skipping the sort).
+    Rows are drawn in one ``multinomial`` call, so a seeded generator makes the draw deterministic.
+    """
+    logits_BV = logits_BV.float()
+    if temperature == 0:
+        token_B = logits_BV.argmax(dim=-1)
+        logp_BV = torch.log_softmax(logits_BV, dim=-1)
+        return token_B, logp_BV.gather(-1, token_B[:, None]).squeeze(-1)
+    logp_BV = torch.log_softmax(logits_BV / temperature, dim=-1)
+    probs_BV = logp_BV.exp()
+    draw_device = generator.device if generator is not None else probs_BV.device
+    if top_p >= 1.0:  # no nucleus: draw over the vocabulary in id order, no sort
+        token_B = torch.multinomial(probs_BV.to(draw_device), 1, generator=generator).squeeze(-1)
+        token_B = token_B.to(probs_BV.device)
+    else:
+        sorted_probs_BV, sorted_idx_BV = probs_BV.sort(dim=-1, descending=True)
+        mass_before_BV = sorted_probs_BV.cumsum(dim=-1) - sorted_probs_BV  # mass of strictly likelier tokens
+        sorted_probs_BV = sorted_probs_BV.masked_fill(mass_before_BV >= top_p, 0.0)
+        rank_B = torch.multinomial(sorted_probs_BV.to(draw_device), 1, generator=generator).squeeze(-1)
+        token_B = sorted_idx_BV.gather(-1, rank_B.to(sorted_idx_BV.device)[:, None]).squeeze(-1)
+    return token_B, logp_BV.gather(-1, token_B[:, None]).squeeze(-1)
+
+
+def _encode_prompts(tokenizer, prompts: Sequence[str] | Sequence[Sequence[int]]) -> list[list[int]]:
+    """Token ids of each prompt: strings go through ``tokenizer`` (its own special-token settings),
+    lists of ints are taken as already tokenized."""
+    encoded: list[list[int]] = []
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, str):
+            encoded.append(list(tokenizer(prompt)["input_ids"]))
+        else:
+            encoded.append([int(t) for t in prompt])
+        if not encoded[-1]:
+            raise ValueError(f"prompt {i} is empty after tokenization")
+    return encoded
+
+
+def _last_logits_only(model) -> dict[str, int]:
+    """``{"logits_to_keep": 1}`` when the model's forward takes it: the prefill then computes logits for
+    the last position only instead of a (B, P, V) tensor (gigabytes for long prompts and a large vocab)."""
+    import inspect
+
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+
+
+@torch.no_grad()
+def _generate_chunk(
+    model,
+    prompt_ids_BP: torch.Tensor,
+    prompt_mask_BP: torch.Tensor,
+    *,
+    n: int,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+    generator: torch.Generator | None,
+    stop_ids: list[int],
+    pad_id: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample n responses for each of B prompts: returns ``(response_ids_NT, old_logp_NT)`` on the CPU,
+    N = B*n, right-padded with ``pad_id`` / 0. A row's tokens stop after its first stop token."""
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    num_rows = prompt_ids_BP.shape[0] * n
+    response_ids_NT = torch.full((num_rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    old_logp_NT = torch.zeros((num_rows, max_new_tokens), dtype=torch.float32, device=device)
+    if max_new_tokens == 0:
+        return response_ids_NT.cpu(), old_logp_NT.cpu()
+    stop_ids_S = torch.as_tensor(stop_ids, dtype=torch.long, device=device)
+
+    # Prefill once per unique prompt, then repeat the cache n times (rows b*n .. b*n+n-1 = prompt b).
+    mask_BP = prompt_mask_BP.to(device)
+    cache = DynamicCache(config=model.config)
+    out = model(
+        input_ids=prompt_ids_BP.to(device),
+        attention_mask=mask_BP,
+        position_ids=prompt_position_ids(mask_BP),
+        past_key_values=cache,
+        use_cache=True,
+        **_last_logits_only(model),
+    )
+    cache = out.past_key_values
+    logits_AV = out.logits[:, -1, :].float().repeat_interleave(n, dim=0)
+    if n > 1:
+        cache.batch_repeat_interleave(n)
+    attn_mask_AL = mask_BP.repeat_interleave(n, dim=0)  # A = rows still active, L = tokens so far
+    next_pos_A = attn_mask_AL.sum(-1)  # position of the next token = number of real tokens so far
+    active_rows_A = torch.arange(num_rows, device=device)
+    del out
+
+    for step in range(max_new_tokens):
+        token_A, logp_A = sample_next_token(
+            logits_AV, temperature=temperature, top_p=top_p, generator=generator
+        )
+        response_ids_NT[active_rows_A, step] = token_A
+        old_logp_NT[active_rows_A, step] = logp_A
+        if step == max_new_tokens - 1:
+            break
+        still_active_A = ~torch.isin(token_A, stop_ids_S)
+        if not bool(still_active_A.any()):
+            break
+        if not bool(still_active_A.all()):  # drop finished rows from the batch and the cache
+            keep_A = still_active_A.nonzero().squeeze(-1)
+            cache.batch_select_indices(keep_A)
+            active_rows_A, token_A = active_rows_A[keep_A], token_A[keep_A]
+            attn_mask_AL, next_pos_A = attn_mask_AL[keep_A], next_pos_A[keep_A]
+        attn_mask_AL = torch.cat([attn_mask_AL, attn_mask_AL.new_ones((attn_mask_AL.shape[0], 1))], dim=1)
+        out = model(
+            input_ids=token_A[:, None],
+            attention_mask=attn_mask_AL,
+            position_ids=next_pos_A[:, None],
+            past_key_values=cache,
+            use_cache=True,
+        )
+        cache = out.past_key_values
+        logits_AV = out.logits[:, -1, :].float()
+        next_pos_A = next_pos_A + 1
+        del out
+    return response_ids_NT.cpu(), old_logp_NT.cpu()
+
+
+def response_mask_from_ids(response_ids_NT: torch.Tensor, stop_ids: Sequence[int]) -> torch.Tensor:
+    """1 on every token up to and including the first stop token of each row (all ones if none)."""
+    is_stop_NT = torch.isin(response_ids_NT, torch.as_tensor(list(stop_ids), dtype=torch.long))
+    stops_before_NT = is_stop_NT.long().cumsum(dim=1) - is_stop_NT.long()  # stop tokens strictly before t
+    return (stops_before_NT == 0).long()
+
+
+def sample(
+    model,
+    tokenizer,
+    prompts: Sequence[str] | Sequence[Sequence[int]],
+    *,
+    n: int = 1,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 256,
+    generator: torch.Generator | int | None = None,
+    batch_size: int | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+) -> Rollouts:
+    """Sample ``n`` responses per prompt with a KV cache; see the module docstring for the algorithm.
+
+    Args:
+        model: a Hugging Face causal LM (``model(input_ids, attention_mask, position_ids,
+            past_key_values)`` -> ``.logits``); CPU or CUDA; put in eval mode for the call and restored.
+        tokenizer: its tokenizer (pad id: ``pad_token_id``, else the first EOS id).
+        prompts: B strings (tokenized with the tokenizer's defaults; apply any chat template first) or B
+            lists of token ids.
+        n: responses per prompt (the group size G).
+        temperature: softmax temperature; 0 means greedy decoding (argmax).
+        top_p: nucleus sampling mass in (0, 1]; 1 disables it. Ignored when greedy.
+        max_new_tokens: the most response tokens per row (EOS included).
+        generator: a seeded ``torch.Generator`` (or an int seed) for the draws; ``None`` uses the global
+            RNG. The draws depend on the seed and on ``batch_size`` (chunks consume it in order). An int
+            seed makes a CPU generator; with a CUDA model, pass a generator on the model's device to
+            avoid copying the probabilities to the host at every step.
+        batch_size: the most rows (prompts x n) decoded together; prompts are chunked so each chunk holds
+            ``max(1, batch_size // n)`` prompts. ``None``: all at once.
+        eos_token_id: stop token id(s); default :func:`stop_token_ids`.
+
+    Returns:
+        :class:`Rollouts` with N = B*n rows, on the CPU.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+    if isinstance(prompts, str):
+        raise TypeError("prompts must be a list of strings (or of token id lists), not one string")
+    if isinstance(generator, int):
+        generator = torch.Generator(device="cpu").manual_seed(generator)
+
+    stop_ids = stop_token_ids(model, tokenizer, eos_token_id)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
+    encoded = _encode_prompts(tokenizer, prompts)
+    num_prompts = len(encoded)
+    prompts_per_chunk = num_prompts if batch_size is None else max(1, batch_size // n)
+
+    was_training = model.training
+    model.eval()
+    try:
+        chunks: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for start in range(0, num_prompts, max(1, prompts_per_chunk)):
+            chunk_ids_BP, chunk_mask_BP = left_pad(encoded[start : start + prompts_per_chunk], pad_id)
+            chunks.append(
+                _generate_chunk(
+                    model,
+                    chunk_ids_BP,
+                    chunk_mask_BP,
+                    n=n,
+                    temperature=temperature,
+                    top_p=top_p,
+                    max_new_tokens=max_new_tokens,
+                    generator=generator,
+                    stop_ids=stop_ids,
+                    pad_id=pad_id,
+                )
+            )
+    finally:
+        model.train(was_training)
+
+    if chunks:
+        response_ids_NT = torch.cat([ids for ids, _ in chunks], dim=0)
+        old_logp_NT = torch.cat([logp for _, logp in chunks], dim=0)
+    else:
+        response_ids_NT = torch.zeros((0, max_new_tokens), dtype=torch.long)
+        old_logp_NT = torch.zeros((0, max_new_tokens), dtype=torch.float32)
+    response_mask_NT = response_mask_from_ids(response_ids_NT, stop_ids)
+    lengths_N = response_mask_NT.sum(dim=1)
+    longest = int(lengths_N.max()) if len(lengths_N) else 0
+    response_ids_NT = response_ids_NT[:, :longest].masked_fill(response_mask_NT[:, :longest] == 0, pad_id)
+    old_logp_NT = old_logp_NT[:, :longest] * response_mask_NT[:, :longest]
+    response_mask_NT = response_mask_NT[:, :longest]
+    ended_N = torch.isin(response_ids_NT, torch.as_tensor(stop_ids, dtype=torch.long)).any(dim=1)
+
+    texts = []
+    for row in range(response_ids_NT.shape[0]):
+        length = int(lengths_N[row]) - int(ended_N[row])  # drop the EOS token itself
+        texts.append(tokenizer.decode(response_ids_NT[row, :length].tolist(), skip_special_tokens=True))
+
+    expanded = [seq for seq in encoded for _ in range(n)]
+    if expanded:
+        prompt_ids_NP, prompt_mask_NP = left_pad(expanded, pad_id)
+    else:
+        prompt_ids_NP = prompt_mask_NP = torch.zeros((0, 0), dtype=torch.long)
+    return Rollouts(
+        prompt_ids=prompt_ids_NP,
+        prompt_mask=prompt_mask_NP,
+        response_ids=response_ids_NT,
+        response_mask=response_mask_NT,
+        old_logp=old_logp_NT,
+        texts=texts,
+        lengths=lengths_N,
+        truncated=~ended_N,
+        group_index=torch.arange(num_prompts).repeat_interleave(n),
+    )

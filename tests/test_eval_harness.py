@@ -1,0 +1,407 @@
+"""Tests for ebpo.eval.harness and ebpo eval: real benchmark files with a scripted generator, the tiny model
+on arith, resuming from the cache, the table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from ebpo.data.records import Record
+from ebpo.eval import cli as eval_cli
+from ebpo.eval.harness import SamplingConfig, cache_file, chunk_seed, evaluate, get_benchmark
+
+PAPER_SETS = ["aime24", "aime25", "amc23", "math500", "olympiadbench"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models gain nothing from a second intra-op thread, and on a busy 2-core machine the two threads'
+    spin-waits make each matmul tens of times slower; restore the setting afterwards."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def parse_eval_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    eval_cli.add_parser(parser.add_subparsers())
+    return parser.parse_args(["eval", *argv])
+
+
+class ExactReward:
+    """Reward for synthetic records: 1 if the completion's text after 'ans=' equals the gold."""
+
+    def extract(self, completion: str) -> str | None:
+        return completion.split("ans=")[-1] if "ans=" in completion else None
+
+    def batch(self, completions, answers):
+        return [float(self.extract(c) == a) for c, a in zip(completions, answers)]
+
+
+def synthetic_records(num: int) -> list[Record]:
+    return [Record(id=f"p{i}", prompt=f"question {i}", answer=str(i)) for i in range(num)]
+
+
+class SeededGenerator:
+    """(prompts, n, seed) -> texts; answers drawn from the seed, so responses depend on the chunk seed only.
+    Counts calls and can raise after ``fail_after`` calls (a simulated crash)."""
+
+    def __init__(self, fail_after: int | None = None):
+        self.calls: list[list[str]] = []
+        self.fail_after = fail_after
+
+    def __call__(self, prompts, n, seed):
+        if self.fail_after is not None and len(self.calls) >= self.fail_after:
+            raise RuntimeError("simulated crash")
+        self.calls.append(list(prompts))
+        gen = torch.Generator().manual_seed(seed)
+        out = []
+        for prompt in prompts:
+            gold = prompt.split()[-1]
+            draws = torch.randint(0, 3, (n,), generator=gen).tolist()  # 0: correct, 1: "x", 2: no answer
+            out.append([f"ans={gold}" if d == 0 else ("ans=x" if d == 1 else "no idea") for d in draws])
+        return out
+
+
+# --- the real benchmark files, scripted answers ----------------------------------------------------------
+
+
+def scripted_texts(index: int, gold: str, n: int) -> list[str]:
+    """Problem index i: i even -> every sample correct; i % 4 == 1 -> correct, then wrong; i % 4 == 3 -> wrong."""
+    right = f"so the answer is \\boxed{{{gold.strip().strip('$')}}}."
+    wrong = "so the answer is \\boxed{-123456789}."
+    if index % 2 == 0:
+        return [right] * n
+    if index % 4 == 1:
+        return [right if j % 2 == 0 else wrong for j in range(n)]
+    return [wrong] * n
+
+
+def test_cli_on_real_benchmarks_with_scripted_generator(benchmark_dir, tmp_path):
+    pytest.importorskip("ebpo.data.loaders", reason="ebpo.data.loaders (load_benchmark) not written yet")
+    prompt_index: dict[str, tuple[int, str]] = {}
+    for name in PAPER_SETS:
+        records = get_benchmark(name).load()
+        rows = (benchmark_dir / f"{name}.jsonl").read_text().splitlines()
+        assert len(records) == len(rows)  # the loader read the whole real file
+        for i, rec in enumerate(records[:8]):
+            assert rec.answer == json.loads(rows[i])["answer"]
+            prompt_index[rec.prompt] = (i, rec.answer)
+
+    def scripted(prompts, n, seed):
+        return [scripted_texts(*prompt_index[p], n) for p in prompts]
+
+    def all_wrong(prompts, n, seed):
+        return [["\\boxed{-123456789}"] * n for _ in prompts]
+
+    args = parse_eval_args(
+        [
+            "scripted",
+            "wrong",
+            "--limit",
+            "8",
+            "--n",
+            "2",
+            "--ks",
+            "1,2",
+            "--maj-ks",
+            "2",
+            "--batch-size",
+            "6",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--out-dir",
+            str(tmp_path / "out"),
+            "--quiet",
+            "--reward-option",
+            "num_workers=0",
+        ]
+    )
+    assert eval_cli.run(args, generate_fns={"scripted": scripted, "wrong": all_wrong}) == 0
+    out = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert out["benchmarks"] == PAPER_SETS
+    for name in PAPER_SETS:
+        s = out["results"]["scripted"][name]
+        # first 8 problems: indices 0,2,4,6 pass 2/2; 1,5 pass 1/2; 3,7 pass 0/2
+        assert s["pass@1"] == pytest.approx((4 * 1 + 2 * 0.5) / 8)  # 0.625
+        assert s["pass@2"] == pytest.approx(6 / 8)  # one correct of two suffices
+        # maj@2: 1 and 5 tie (right, wrong): the first answer, the right one, wins -> 6/8
+        assert s["maj@2"] == pytest.approx(6 / 8)
+        assert s["num_problems"] == 8 and s["num_samples"] == 2
+        assert out["results"]["wrong"][name]["pass@1"] == 0.0
+    table = (tmp_path / "out" / "results.md").read_text()
+    assert "| Model | aime24 | aime25 | amc23 | math500 | olympiadbench | Average |" in table
+    assert "| scripted | 62.50 | 62.50 | 62.50 | 62.50 | 62.50 | 62.50 |" in table
+    assert "| wrong | 0.00 | 0.00 | 0.00 | 0.00 | 0.00 | 0.00 |" in table
+    csv_rows = (tmp_path / "out" / "results.csv").read_text().splitlines()
+    assert len(csv_rows) == 1 + 2 * 5 and csv_rows[0].startswith("model,benchmark,")
+
+
+# --- the tiny model on arith -----------------------------------------------------------------------------
+
+
+def test_tiny_model_on_arith_matches_direct_sampling(tiny_model_dir):
+    """The harness's numbers equal sampling each chunk by hand with its chunk seed and verifying."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ebpo.generation import sample
+    from ebpo.tasks import get_task
+
+    task = get_task("arith")
+    records = task.generate("test", 5, seed=0)
+    sampling = SamplingConfig(n=3, temperature=1.0, top_p=1.0, max_new_tokens=6, batch_size=6, seed=4)
+    result = evaluate(str(tiny_model_dir), records, "arith", sampling, ks=(1, 2), maj_ks=(3,), device="cpu")
+    assert [p.id for p in result.problems] == [r.id for r in records]
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    per_chunk = sampling.problems_per_chunk  # 6 // 3 = 2 problems per chunk
+    expected_rewards = []
+    for c, start in enumerate(range(0, 5, per_chunk)):
+        chunk = records[start : start + per_chunk]
+        gen = torch.Generator().manual_seed(chunk_seed(4, c))
+        out = sample(
+            model,
+            tok,
+            [r.prompt for r in chunk],
+            n=3,
+            temperature=1.0,
+            max_new_tokens=6,
+            generator=gen,
+            batch_size=6,
+        )
+        for i, rec in enumerate(chunk):
+            expected_rewards.append([task.verify(t, rec.answer) for t in out.texts[i * 3 : (i + 1) * 3]])
+            assert result.problems[start + i].lengths == out.lengths[i * 3 : (i + 1) * 3].tolist()
+    assert [p.rewards for p in result.problems] == expected_rewards
+    flat = [r for rs in expected_rewards for r in rs]
+    assert result.summary["pass@1"] == pytest.approx(sum(flat) / len(flat))
+    assert {"pass@1", "pass@2", "maj@3", "response_length/mean", "response/clip_ratio"} <= set(result.summary)
+    # determinism: the same call again gives the same responses
+    again = evaluate(str(tiny_model_dir), records, "arith", sampling, ks=(1, 2), maj_ks=(3,), device="cpu")
+    assert [p.to_dict() for p in again.problems] == [p.to_dict() for p in result.problems]
+
+
+def test_cli_tiny_model_dir_on_arith(tiny_model_dir, tmp_path, monkeypatch):
+    args = parse_eval_args(
+        [
+            str(tiny_model_dir),
+            "--benchmarks",
+            "arith",
+            "--limit",
+            "3",
+            "--n",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--ks",
+            "1,2",
+            "--maj-ks",
+            "2",
+            "--cache-dir",
+            str(tmp_path / "c"),
+            "--out-dir",
+            str(tmp_path / "o"),
+            "--quiet",
+            "--device",
+            "cpu",
+        ]
+    )
+    assert eval_cli.run(args) == 0
+    out = json.loads((tmp_path / "o" / "results.json").read_text())
+    summary = out["results"][str(tiny_model_dir)]["arith"]
+    assert summary["num_problems"] == 3 and summary["num_samples"] == 2
+    cached = list((tmp_path / "c").rglob("arith-*.jsonl"))
+    assert len(cached) == 1 and len(cached[0].read_text().splitlines()) == 3
+
+    # a second run is answered from the cache: the model is never loaded, the numbers are the same
+    import ebpo.eval.harness as harness
+
+    def no_load(*a, **k):
+        raise AssertionError("model loaded although every problem is cached")
+
+    monkeypatch.setattr(harness, "load_model", no_load)
+    assert eval_cli.run(args) == 0
+    again = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert again["results"] == out["results"]
+
+
+# --- resume from the cache -------------------------------------------------------------------------------
+
+
+def test_resume_after_crash_equals_uninterrupted_run(tmp_path):
+    records = synthetic_records(10)
+    sampling = SamplingConfig(n=4, batch_size=8, seed=3)  # 2 problems per chunk -> 5 chunks
+    reference = evaluate(None, records, ExactReward(), sampling, generate_fn=SeededGenerator(), maj_ks=(4,))
+
+    cache = tmp_path / "run.jsonl"
+    crashing = SeededGenerator(fail_after=3)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        evaluate(None, records, ExactReward(), sampling, generate_fn=crashing, cache_path=cache)
+    assert len(cache.read_text().splitlines()) == 6  # 3 chunks x 2 problems were written
+
+    resumed_gen = SeededGenerator()
+    resumed = evaluate(
+        None, records, ExactReward(), sampling, generate_fn=resumed_gen, cache_path=cache, maj_ks=(4,)
+    )
+    assert resumed.num_cached == 6
+    assert resumed_gen.calls == [
+        ["question 6", "question 7"],
+        ["question 8", "question 9"],
+    ]  # only chunks 3, 4
+    assert [p.to_dict() for p in resumed.problems] == [p.to_dict() for p in reference.problems]
+    assert resumed.summary == reference.summary
+
+    # a third run samples nothing
+    idle = SeededGenerator()
+    again = evaluate(None, records, ExactReward(), sampling, generate_fn=idle, cache_path=cache, maj_ks=(4,))
+    assert idle.calls == [] and again.summary == reference.summary
+
+
+def test_torn_last_line_is_dropped_and_redone(tmp_path):
+    records = synthetic_records(4)
+    sampling = SamplingConfig(n=2, batch_size=2, seed=0)  # one problem per chunk
+    cache = tmp_path / "run.jsonl"
+    full = evaluate(None, records, ExactReward(), sampling, generate_fn=SeededGenerator(), cache_path=cache)
+    lines = cache.read_text().splitlines(keepends=True)
+    cache.write_text("".join(lines[:2]) + lines[2][: len(lines[2]) // 2])  # killed while writing problem 2
+    gen = SeededGenerator()
+    redone = evaluate(None, records, ExactReward(), sampling, generate_fn=gen, cache_path=cache)
+    assert gen.calls == [["question 2"], ["question 3"]]
+    assert [p.to_dict() for p in redone.problems] == [p.to_dict() for p in full.problems]
+    assert len(cache.read_text().splitlines()) == 4
+
+
+def test_limit_does_not_change_responses():
+    records = synthetic_records(9)
+    sampling = SamplingConfig(n=3, batch_size=6, seed=1)
+    full = evaluate(None, records, ExactReward(), sampling, generate_fn=SeededGenerator())
+    head = evaluate(None, records, ExactReward(), sampling, generate_fn=SeededGenerator(), limit=3)
+    assert [p.to_dict() for p in head.problems] == [p.to_dict() for p in full.problems[:3]]
+
+
+def test_scripted_summary_by_hand():
+    # problem p0: answers ans=0 (right), ans=x, none -> pass@1 1/3; p1: all none -> 0
+    def gen(prompts, n, seed):
+        return {"question 0": [["ans=0", "ans=x", "no"]], "question 1": [["no", "no", "no"]]}[prompts[0]]
+
+    result = evaluate(
+        None,
+        synthetic_records(2),
+        ExactReward(),
+        SamplingConfig(n=3, batch_size=3),
+        generate_fn=gen,
+        ks=(1, 2),
+        maj_ks=(3, 1),
+    )
+    s = result.summary
+    assert s["pass@1"] == pytest.approx((1 / 3 + 0) / 2)
+    # pass@2 of p0: 1 - C(2,2)/C(3,2) = 2/3; p1: 0
+    assert s["pass@2"] == pytest.approx(1 / 3)
+    # maj@3 of p0: "0" and "x" tie with one vote each, "0" first -> 1; p1: nobody votes -> 0
+    assert s["maj@3"] == pytest.approx(0.5)
+    assert result.problems[0].clusters == [0, 1, -1]
+    assert result.metrics("eval/val/")["eval/val/pass@1"] == s["pass@1"]
+
+
+def test_cache_key_covers_settings(tmp_path):
+    base = SamplingConfig(n=4)
+    a = cache_file(tmp_path, "m", "aime24", base, reward="math")
+    assert a == cache_file(tmp_path, "m", "aime24", SamplingConfig(n=4), reward="math")
+    assert a != cache_file(tmp_path, "m", "aime24", SamplingConfig(n=4, seed=1), reward="math")
+    assert a != cache_file(tmp_path, "m", "aime24", SamplingConfig(n=4, temperature=1.0), reward="math")
+    assert a != cache_file(tmp_path, "m", "aime25", base, reward="math")
+    assert a != cache_file(tmp_path, "m2", "aime24", base, reward="math")
+    assert a != cache_file(tmp_path, "m", "aime24", base, reward="math_dapo")
+    meta = json.loads(a.with_suffix(".meta.json").read_text())
+    assert meta["sampling"]["n"] == 4 and meta["benchmark"] == "aime24"
+
+
+def test_bad_input_errors():
+    with pytest.raises(ValueError, match="unique"):
+        evaluate(
+            None,
+            [Record("a", "q", "1"), Record("a", "q2", "2")],
+            ExactReward(),
+            generate_fn=SeededGenerator(),
+        )
+    with pytest.raises(ValueError, match="lists of n=2"):
+        evaluate(
+            None,
+            synthetic_records(1),
+            ExactReward(),
+            SamplingConfig(n=2),
+            generate_fn=lambda p, n, s: [["x"]],
+        )
+    with pytest.raises(ValueError, match="valid: aime24"):
+        get_benchmark("aime2024")
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingConfig(top_p=0)
+    with pytest.raises(ValueError, match="model"):
+        evaluate(None, synthetic_records(1), ExactReward())
+
+
+def test_markdown_table_average_by_hand():
+    results = {
+        "A": {"b1": {"pass@1": 0.5}, "b2": {"pass@1": 0.25}},
+        "B": {"b1": {"pass@1": 0.1}},
+    }
+    table = eval_cli.markdown_table(results, ["b1", "b2"], "pass@1")
+    # A: (50 + 25) / 2 = 37.5; B lacks b2, so no average
+    assert "| A | 50.00 | 25.00 | 37.50 |" in table
+    assert "| B | 10.00 | - | - |" in table
+
+
+def test_chat_template_renders_prompts(tiny_model_dir):
+    """With a template that appends '=' to the user turn, chat_template=True on prompt p equals plain
+    sampling on prompt p + '=' (greedy, so the responses must match exactly)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = (
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}={% endif %}"
+    )
+    records = [Record(id=f"r{i}", prompt=f"{i}+{i}", answer=str(2 * i)) for i in range(3)]
+    templated = evaluate(
+        model,
+        records,
+        "arith",
+        SamplingConfig(n=1, temperature=0.0, max_new_tokens=5, chat_template=True),
+        tokenizer=tok,
+    )
+    plain_records = [Record(id=r.id, prompt=r.prompt + "=", answer=r.answer) for r in records]
+    plain = evaluate(
+        model,
+        plain_records,
+        "arith",
+        SamplingConfig(n=1, temperature=0.0, max_new_tokens=5),
+        tokenizer=tok,
+        keep_texts=True,
+    )
+    templated_texts = evaluate(
+        model,
+        records,
+        "arith",
+        SamplingConfig(n=1, temperature=0.0, max_new_tokens=5, chat_template=True),
+        tokenizer=tok,
+        keep_texts=True,
+    )
+    assert [p.texts for p in templated_texts.problems] == [p.texts for p in plain.problems]
+    assert [p.rewards for p in templated.problems] == [p.rewards for p in plain.problems]
+    with pytest.raises(ValueError, match="tokenizer"):
+        evaluate(
+            None, records, ExactReward(), SamplingConfig(chat_template=True), generate_fn=SeededGenerator()
+        )
+
+
+def test_markdown_se_average_by_hand():
+    # se 0.03 and 0.04: se of the mean of two independent estimates = sqrt(0.03^2 + 0.04^2) / 2 = 0.025
+    results = {"A": {"b1": {"pass@1/se_problems": 0.03}, "b2": {"pass@1/se_problems": 0.04}}}
+    assert "| A | 3.00 | 4.00 | 2.50 |" in eval_cli.markdown_table(
+        results, ["b1", "b2"], "pass@1/se_problems"
+    )

@@ -1,0 +1,282 @@
+"""Tests for ebpo.generation.sample: KV-cache decoding against a no-cache reference, HF greedy, EOS, logp."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ebpo.generation import left_pad, prompt_position_ids, response_mask_from_ids, sample, sample_next_token
+
+PROMPTS = ["1+2=", "What is 33*4?", "7"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models gain nothing from a second intra-op thread, and on a busy 2-core machine the two threads'
+    spin-waits make each matmul tens of times slower; restore the setting afterwards."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def spiky(tmp_path_factory):
+    """A tiny model with large initial weights, so its next-token distributions are peaked and vary with
+    the context (the default init gives nearly uniform logits and a greedy output of one repeated token)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ebpo.models.tiny import build_tiny_model
+
+    path = build_tiny_model(tmp_path_factory.mktemp("spiky"), seed=3, initializer_range=0.3)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    return model, AutoTokenizer.from_pretrained(path)
+
+
+def frequent_tokens(model, tokenizer, k: int) -> list[int]:
+    """The k tokens greedy decoding emits most often: used as stop ids so rows end at different steps."""
+    out = sample(
+        model, tokenizer, PROMPTS, temperature=1.0, n=4, max_new_tokens=16, generator=11, eos_token_id=[0]
+    )
+    counts = torch.bincount(out.response_ids.flatten(), minlength=len(tokenizer))
+    counts[tokenizer.pad_token_id] = 0
+    return counts.argsort(descending=True)[:k].tolist()
+
+
+@torch.no_grad()
+def reference_sample(model, tokenizer, prompts, *, n, temperature, top_p, max_new_tokens, seed, stop_ids):
+    """Slow reference: no KV cache; every step re-runs the full forward over prompt + tokens so far for the
+    rows still active (in row order) and draws with the same sample_next_token. Returns token lists."""
+    pad_id = tokenizer.pad_token_id
+    generator = torch.Generator().manual_seed(seed)
+    rows = [list(tokenizer(p)["input_ids"]) for p in prompts for _ in range(n)]
+    responses: list[list[int]] = [[] for _ in rows]
+    active = list(range(len(rows)))
+    for _ in range(max_new_tokens):
+        ids_AL, mask_AL = left_pad([rows[r] + responses[r] for r in active], pad_id)
+        logits_AV = model(
+            input_ids=ids_AL, attention_mask=mask_AL, position_ids=prompt_position_ids(mask_AL)
+        ).logits[:, -1]
+        token_A, _ = sample_next_token(logits_AV, temperature=temperature, top_p=top_p, generator=generator)
+        for r, tok in zip(active, token_A.tolist()):
+            responses[r].append(tok)
+        active = [r for r in active if responses[r][-1] not in stop_ids]
+        if not active:
+            break
+    return responses
+
+
+def as_lists(rollouts) -> list[list[int]]:
+    return [row[: int(length)].tolist() for row, length in zip(rollouts.response_ids, rollouts.lengths)]
+
+
+@pytest.mark.parametrize(
+    "n,temperature,top_p,seed",
+    [(1, 1.0, 1.0, 0), (3, 0.7, 0.9, 1), (2, 1.3, 0.5, 2), (4, 1.0, 1.0, 3), (2, 0.0, 1.0, 4)],
+)
+def test_kv_cache_matches_no_cache_reference(spiky, n, temperature, top_p, seed):
+    model, tok = spiky
+    stop_ids = frequent_tokens(model, tok, 3)  # rows stop at different steps, exercising the row dropping
+    fast = sample(
+        model,
+        tok,
+        PROMPTS,
+        n=n,
+        temperature=temperature,
+        top_p=top_p,
+        max_new_tokens=14,
+        generator=torch.Generator().manual_seed(seed),
+        eos_token_id=stop_ids,
+    )
+    slow = reference_sample(
+        model,
+        tok,
+        PROMPTS,
+        n=n,
+        temperature=temperature,
+        top_p=top_p,
+        max_new_tokens=14,
+        seed=seed,
+        stop_ids=stop_ids,
+    )
+    assert as_lists(fast) == slow
+    assert fast.truncated.tolist() == [resp[-1] not in stop_ids for resp in slow]
+
+
+def test_greedy_matches_hf_generate(spiky):
+    model, tok = spiky
+    ours = sample(model, tok, PROMPTS, temperature=0.0, max_new_tokens=24)
+    enc = tok(PROMPTS, return_tensors="pt", padding=True, padding_side="left")
+    hf = model.generate(
+        **enc,
+        do_sample=False,
+        max_new_tokens=24,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    hf_resp = hf[:, enc["input_ids"].shape[1] :]
+    # the comparison means something only if greedy output is not one token repeated
+    assert len(set(hf_resp.flatten().tolist())) > 3
+    width = ours.response_ids.shape[1]
+    assert torch.equal(ours.response_ids, hf_resp[:, :width])
+    assert bool((hf_resp[:, width:] == tok.pad_token_id).all())
+
+
+def test_eos_padding_masks_and_texts(spiky):
+    model, tok = spiky
+    stop_ids = frequent_tokens(model, tok, 2)
+    out = sample(model, tok, PROMPTS, n=3, max_new_tokens=10, generator=5, eos_token_id=stop_ids)
+    N, T = out.response_ids.shape
+    assert N == 9 and T == int(out.lengths.max()) <= 10
+    assert out.group_index.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert torch.equal(out.lengths, out.response_mask.sum(1))
+    for row in range(N):
+        length = int(out.lengths[row])
+        ids = out.response_ids[row].tolist()
+        # mask is a prefix of ones; after it, pad ids and zero logp
+        assert out.response_mask[row].tolist() == [1] * length + [0] * (T - length)
+        assert all(t == tok.pad_token_id for t in ids[length:])
+        assert bool((out.old_logp[row, length:] == 0).all()) and bool((out.old_logp[row, :length] < 0).all())
+        stops_in = [i for i, t in enumerate(ids[:length]) if t in stop_ids]
+        if out.truncated[row]:
+            assert stops_in == [] and length == 10
+        else:  # exactly one stop token, the last one inside the mask
+            assert stops_in == [length - 1]
+        body = ids[: length - (0 if out.truncated[row] else 1)]
+        assert out.texts[row] == tok.decode(body, skip_special_tokens=True)
+    assert bool(out.truncated.any()) and bool((~out.truncated).any())  # both kinds exercised
+    # prompts: left padded, mask matches
+    assert torch.equal(out.prompt_mask, (out.prompt_ids != tok.pad_token_id).long())
+    assert out.prompt_mask[:, -1].all()
+
+
+def test_response_mask_from_ids_by_hand():
+    # stop id 2: row 0 stops at t=1 -> mask 1,1,0,0; row 1 never stops -> all ones; row 2 stops at t=0
+    ids = torch.tensor([[5, 2, 0, 2], [5, 6, 7, 8], [2, 9, 2, 0]])
+    assert response_mask_from_ids(ids, [2]).tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+
+
+def test_determinism_and_seed_sensitivity(spiky):
+    model, tok = spiky
+    a = sample(model, tok, PROMPTS, n=2, max_new_tokens=12, generator=torch.Generator().manual_seed(7))
+    b = sample(model, tok, PROMPTS, n=2, max_new_tokens=12, generator=7)
+    c = sample(model, tok, PROMPTS, n=2, max_new_tokens=12, generator=8)
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.old_logp, b.old_logp)
+    assert a.texts == b.texts
+    assert not torch.equal(a.response_ids, c.response_ids)
+
+
+def test_old_logp_equals_recomputed_forward(spiky):
+    """PPO's first ratio exp(logp - old_logp) must be 1: recompute logp with one full forward pass over
+    prompt + response at the sampling temperature."""
+    model, tok = spiky
+    temperature = 0.8
+    out = sample(model, tok, PROMPTS, n=2, temperature=temperature, top_p=0.9, max_new_tokens=12, generator=3)
+    ids_NL = torch.cat([out.prompt_ids, out.response_ids], dim=1)
+    mask_NL = torch.cat([out.prompt_mask, out.response_mask], dim=1)
+    with torch.no_grad():
+        logits_NLV = model(
+            input_ids=ids_NL, attention_mask=mask_NL, position_ids=prompt_position_ids(mask_NL)
+        ).logits
+    P = out.prompt_ids.shape[1]
+    logits_NTV = logits_NLV[:, P - 1 : -1].float() / temperature
+    logp_NT = torch.log_softmax(logits_NTV, -1).gather(-1, out.response_ids[..., None]).squeeze(-1)
+    logp_NT = logp_NT * out.response_mask
+    assert torch.allclose(logp_NT, out.old_logp, atol=1e-4)
+    ratio = torch.exp(logp_NT - out.old_logp)[out.response_mask.bool()]
+    assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-4)
+
+
+def test_batch_size_chunks_and_token_id_prompts_match(spiky):
+    model, tok = spiky
+    full = sample(model, tok, PROMPTS, n=2, temperature=0.0, max_new_tokens=10)
+    chunked = sample(model, tok, PROMPTS, n=2, temperature=0.0, max_new_tokens=10, batch_size=2)
+    ids_prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    from_ids = sample(model, tok, ids_prompts, n=2, temperature=0.0, max_new_tokens=10)
+    assert torch.equal(full.response_ids, chunked.response_ids)
+    assert torch.equal(full.response_ids, from_ids.response_ids)
+    assert torch.equal(full.prompt_ids, chunked.prompt_ids)
+    assert torch.allclose(full.old_logp, chunked.old_logp, atol=1e-5)
+
+
+def test_tiny_top_p_is_greedy(spiky):
+    """top_p -> 0 keeps only the most likely token, so sampling equals greedy decoding."""
+    model, tok = spiky
+    greedy = sample(model, tok, PROMPTS, temperature=0.0, max_new_tokens=10)
+    nucleus = sample(model, tok, PROMPTS, temperature=1.0, top_p=1e-6, max_new_tokens=10, generator=0)
+    assert torch.equal(greedy.response_ids, nucleus.response_ids)
+
+
+def test_sample_next_token_top_p_support():
+    # probs 0.5, 0.3, 0.15, 0.05: top_p = 0.7 keeps {0, 1} (0.5 < 0.7, 0.5 + 0.3 >= 0.7), never 2 or 3
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(4000, 1)
+    gen = torch.Generator().manual_seed(0)
+    token, logp = sample_next_token(logits, temperature=1.0, top_p=0.7, generator=gen)
+    assert set(token.tolist()) == {0, 1}
+    # renormalised: P(0) = 0.5 / 0.8 = 0.625
+    assert abs((token == 0).float().mean().item() - 0.625) < 0.03
+    # logp is before top-p: log 0.5 for token 0, log 0.3 for token 1
+    assert torch.allclose(logp[token == 0], torch.log(torch.tensor(0.5)))
+    assert torch.allclose(logp[token == 1], torch.log(torch.tensor(0.3)))
+
+
+def test_training_mode_restored_and_bad_input(spiky):
+    model, tok = spiky
+    model.train()
+    sample(model, tok, PROMPTS[:1], max_new_tokens=2, generator=0)
+    assert model.training
+    model.eval()
+    with pytest.raises(ValueError, match="top_p"):
+        sample(model, tok, PROMPTS, top_p=0.0)
+    with pytest.raises(ValueError, match="temperature"):
+        sample(model, tok, PROMPTS, temperature=-1)
+    with pytest.raises(ValueError, match="n must be"):
+        sample(model, tok, PROMPTS, n=0)
+    with pytest.raises(TypeError, match="list of strings"):
+        sample(model, tok, "1+1=")
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        sample(model, tok, ["1", ""])
+
+
+@pytest.mark.gpu
+def test_cuda_matches_cpu_greedy(spiky):
+    model, tok = spiky
+    cpu = sample(model, tok, PROMPTS, temperature=0.0, max_new_tokens=12)
+    cuda_model = model.to("cuda")
+    try:
+        gpu = sample(cuda_model, tok, PROMPTS, temperature=0.0, max_new_tokens=12)
+        sampled = sample(
+            cuda_model,
+            tok,
+            PROMPTS,
+            n=4,
+            max_new_tokens=12,
+            generator=torch.Generator(device="cuda").manual_seed(0),
+        )
+        again = sample(
+            cuda_model,
+            tok,
+            PROMPTS,
+            n=4,
+            max_new_tokens=12,
+            generator=torch.Generator(device="cuda").manual_seed(0),
+        )
+    finally:
+        model.to("cpu")
+    assert torch.equal(cpu.response_ids, gpu.response_ids)
+    assert torch.equal(sampled.response_ids, again.response_ids)
+
+
+def test_sample_next_token_full_vocab_frequencies():
+    # top_p = 1, T = 2: probs proportional to exp(logits / 2) = [1, e, e^2] / (1 + e + e^2)
+    logits = torch.tensor([[0.0, 2.0, 4.0]]).repeat(6000, 1)
+    token, logp = sample_next_token(
+        logits, temperature=2.0, top_p=1.0, generator=torch.Generator().manual_seed(1)
+    )
+    e = math.e
+    expected = torch.tensor([1, e, e * e]) / (1 + e + e * e)
+    freq = torch.bincount(token, minlength=3).float() / len(token)
+    assert torch.allclose(freq, expected, atol=0.02)
+    assert torch.allclose(logp, expected.log()[token])
