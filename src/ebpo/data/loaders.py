@@ -1,0 +1,573 @@
+"""Read problems into :class:`~ebpo.data.records.Record`: JSON Lines, Parquet and Hugging Face hub datasets.
+
+Every source goes through one mapping function, :func:`records_from_rows`, which applies a named **schema**
+(how a row's columns become a record's fields; SPEC section 6):
+
+| schema | columns read | notes |
+|---|---|---|
+| ``shared`` | ``problem``, ``answer`` | the benchmark files in ``shared/data/benchmarks/*.jsonl`` |
+| ``math500`` | ``problem``, ``answer``, ``subject``, ``level``, ``unique_id`` | ``subject`` -> ``topic`` |
+| ``aime24`` | ``problem``, ``answer``, ``id`` | integer answers become strings |
+| ``olympiadbench`` | ``question``, ``final_answer`` (list), ``id`` | several answers joined with ``","`` |
+| ``dapo_math_17k`` | ``prompt`` (chat messages), ``reward_model.ground_truth``, ``data_source`` | de-duplicated by prompt text |
+| ``records`` | ``Record.to_dict()`` rows | our own format (``write_records``) |
+
+A row that does not fit raises :class:`RowError` naming the file, the line (JSONL, 1-based, as an editor
+shows it) or row (Parquet / hub, 0-based) and the field; with ``skip_invalid=True`` such rows are skipped, counted in
+:class:`LoadResult` and logged. Record ids are taken from the row when it has one (``id``, ``unique_id``),
+else ``"<source>-<row>"``; DAPO ids are a hash of the prompt text (stable under de-duplication).
+
+Heavy imports (``pyarrow``, ``datasets``) happen inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ebpo.data.records import Record
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "BENCHMARKS",
+    "LoadResult",
+    "RowError",
+    "Schema",
+    "apply_chat_template",
+    "benchmark_dir",
+    "get_schema",
+    "list_schemas",
+    "load_benchmark",
+    "load_hub",
+    "load_jsonl",
+    "load_parquet",
+    "load_records",
+    "read_records",
+    "records_from_rows",
+    "register_schema",
+    "write_records",
+]
+
+
+class RowError(ValueError):
+    """A row that does not fit its schema; the message names the file, line or row, and field."""
+
+    def __init__(self, message: str, *, source: str = "", position: str = "", field: str | None = None):
+        self.source, self.position, self.field, self.reason = source, position, field, message
+        where = ", ".join(p for p in (source, position, f"field {field!r}" if field else "") if p)
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class _FieldError(ValueError):
+    """Raised by a schema's mapping; :func:`records_from_rows` adds the file and position."""
+
+    def __init__(self, field: str, message: str):
+        self.field, self.message = field, message
+        super().__init__(f"field {field!r}: {message}")
+
+
+# -- schemas ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Schema:
+    """How one row becomes a record.
+
+    ``to_record(row, index, source)`` returns a :class:`Record` or raises ``_FieldError``; ``dedupe_by_prompt``
+    keeps only the first row of each prompt text.
+    """
+
+    name: str
+    to_record: Callable[[Mapping[str, Any], int, str], Record]
+    description: str
+    dedupe_by_prompt: bool = False
+
+
+_SCHEMAS: dict[str, Schema] = {}
+
+
+def register_schema(
+    name: str, description: str, *, dedupe_by_prompt: bool = False
+) -> Callable[
+    [Callable[[Mapping[str, Any], int, str], Record]], Callable[[Mapping[str, Any], int, str], Record]
+]:
+    """Decorator: register ``to_record(row, index, source) -> Record`` as schema ``name``."""
+
+    def decorate(
+        fn: Callable[[Mapping[str, Any], int, str], Record],
+    ) -> Callable[[Mapping[str, Any], int, str], Record]:
+        if name in _SCHEMAS:
+            raise ValueError(f"schema {name!r} is already registered")
+        _SCHEMAS[name] = Schema(name, fn, description, dedupe_by_prompt)
+        return fn
+
+    return decorate
+
+
+def list_schemas() -> list[str]:
+    """Registered schema names, sorted."""
+    return sorted(_SCHEMAS)
+
+
+def get_schema(name: str | Schema) -> Schema:
+    """A schema by name; unknown names raise ``ValueError`` listing the valid ones."""
+    if isinstance(name, Schema):
+        return name
+    try:
+        return _SCHEMAS[name]
+    except KeyError:
+        raise ValueError(f"unknown schema {name!r}; valid choices: {', '.join(list_schemas())}") from None
+
+
+def _text(row: Mapping[str, Any], name: str, *, required: bool = True) -> str | None:
+    """A non-empty string column (numbers are converted: AIME answers are often ints)."""
+    if name not in row or row[name] is None:
+        if required:
+            raise _FieldError(name, "missing")
+        return None
+    value = row[name]
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise _FieldError(name, f"expected a string, got {type(value).__name__}")
+    text = value if isinstance(value, str) else str(value)
+    if required and not text.strip():
+        raise _FieldError(name, "empty")
+    return text
+
+
+def _row_id(row: Mapping[str, Any], index: int, source: str, *keys: str) -> str:
+    for key in keys:
+        if row.get(key) not in (None, ""):
+            return str(row[key])
+    return f"{source}-{index:04d}"
+
+
+def _level(row: Mapping[str, Any], name: str = "level") -> int | None:
+    value = row.get(name)
+    if value in (None, ""):
+        return None
+    if isinstance(value, str):  # "Level 3" in the original MATH release
+        value = value.rsplit(" ", 1)[-1]
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise _FieldError(name, f"expected an integer level, got {value!r}") from None
+
+
+@register_schema("shared", "benchmark files in shared/data/benchmarks: problem, answer")
+def _shared(row: Mapping[str, Any], index: int, source: str) -> Record:
+    return Record(
+        id=_row_id(row, index, source, "id"),
+        prompt=_text(row, "problem"),
+        answer=_text(row, "answer"),
+        source=source,
+    )
+
+
+@register_schema("math500", "MATH-500 (HuggingFaceH4/MATH-500): problem, answer, subject, level, unique_id")
+def _math500(row: Mapping[str, Any], index: int, source: str) -> Record:
+    return Record(
+        id=_row_id(row, index, source, "unique_id", "id"),
+        prompt=_text(row, "problem"),
+        answer=_text(row, "answer"),
+        topic=_text(row, "subject", required=False),
+        level=_level(row),
+        source=source,
+    )
+
+
+@register_schema("aime24", "AIME 2024 hub copies: problem, answer (int or string), optional id")
+def _aime24(row: Mapping[str, Any], index: int, source: str) -> Record:
+    return Record(
+        id=_row_id(row, index, source, "id", "ID"),
+        prompt=_text(row, "problem"),
+        answer=_text(row, "answer"),
+        source=source,
+    )
+
+
+@register_schema("olympiadbench", "OlympiadBench: question, final_answer (list of strings), optional id")
+def _olympiadbench(row: Mapping[str, Any], index: int, source: str) -> Record:
+    answers = row.get("final_answer")
+    if answers is None:
+        raise _FieldError("final_answer", "missing")
+    if isinstance(answers, str):
+        answers = [answers]
+    answers = [a for a in list(answers) if isinstance(a, str) and a.strip()]
+    if not answers:
+        raise _FieldError("final_answer", "expected a non-empty list of strings")
+    extra = {k: row[k] for k in ("subfield", "answer_type", "unit") if row.get(k) not in (None, "")}
+    return Record(
+        id=_row_id(row, index, source, "id"),
+        prompt=_text(row, "question"),
+        answer=",".join(answers),
+        source=source,
+        extra=extra,
+    )
+
+
+@register_schema(
+    "dapo_math_17k",
+    "DAPO-Math-17k: prompt (chat messages), reward_model.ground_truth, data_source; de-duplicated by prompt",
+    dedupe_by_prompt=True,
+)
+def _dapo_math_17k(row: Mapping[str, Any], index: int, source: str) -> Record:
+    messages = row.get("prompt")
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    if not isinstance(messages, list | tuple) or not messages:
+        raise _FieldError("prompt", "expected a non-empty list of chat messages")
+    users = [m for m in messages if isinstance(m, Mapping) and m.get("role") == "user"]
+    if not users or not isinstance(users[-1].get("content"), str) or not users[-1]["content"].strip():
+        raise _FieldError("prompt", "no user message with text content")
+    reward_model = row.get("reward_model")
+    if not isinstance(reward_model, Mapping):
+        raise _FieldError("reward_model", "missing or not a mapping")
+    try:
+        answer = _text(reward_model, "ground_truth")
+    except _FieldError as err:
+        raise _FieldError("reward_model.ground_truth", err.message) from None
+    prompt = users[-1]["content"]
+    return Record(
+        id=f"dapo-{hashlib.sha1(prompt.encode()).hexdigest()[:12]}",
+        prompt=prompt,
+        answer=answer,
+        source=_text(row, "data_source", required=False) or source,
+        extra={"messages": [dict(m) for m in messages]},
+    )
+
+
+@register_schema("records", "our own format: Record.to_dict() rows (id, prompt, answer, topic, ...)")
+def _records(row: Mapping[str, Any], index: int, source: str) -> Record:
+    for name in ("id", "prompt", "answer"):
+        _text(row, name)
+    record = Record.from_dict({k: v for k, v in row.items() if v is not None or k == "extra"})
+    record.id, record.answer = str(record.id), str(record.answer)
+    if record.difficulty is not None and not isinstance(record.difficulty, int | float):
+        raise _FieldError("difficulty", f"expected a number, got {record.difficulty!r}")
+    if record.level is not None:
+        record.level = _level(row)
+    if isinstance(record.extra, str):  # write_records stores ``extra`` as JSON text in Parquet
+        try:
+            record.extra = json.loads(record.extra)
+        except json.JSONDecodeError:
+            raise _FieldError("extra", "not valid JSON") from None
+    if record.extra is None:
+        record.extra = {}
+    if not isinstance(record.extra, dict):
+        raise _FieldError("extra", f"expected an object, got {type(record.extra).__name__}")
+    return record
+
+
+# -- the one mapping function ------------------------------------------------------------------------
+
+
+@dataclass
+class LoadResult:
+    """Records read from one source, and the rows that were skipped (``skip_invalid=True``)."""
+
+    records: list[Record]
+    skipped: list[RowError] = field(default_factory=list)
+    duplicates: int = 0  # rows dropped by de-duplication (DAPO)
+
+    @property
+    def num_skipped(self) -> int:
+        return len(self.skipped)
+
+
+def records_from_rows(
+    rows: Iterable[Mapping[str, Any]],
+    schema: str | Schema,
+    *,
+    source: str,
+    file: str = "",
+    skip_invalid: bool = False,
+) -> LoadResult:
+    """Map rows (dicts) to records with ``schema``: the single path of every reader (JSONL, Parquet, hub).
+
+    Args:
+        rows: mappings, e.g. parsed JSON lines, ``pyarrow`` rows or a ``datasets.Dataset``.
+        schema: a schema name (:func:`list_schemas`) or :class:`Schema`.
+        source: the dataset name written into ``Record.source`` and into default ids.
+        file: what to call the input in error messages (a path or a hub name); rows are "row N", 0-based.
+        skip_invalid: skip rows that do not fit and count them, instead of raising :class:`RowError`.
+    """
+    numbered = ((f"row {i}", i, row) for i, row in enumerate(rows))
+    return _map_rows(numbered, get_schema(schema), source=source, file=file, skip_invalid=skip_invalid)
+
+
+def _map_rows(
+    numbered: Iterable[tuple[str, int, Any]], spec: Schema, *, source: str, file: str, skip_invalid: bool
+) -> LoadResult:
+    """``numbered`` yields ``(position for messages, row index for default ids, row or RowError)``."""
+    result = LoadResult(records=[])
+    seen_prompts: set[str] = set()
+    for where, index, row in numbered:
+        try:
+            if isinstance(row, RowError):  # the reader could not decode this row
+                raise row
+            if not isinstance(row, Mapping):
+                raise RowError(f"expected an object, got {type(row).__name__}", source=file, position=where)
+            record = spec.to_record(row, index, source)
+        except _FieldError as err:
+            if not skip_invalid:
+                raise RowError(err.message, source=file, position=where, field=err.field) from None
+            result.skipped.append(RowError(err.message, source=file, position=where, field=err.field))
+            continue
+        except RowError as error:
+            if not skip_invalid:
+                raise
+            result.skipped.append(error)
+            continue
+        if spec.dedupe_by_prompt:
+            if record.prompt in seen_prompts:
+                result.duplicates += 1
+                continue
+            seen_prompts.add(record.prompt)
+        result.records.append(record)
+    if result.skipped:
+        logger.warning(
+            "%s: skipped %d invalid row(s); first: %s", file or source, result.num_skipped, result.skipped[0]
+        )
+    return result
+
+
+# -- readers -----------------------------------------------------------------------------------------
+
+
+def _numbered_jsonl(path: Path) -> Iterator[tuple[str, int, Any]]:
+    """``("line N", row index, parsed row or RowError)`` for each non-blank line (N is 1-based)."""
+    index = 0
+    with path.open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"line {line_no}"
+            try:
+                row: Any = json.loads(line)
+            except json.JSONDecodeError as err:
+                row = RowError(
+                    f"invalid JSON ({err.msg} at column {err.colno})", source=str(path), position=where
+                )
+            yield where, index, row
+            index += 1
+
+
+def _source_name(path: Path) -> str:
+    return path.name.split(".")[0]
+
+
+def load_jsonl(
+    path: str | os.PathLike[str],
+    schema: str | Schema = "shared",
+    *,
+    source: str | None = None,
+    skip_invalid: bool = False,
+) -> LoadResult:
+    """Read a JSON Lines file (blank lines ignored); errors name the 1-based line number."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such JSONL file: {path}")
+    return _map_rows(
+        _numbered_jsonl(path),
+        get_schema(schema),
+        source=source or _source_name(path),
+        file=str(path),
+        skip_invalid=skip_invalid,
+    )
+
+
+def load_parquet(
+    path: str | os.PathLike[str],
+    schema: str | Schema = "shared",
+    *,
+    source: str | None = None,
+    skip_invalid: bool = False,
+) -> LoadResult:
+    """Read a Parquet file with pyarrow; errors name the 0-based row."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such Parquet file: {path}")
+    rows = pq.read_table(path).to_pylist()
+    return records_from_rows(
+        rows, schema, source=source or _source_name(path), file=str(path), skip_invalid=skip_invalid
+    )
+
+
+def load_hub(
+    name: str,
+    schema: str | Schema,
+    *,
+    split: str = "train",
+    config: str | None = None,
+    source: str | None = None,
+    skip_invalid: bool = False,
+    **load_kwargs: Any,
+) -> LoadResult:
+    """Load a Hugging Face hub dataset (``datasets.load_dataset(name, config, split=split)``) or a
+    directory written by ``Dataset.save_to_disk``; rows go through :func:`records_from_rows`."""
+    import datasets
+
+    if Path(name).is_dir():
+        dataset = datasets.load_from_disk(name)
+        if isinstance(dataset, datasets.DatasetDict):
+            dataset = dataset[split]
+    else:
+        dataset = datasets.load_dataset(name, config, split=split, **load_kwargs)
+    label = f"{name}[{split}]"
+    return records_from_rows(
+        dataset,
+        schema,
+        source=source or name.rstrip("/").split("/")[-1],
+        file=label,
+        skip_invalid=skip_invalid,
+    )
+
+
+# format -> reader, chosen by file suffix
+_READERS: dict[str, Callable[..., LoadResult]] = {
+    ".jsonl": load_jsonl,
+    ".json": load_jsonl,
+    ".parquet": load_parquet,
+}
+HUB_PREFIX = "hf://"
+
+
+def read_records(
+    source: str | os.PathLike[str],
+    schema: str | Schema = "shared",
+    *,
+    skip_invalid: bool = False,
+    split: str = "train",
+    name: str | None = None,
+) -> LoadResult:
+    """Read records from ``*.jsonl`` / ``*.json`` (JSON Lines), ``*.parquet``, a ``save_to_disk`` directory,
+    or ``hf://owner/dataset`` (hub); returns the records and the skipped rows."""
+    text = str(source)
+    if text.startswith(HUB_PREFIX):
+        return load_hub(text[len(HUB_PREFIX) :], schema, split=split, source=name, skip_invalid=skip_invalid)
+    path = Path(text)
+    if path.is_dir():
+        return load_hub(text, schema, split=split, source=name, skip_invalid=skip_invalid)
+    reader = _READERS.get(path.suffix.lower())
+    if reader is None:
+        raise ValueError(
+            f"{path}: unknown file type {path.suffix!r}; valid: {', '.join(_READERS)}, a save_to_disk "
+            f"directory, or {HUB_PREFIX}<dataset>"
+        )
+    return reader(path, schema, source=name, skip_invalid=skip_invalid)
+
+
+def load_records(
+    source: str | os.PathLike[str],
+    schema: str | Schema = "shared",
+    *,
+    skip_invalid: bool = False,
+    **kwargs: Any,
+) -> list[Record]:
+    """:func:`read_records`, returning only the records (skipped rows are logged)."""
+    return read_records(source, schema, skip_invalid=skip_invalid, **kwargs).records
+
+
+# -- the shared benchmarks ---------------------------------------------------------------------------
+
+BENCHMARKS: tuple[str, ...] = ("aime24", "aime25", "amc23", "math500", "olympiadbench")
+
+
+def benchmark_dir() -> Path:
+    """Where the shared benchmark files are: ``$EBPO_SHARED_DATA`` (the benchmarks folder itself, or a
+    folder holding ``benchmarks/``), else ``<repo>/../shared/data/benchmarks``."""
+    env = os.environ.get("EBPO_SHARED_DATA")
+    if env:
+        root = Path(env)
+        return root / "benchmarks" if (root / "benchmarks").is_dir() else root
+    repo = Path(__file__).resolve().parents[3]
+    return repo.parent / "shared" / "data" / "benchmarks"
+
+
+def load_benchmark(name: str, data_dir: str | os.PathLike[str] | None = None) -> list[Record]:
+    """One of the five shared evaluation sets (:data:`BENCHMARKS`) as records with ids ``"<name>-0000"``."""
+    if name not in BENCHMARKS:
+        raise ValueError(f"unknown benchmark {name!r}; valid choices: {', '.join(BENCHMARKS)}")
+    folder = Path(data_dir) if data_dir is not None else benchmark_dir()
+    path = folder / f"{name}.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"benchmark file {path} not found; set EBPO_SHARED_DATA to the folder holding {name}.jsonl"
+        )
+    return load_jsonl(path, "shared", source=None).records
+
+
+# -- chat templates and writing ------------------------------------------------------------------------
+
+
+def apply_chat_template(
+    records: Sequence[Record],
+    tokenizer: Any,
+    *,
+    system_prompt: str | None = None,
+    add_generation_prompt: bool = True,
+) -> list[str]:
+    """Render each record's prompt through ``tokenizer.apply_chat_template`` (instruct models).
+
+    The conversation is ``record.extra["messages"]`` when a loader kept one (DAPO), else one user turn
+    with ``record.prompt``, preceded by ``system_prompt`` if given. Raises ``ValueError`` if the tokenizer
+    has no chat template (base models: use ``record.prompt`` as is).
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            f"{type(tokenizer).__name__} has no chat_template; use the raw prompts for a base model, "
+            f"or set tokenizer.chat_template"
+        )
+    rendered = []
+    for record in records:
+        messages = [dict(m) for m in record.extra.get("messages", [])] or [
+            {"role": "user", "content": record.prompt}
+        ]
+        if system_prompt is not None and messages[0].get("role") != "system":
+            messages.insert(0, {"role": "system", "content": system_prompt})
+        rendered.append(
+            tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+        )
+    return rendered
+
+
+def write_records(path: str | os.PathLike[str], records: Iterable[Record]) -> Path:
+    """Write records as ``Record.to_dict()`` rows to ``*.jsonl`` or ``*.parquet`` (read back with schema
+    ``records``); parent folders are created."""
+    path = Path(path)
+    rows = [r.to_dict() for r in records]
+    suffix = path.suffix.lower()
+    writers = {".jsonl": _write_jsonl, ".json": _write_jsonl, ".parquet": _write_parquet}
+    if suffix not in writers:
+        raise ValueError(f"{path}: cannot write {suffix!r}; valid: {', '.join(writers)}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writers[suffix](path, rows)
+    return path
+
+
+def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    with path.open("w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def _write_parquet(path: Path, rows: list[dict[str, Any]]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # ``extra`` holds arbitrary values: store it as JSON text so the column type is fixed. Columns are the
+    # union of all rows' keys (pyarrow would otherwise take them from the first row only).
+    flat = [{**row, "extra": json.dumps(row.get("extra", {}), ensure_ascii=False)} for row in rows]
+    columns = list(dict.fromkeys(key for row in flat for key in row))
+    pq.write_table(pa.Table.from_pylist([{key: row.get(key) for key in columns} for row in flat]), path)

@@ -1,0 +1,315 @@
+"""Loaders: the shared benchmark files, JSONL / Parquet / hub rows through the schema registry, chat templates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ebpo.data import loaders
+from ebpo.data.loaders import (
+    BENCHMARKS,
+    RowError,
+    apply_chat_template,
+    get_schema,
+    list_schemas,
+    load_benchmark,
+    load_hub,
+    load_jsonl,
+    load_parquet,
+    load_records,
+    read_records,
+    records_from_rows,
+    write_records,
+)
+from ebpo.data.records import Record
+
+# Row counts of the shared files (shared/data/benchmarks/README.md).
+EXPECTED_ROWS = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "olympiadbench": 674}
+
+
+def _write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+# -- the shared benchmark files --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_load_benchmark_reads_every_row(benchmark_dir, name):
+    records = load_benchmark(name, data_dir=benchmark_dir)
+    assert len(records) == EXPECTED_ROWS[name]
+    assert len({r.id for r in records}) == len(records)
+    assert records[0].id == f"{name}-0000" and records[-1].id == f"{name}-{len(records) - 1:04d}"
+    assert all(r.source == name and r.prompt.strip() and r.answer.strip() for r in records)
+    # the first row, read independently of the loader
+    first = json.loads((benchmark_dir / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    assert (records[0].prompt, records[0].answer) == (first["problem"], first["answer"])
+
+
+def test_benchmark_dir_follows_env(benchmark_dir, monkeypatch):
+    monkeypatch.setenv("EBPO_SHARED_DATA", str(benchmark_dir))  # the benchmarks folder itself
+    assert loaders.benchmark_dir() == benchmark_dir
+    assert len(load_benchmark("aime24")) == 30
+    monkeypatch.setenv("EBPO_SHARED_DATA", str(benchmark_dir.parent))  # a folder holding benchmarks/
+    assert loaders.benchmark_dir() == benchmark_dir
+    assert len(load_benchmark("amc23")) == 40
+
+
+def test_benchmark_dir_default_and_missing(monkeypatch, tmp_path):
+    monkeypatch.delenv("EBPO_SHARED_DATA", raising=False)
+    assert loaders.benchmark_dir().parts[-3:] == ("shared", "data", "benchmarks")
+    monkeypatch.setenv("EBPO_SHARED_DATA", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="EBPO_SHARED_DATA"):
+        load_benchmark("aime25")
+    with pytest.raises(ValueError, match="valid choices: aime24, aime25, amc23, math500, olympiadbench"):
+        load_benchmark("gsm8k")
+
+
+# -- JSONL: errors name file, line and field -------------------------------------------------------
+
+
+def test_jsonl_bad_row_names_file_line_and_field(tmp_path):
+    path = _write_lines(
+        tmp_path / "set.jsonl",
+        [
+            json.dumps({"problem": "1+1?", "answer": "2"}),
+            "",  # blank line 2 is skipped but still counted as a line
+            json.dumps({"problem": "2+2?"}),  # line 3: no answer
+            json.dumps({"problem": "3+3?", "answer": 6}),  # an int answer is fine (AIME copies)
+        ],
+    )
+    with pytest.raises(RowError) as info:
+        load_jsonl(path)
+    assert str(info.value) == f"{path}, line 3, field 'answer': missing"
+    assert (info.value.field, info.value.position) == ("answer", "line 3")
+
+    result = load_jsonl(path, skip_invalid=True)
+    assert [r.answer for r in result.records] == ["2", "6"]
+    assert [r.id for r in result.records] == ["set-0000", "set-0002"]  # ids count non-blank rows from 0
+    assert result.num_skipped == 1 and result.skipped[0].position == "line 3"
+
+
+def test_jsonl_invalid_json_and_wrong_types(tmp_path):
+    path = _write_lines(tmp_path / "x.jsonl", ['{"problem": "a", "answer": "1"}', "{not json", "[1, 2]"])
+    with pytest.raises(RowError, match=r"x\.jsonl, line 2: invalid JSON"):
+        load_jsonl(path)
+    result = load_jsonl(path, skip_invalid=True)
+    assert len(result.records) == 1
+    assert [e.position for e in result.skipped] == ["line 2", "line 3"]
+    assert "expected an object, got list" in str(result.skipped[1])
+
+    typed = _write_lines(tmp_path / "t.jsonl", [json.dumps({"problem": ["a"], "answer": "1"})])
+    with pytest.raises(RowError, match="field 'problem': expected a string, got list"):
+        load_jsonl(typed)
+    empty = _write_lines(tmp_path / "e.jsonl", [json.dumps({"problem": "  ", "answer": "1"})])
+    with pytest.raises(RowError, match="field 'problem': empty"):
+        load_jsonl(empty)
+
+
+def test_missing_file_and_unknown_format(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        load_jsonl(tmp_path / "nope.jsonl")
+    (tmp_path / "data.csv").write_text("problem,answer\n")
+    with pytest.raises(ValueError, match=r"unknown file type '\.csv'; valid: \.jsonl, \.json, \.parquet"):
+        read_records(tmp_path / "data.csv")
+
+
+def test_schema_registry():
+    assert {"shared", "math500", "aime24", "olympiadbench", "dapo_math_17k", "records"} <= set(list_schemas())
+    with pytest.raises(ValueError, match="unknown schema 'gsm8k'; valid choices: aime24, dapo_math_17k"):
+        get_schema("gsm8k")
+
+
+# -- hub schemas, through the same mapping function ------------------------------------------------
+
+
+def test_math500_olympiad_aime_rows_from_an_in_memory_dataset():
+    import datasets
+
+    math500 = datasets.Dataset.from_list(
+        [
+            {
+                "problem": "p0",
+                "answer": "\\frac{1}{2}",
+                "subject": "Algebra",
+                "level": 3,
+                "unique_id": "test/a/1.json",
+            },
+            {"problem": "p1", "answer": "7", "subject": "Geometry", "level": 5, "unique_id": "test/g/2.json"},
+        ]
+    )
+    records = records_from_rows(math500, "math500", source="math500").records
+    assert [(r.id, r.answer, r.topic, r.level) for r in records] == [
+        ("test/a/1.json", "\\frac{1}{2}", "Algebra", 3),
+        ("test/g/2.json", "7", "Geometry", 5),
+    ]
+
+    olympiad = datasets.Dataset.from_list(
+        [
+            {
+                "id": 2231,
+                "question": "q",
+                "final_answer": ["$69$", "$84$"],
+                "subfield": "Combinatorics",
+                "unit": None,
+            },
+            {
+                "id": 2232,
+                "question": "r",
+                "final_answer": ["$2^{1009}$"],
+                "subfield": "Algebra",
+                "unit": None,
+            },
+        ]
+    )
+    records = records_from_rows(olympiad, "olympiadbench", source="ob").records
+    assert [(r.id, r.prompt, r.answer) for r in records] == [
+        ("2231", "q", "$69$,$84$"),
+        ("2232", "r", "$2^{1009}$"),
+    ]
+    assert records[0].extra == {"subfield": "Combinatorics"}
+
+    aime = datasets.Dataset.from_list([{"ID": "2024-I-1", "problem": "p", "answer": 204}])
+    (record,) = records_from_rows(aime, "aime24", source="aime24").records
+    assert (record.id, record.answer) == ("2024-I-1", "204")
+
+    bad = [{"question": "q", "final_answer": []}]
+    with pytest.raises(RowError, match="hub:ob, row 0, field 'final_answer': expected a non-empty list"):
+        records_from_rows(bad, "olympiadbench", source="ob", file="hub:ob")
+
+
+def _dapo_rows() -> list[dict]:
+    def row(text: str, answer: str) -> dict:
+        return {
+            "data_source": "math_dapo",
+            "prompt": [{"role": "user", "content": text}],
+            "ability": "MATH",
+            "reward_model": {"ground_truth": answer, "style": "rule-lighteval/MATH_v2"},
+            "extra_info": {"index": "x"},
+        }
+
+    # the hub copy repeats each prompt many times: 3 + 2 rows of two unique prompts, then a third prompt
+    return [row("Solve A.", "1")] * 3 + [row("Solve B.", "2")] * 2 + [row("Solve C.", "34")]
+
+
+def test_dapo_math_17k_dedupes_by_prompt_and_keeps_messages(tmp_path):
+    import datasets
+
+    result = records_from_rows(datasets.Dataset.from_list(_dapo_rows()), "dapo_math_17k", source="dapo")
+    assert [(r.prompt, r.answer, r.source) for r in result.records] == [
+        ("Solve A.", "1", "math_dapo"),
+        ("Solve B.", "2", "math_dapo"),
+        ("Solve C.", "34", "math_dapo"),
+    ]
+    assert result.duplicates == 3  # 6 rows, 3 unique prompts
+    assert len({r.id for r in result.records}) == 3
+    assert result.records[0].extra["messages"] == [{"role": "user", "content": "Solve A."}]
+
+    broken = dict(_dapo_rows()[0], reward_model={"style": "rule"})
+    with pytest.raises(RowError, match="field 'reward_model.ground_truth': missing"):
+        records_from_rows([broken], "dapo_math_17k", source="dapo")
+
+    # the same rows saved with save_to_disk load through load_hub / read_records
+    datasets.Dataset.from_list(_dapo_rows()).save_to_disk(str(tmp_path / "dapo"))
+    from_disk = read_records(tmp_path / "dapo", "dapo_math_17k")
+    assert [r.id for r in from_disk.records] == [r.id for r in result.records]
+
+
+def test_hub_path_calls_load_dataset(monkeypatch):
+    import datasets
+
+    calls = []
+
+    def fake_load_dataset(name, config=None, split=None, **kwargs):
+        calls.append((name, config, split))
+        return datasets.Dataset.from_list([{"problem": "p", "answer": "42"}])
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    records = load_records("hf://Maxwell-Jia/AIME_2024", "aime24", split="train")
+    assert calls == [("Maxwell-Jia/AIME_2024", None, "train")]
+    assert [(r.id, r.answer, r.source) for r in records] == [("AIME_2024-0000", "42", "AIME_2024")]
+    assert load_hub("org/x", "shared", split="test").records[0].source == "x"
+    assert calls[-1] == ("org/x", None, "test")
+
+
+# -- writing and round trips ------------------------------------------------------------------------
+
+
+def _sample_records() -> list[Record]:
+    return [
+        Record(id="a", prompt="1+1=?", answer="2", topic="Algebra", difficulty=0.25, source="arith", level=1),
+        Record(id="b", prompt="Why?\nBecause.", answer="\\frac{1}{2}", extra={"note": [1, 2], "k": "v"}),
+        Record(id="c", prompt="ünïcödé", answer="x^2", difficulty=1.0, level=5),
+    ]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_write_then_read_round_trip(tmp_path, suffix):
+    records = _sample_records()
+    path = write_records(tmp_path / "sub" / f"out{suffix}", records)
+    assert path.is_file()
+    assert load_records(path, "records") == records
+
+
+def test_parquet_bad_row_names_row(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "bad.parquet"
+    pq.write_table(
+        pa.Table.from_pylist([{"problem": "a", "answer": "1"}, {"problem": "b", "answer": None}]), path
+    )
+    with pytest.raises(RowError, match=r"bad\.parquet, row 1, field 'answer': missing"):
+        load_parquet(path)
+    assert [r.prompt for r in load_parquet(path, skip_invalid=True).records] == ["a"]
+    with pytest.raises(ValueError, match=r"cannot write '\.csv'"):
+        write_records(tmp_path / "x.csv", _sample_records())
+
+
+def test_records_schema_rejects_bad_types(tmp_path):
+    path = _write_lines(
+        tmp_path / "r.jsonl", [json.dumps({"id": "a", "prompt": "p", "answer": "1", "level": "hard"})]
+    )
+    with pytest.raises(RowError, match="line 1, field 'level': expected an integer level"):
+        load_jsonl(path, "records")
+    path = _write_lines(tmp_path / "s.jsonl", [json.dumps({"id": "a", "answer": "1"})])
+    with pytest.raises(RowError, match="line 1, field 'prompt': missing"):
+        load_jsonl(path, "records")
+
+
+# -- chat templates -----------------------------------------------------------------------------------
+
+# A minimal ChatML-like template: each turn "<|role|>content\n", then "<|assistant|>" for generation.
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def test_apply_chat_template_renders_through_the_tokenizer():
+    from ebpo.models.tiny import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    records = [Record(id="a", prompt="1+1=?", answer="2")]
+    with pytest.raises(ValueError, match="no chat_template"):
+        apply_chat_template(records, tokenizer)
+
+    tokenizer.chat_template = TEMPLATE
+    assert apply_chat_template(records, tokenizer) == ["<|user|>1+1=?\n<|assistant|>"]
+    assert apply_chat_template(records, tokenizer, system_prompt="Be brief.") == [
+        "<|system|>Be brief.\n<|user|>1+1=?\n<|assistant|>"
+    ]
+    assert apply_chat_template(records, tokenizer, add_generation_prompt=False) == ["<|user|>1+1=?\n"]
+    # DAPO keeps the original conversation, which wins over the flat prompt
+    dapo = Record(
+        id="d",
+        prompt="Q",
+        answer="1",
+        extra={"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]},
+    )
+    assert apply_chat_template([dapo], tokenizer, system_prompt="ignored") == [
+        "<|system|>S\n<|user|>Q\n<|assistant|>"
+    ]
