@@ -1,0 +1,20 @@
+"""The reference trainer behind ``ebpo train``: config (``config.py``), the loop (``trainer.py``), plots.
+
+``Trainer`` and ``TrainConfig`` are imported lazily so that ``import ebpo.trainer`` stays light.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ebpo.trainer.config import ConfigError, TrainConfig, load_config
+
+__all__ = ["ConfigError", "TrainConfig", "Trainer", "load_config"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Trainer":
+        from ebpo.trainer.trainer import Trainer
+
+        return Trainer
+    raise AttributeError(f"module 'ebpo.trainer' has no attribute {name!r}")

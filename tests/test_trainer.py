@@ -1,0 +1,303 @@
+"""The reference trainer on the tiny random model: a run end to end, exact resume, bad input, reward errors.
+
+The tiny model is random, so the task reward (exact arithmetic answers) is always 0 and every advantage
+would be 0. These tests register a dense reward instead, the fraction of digits in the completion, so
+groups have distinct rewards and the policy loss has a gradient.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from ebpo import rewards
+from ebpo.trainer.config import ConfigError, load_config
+from ebpo.trainer.trainer import (
+    EXCLUDED_FROM_REPRODUCIBILITY,
+    RewardError,
+    Trainer,
+    _concat_padded,
+    forward_logp,
+    read_metrics,
+)
+
+FLAKY = {"armed": False, "fail_first": "", "calls": 0}
+"""Switches of the test reward: when armed, a completion whose first character is in ``fail_first``
+raises; ``calls`` counts calls."""
+
+
+class DigitFraction:
+    """Reward = fraction of the completion's characters that are digits (a dense signal for a random model)."""
+
+    def __call__(self, completion: str, answer: str) -> float:
+        FLAKY["calls"] += 1
+        if FLAKY["armed"] and completion[:1] in FLAKY["fail_first"]:
+            raise RuntimeError("verifier crashed")
+        return sum(ch.isdigit() for ch in completion) / max(1, len(completion))
+
+    def batch(self, completions, answers):
+        return [self(c, a) for c, a in zip(completions, answers)]
+
+
+if "trainer_test_digits" not in rewards.list_rewards():
+    rewards.register_reward("trainer_test_digits")(DigitFraction)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """The tiny model gains nothing from intra-op threads, and on a busy 2-core machine they spin-wait
+    (3x slower measured); restore the session's setting afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def _disarm():
+    FLAKY.update(armed=False, fail_first="", calls=0)
+    yield
+    FLAKY.update(armed=False, fail_first="", calls=0)
+
+
+def tiny_overrides(model_dir):
+    """2 prompts x G=4, 6-token responses, 2 updates per step, 9 validation problems x 2 samples."""
+    return [
+        f"model.path={model_dir}",
+        "data.reward=trainer_test_digits",
+        "data.train_size=40",
+        "data.val_size=9",
+        "data.batch_size=2",
+        "data.group_size=4",
+        "rollout.max_new_tokens=6",
+        "optim.mini_batch_size=1",
+        "optim.lr=0.01",
+        "run.eval_n=2",
+        "run.eval_k=2",
+        "run.eval_every=0",
+        "run.save_every=2",
+        "run.progress=false",
+        "run.plot=false",
+        "run.device=cpu",
+    ]
+
+
+def tiny_config(model_dir, *overrides):
+    return load_config(None, tiny_overrides(model_dir) + list(overrides))
+
+
+def final_params(run_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / "last" / "model")
+    return {name: p.detach().clone() for name, p in model.state_dict().items()}
+
+
+def training_rows(run_dir):
+    """metrics.jsonl rows without wall-time metrics and validation (which runs at different steps)."""
+    drop = (*EXCLUDED_FROM_REPRODUCIBILITY, "eval/")
+    return [{k: v for k, v in row.items() if not k.startswith(drop)} for row in read_metrics(run_dir)]
+
+
+def test_end_to_end_run_learns_and_logs(tiny_model_dir, tmp_path):
+    cfg = tiny_config(
+        tiny_model_dir, "run.steps=2", "run.plot=true", "algorithm.kl_coef=0.001", "run.eval_every=1"
+    )
+    from transformers import AutoModelForCausalLM
+
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    trainer = Trainer(cfg, run_dir=tmp_path / "run")
+    result = trainer.train()
+
+    assert result.step == 2
+    rows = read_metrics(tmp_path / "run")
+    assert [row["step"] for row in rows] == [0, 1, 2]  # step 0 = validation before training
+    for row in rows[1:]:
+        for name in (
+            "actor/pg_loss",
+            "actor/grad_norm",
+            "actor/entropy",
+            "actor/step_kl",
+            "actor/kl_ref",
+            "actor/pg_clipfrac",
+            "reward/mean",
+            "groups/all_fail",
+            "groups/all_pass",
+            "ebpo/mu_glob",
+            "ebpo/shrinkage",
+            "perf/tokens_per_s",
+            "timing_s/rollout",
+            "timing_s/update",
+            "eval/pass@1",
+            "eval/maj@2",
+        ):
+            assert name in row, name
+            assert math.isfinite(row[name]), (name, row[name])
+        assert row["actor/grad_norm"] > 0  # distinct rewards in a group -> a real gradient
+        assert row["actor/step_kl"] > 0  # the policy moved on its own samples
+        assert 0 <= row["reward/mean"] <= 1
+    moved = final_params(tmp_path / "run")
+    assert any(not torch.equal(moved[name], initial[name]) for name in initial)
+    assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+    assert (tmp_path / "run" / "training.png").stat().st_size > 1000
+    assert (tmp_path / "run" / "checkpoints" / "best" / "best.json").is_file()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["step"] == 2 and "eval/pass@1" in summary["eval_after"]
+    per_topic = [k for k in summary["eval_after"] if k.startswith("eval/pass@1/")]
+    # arith cycles through its (topic, level) cells topic-major; default levels 1-3, so 9 problems =
+    # 3 each of mod, sequence, area
+    assert sorted(per_topic) == ["eval/pass@1/area", "eval/pass@1/mod", "eval/pass@1/sequence"]
+
+
+def test_exact_resume_is_bit_for_bit(tiny_model_dir, tmp_path):
+    # one run of 4 steps ...
+    Trainer(tiny_config(tiny_model_dir, "run.steps=4"), run_dir=tmp_path / "straight").train()
+    # ... equals 2 steps, the process gone, a resume from the checkpoint and 2 more
+    Trainer(tiny_config(tiny_model_dir, "run.steps=2"), run_dir=tmp_path / "split").train()
+    Trainer(tiny_config(tiny_model_dir, "run.steps=4"), resume=tmp_path / "split").train()
+
+    straight, split = final_params(tmp_path / "straight"), final_params(tmp_path / "split")
+    assert straight.keys() == split.keys()
+    for name in straight:
+        assert torch.equal(straight[name], split[name]), name
+    assert training_rows(tmp_path / "split") == training_rows(tmp_path / "straight")
+    assert [row["step"] for row in read_metrics(tmp_path / "split")] == [0, 1, 2, 3, 4]
+
+
+def test_reward_error_stops_with_checkpoint_and_resume_loses_nothing(tiny_model_dir, tmp_path):
+    Trainer(tiny_config(tiny_model_dir, "run.steps=3"), run_dir=tmp_path / "straight").train()
+
+    FLAKY.update(armed=True, fail_first="".join(chr(c) for c in range(32, 127)))  # every completion fails
+    trainer = Trainer(
+        tiny_config(tiny_model_dir, "run.steps=3", "run.save_every=0"), run_dir=tmp_path / "broken"
+    )
+    calls_before = FLAKY["calls"]
+    with pytest.raises(RewardError) as err:
+        trainer.train()
+    message = str(err.value)
+    assert "raised on sample 0 of step 1" in message and "verifier crashed" in message
+    assert "prompt: " in message and "completion: " in message and "--resume" in message
+    assert FLAKY["calls"] > calls_before
+    state = torch.load(tmp_path / "broken" / "checkpoints" / "last" / "trainer_state.pt", weights_only=False)
+    assert state["step"] == 0  # the state before the failing step
+
+    FLAKY["armed"] = False  # the reward is fixed; the resumed run equals one that never failed
+    Trainer(tiny_config(tiny_model_dir, "run.steps=3"), resume=tmp_path / "broken").train()
+    straight, resumed = final_params(tmp_path / "straight"), final_params(tmp_path / "broken")
+    for name in straight:
+        assert torch.equal(straight[name], resumed[name]), name
+    assert training_rows(tmp_path / "broken") == training_rows(tmp_path / "straight")
+
+
+def test_skip_reward_errors_masks_and_counts(tiny_model_dir, tmp_path):
+    FLAKY.update(armed=True, fail_first="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    cfg = tiny_config(tiny_model_dir, "run.steps=2", "algorithm.skip_reward_errors=true")
+    Trainer(cfg, run_dir=tmp_path / "run").train()
+    rows = read_metrics(tmp_path / "run")[1:]
+    errors = sum(row["reward/errors"] for row in rows)
+    assert 0 < errors < 2 * 8  # some of the 2 steps x 8 samples failed, not all
+    assert all(math.isfinite(row["actor/pg_loss"]) for row in rows)
+
+
+def test_dapo_preset_runs_with_dynamic_sampling(tiny_model_dir, tmp_path):
+    from pathlib import Path
+
+    preset = Path(__file__).resolve().parents[1] / "configs" / "dapo.yaml"
+    extra = ["algorithm.overlong_cache_len=2", "run.steps=1"]
+    cfg = load_config(preset, tiny_overrides(tiny_model_dir) + extra)
+    assert cfg.algorithm.dynamic_sampling and cfg.algorithm.overlong_shaping
+    Trainer(cfg, run_dir=tmp_path / "run").train()
+    row = read_metrics(tmp_path / "run")[1]
+    assert row["dynamic/rounds"] >= 1 and "reward/shaped_mean" in row
+    assert math.isfinite(row["actor/pg_loss"])
+
+
+def test_training_logp_matches_the_sampler(tiny_model_dir):
+    """The trainer's teacher-forced log-probs equal generation's incremental ones (padding and positions
+    handled the same way), across prompts of different lengths."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ebpo.generation import sample
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    for seed, temperature in ((0, 1.0), (1, 0.7)):
+        rollouts = sample(
+            model,
+            tokenizer,
+            ["1+1=", "area 12x13=", "max(3,9,47)="],
+            n=3,
+            temperature=temperature,
+            max_new_tokens=7,
+            generator=seed,
+        )
+        batch = {
+            name: getattr(rollouts, name)
+            for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+        }
+        with torch.no_grad():
+            logp_BT, _ = forward_logp(model, batch, temperature)
+        mask_BT = rollouts.response_mask.bool()
+        assert torch.allclose(logp_BT[mask_BT], rollouts.old_logp[mask_BT], atol=1e-4)
+
+
+def test_concat_padded_keeps_rows_and_padding():
+    # group a: P=2, T=1; group b: P=3, T=2 -> prompts left-padded to 3, responses right-padded to 2
+    a = {
+        "prompt_ids": torch.tensor([[5, 6]]),
+        "prompt_mask": torch.tensor([[1, 1]]),
+        "response_ids": torch.tensor([[7]]),
+        "response_mask": torch.tensor([[1]]),
+    }
+    b = {
+        "prompt_ids": torch.tensor([[1, 2, 3]]),
+        "prompt_mask": torch.tensor([[1, 1, 1]]),
+        "response_ids": torch.tensor([[8, 9]]),
+        "response_mask": torch.tensor([[1, 1]]),
+    }
+    for g, value in ((a, 0.5), (b, 1.0)):
+        g.update(
+            lengths=g["response_mask"].sum(1),
+            truncated=torch.tensor([False]),
+            score=torch.tensor([value]),
+            reward=torch.tensor([value]),
+            valid=torch.tensor([True]),
+        )
+    out = _concat_padded([a, b], pad_id=0)
+    assert out["prompt_ids"].tolist() == [[0, 5, 6], [1, 2, 3]]
+    assert out["prompt_mask"].tolist() == [[0, 1, 1], [1, 1, 1]]
+    assert out["response_ids"].tolist() == [[7, 0], [8, 9]]
+    assert out["response_mask"].tolist() == [[1, 0], [1, 1]]
+    assert out["score"].tolist() == [0.5, 1.0]
+
+
+def test_bad_input_is_reported_before_training(tiny_model_dir, tmp_path):
+    with pytest.raises(ConfigError, match="model.path: /no/such/model does not exist"):
+        Trainer(tiny_config("/no/such/model"), run_dir=tmp_path / "a")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ConfigError, match=r"training set from .*empty.jsonl is empty"):
+        Trainer(tiny_config(tiny_model_dir, f"data.train_file={empty}"), run_dir=tmp_path / "b")
+    long_prompt = tmp_path / "long.jsonl"
+    long_prompt.write_text(json.dumps({"id": "p0", "prompt": "1+" * 300 + "1=", "answer": "301"}) + "\n")
+    with pytest.raises(
+        ConfigError, match=r"validation record 0 \(id 'p0'\) has a prompt of 602 tokens.*context of 512"
+    ):
+        Trainer(tiny_config(tiny_model_dir, f"data.val_file={long_prompt}"), run_dir=tmp_path / "c")
+    bad_row = tmp_path / "bad.jsonl"
+    bad_row.write_text(json.dumps({"id": "q1", "prompt": "1+1="}) + "\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl, line 1, field 'answer'"):
+        Trainer(tiny_config(tiny_model_dir, f"data.train_file={bad_row}"), run_dir=tmp_path / "d")
+
+
+def test_cli_reports_bad_config(capsys):
+    from ebpo.cli import main
+
+    assert main(["train", "algorithm.estimator=ppo"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown estimator 'ppo'" in err and "valid choices" in err
+    assert main(["train", "--help-config"]) == 0
+    assert "algorithm.estimator" in capsys.readouterr().out

@@ -1,0 +1,174 @@
+"""Trainer configuration: YAML + dotted overrides, type checks, validation messages, the presets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ebpo.trainer.config import (
+    ConfigError,
+    TrainConfig,
+    apply_overrides,
+    describe,
+    from_dict,
+    load_config,
+    parse_override,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+PRESETS = sorted((REPO / "configs").glob("*.yaml"))
+PRESET_NAMES = {
+    "ebpo",
+    "grpo",
+    "dr_grpo",
+    "dapo",
+    "entropymech_clip_cov",
+    "entropymech_kl_cov",
+    "ebpo_topic",
+    "ebpo_diff",
+}
+
+
+def test_defaults_validate_and_method_name():
+    cfg = load_config()
+    assert cfg.algorithm.estimator == "ebpo"
+    assert cfg.data.task == "arith"
+    assert cfg.model.path is None  # the built-in base model
+    assert cfg.method == "ebpo"
+    cfg.algorithm.policy_loss = "kl_cov"
+    assert cfg.method == "ebpo-kl_cov"
+
+
+def test_yaml_then_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "algorithm:\n  estimator: grpo\n  estimator_options: {eps: 1.0e-6}\nrollout:\n  temperature: 0.7\n"
+        "optim:\n  lr: 1\n"
+    )
+    cfg = load_config(
+        path, ["rollout.temperature=0.8", "algorithm.estimator_options.eps=0.001", "run.steps=7"]
+    )
+    assert cfg.algorithm.estimator == "grpo"  # from the file
+    assert cfg.rollout.temperature == 0.8  # the override wins over the file
+    assert cfg.algorithm.estimator_options == {"eps": 0.001}  # dict keys nest and merge
+    assert cfg.run.steps == 7 and isinstance(cfg.run.steps, int)
+    assert cfg.optim.lr == 1.0 and isinstance(cfg.optim.lr, float)  # an int widens to a float field
+    assert cfg.data.batch_size == TrainConfig().data.batch_size  # untouched keys keep their defaults
+
+
+def test_parse_override_values_are_yaml():
+    assert parse_override("a.b=0.8") == (["a", "b"], 0.8)
+    assert parse_override("run.progress=false") == (["run", "progress"], False)
+    assert parse_override("model.path=null") == (["model", "path"], None)
+    assert parse_override("optim.betas=[0.9, 0.95]") == (["optim", "betas"], [0.9, 0.95])
+    assert load_config(None, ["optim.lr=1e-3"]).optim.lr == 0.001  # YAML 1.1 reads 1e-3 as a string
+    assert parse_override("model.path=/a=b") == (["model", "path"], "/a=b")  # split at the first '='
+    with pytest.raises(ConfigError, match="not key=value"):
+        parse_override("algorithm.estimator")
+    with pytest.raises(ConfigError, match="empty key part"):
+        parse_override("algorithm..estimator=grpo")
+    assert apply_overrides({"a": {"x": 1}}, ["a.y=2"]) == {"a": {"x": 1, "y": 2}}
+
+
+def test_unknown_key_names_the_valid_keys():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["rollout.temprature=0.8"])
+    message = str(err.value)
+    assert "rollout.temprature" in message and "rollout.temperature" in message and "rollout.top_p" in message
+    with pytest.raises(ConfigError, match="valid keys: model, data, rollout, algorithm, optim, run"):
+        from_dict({"trainer": {}})
+
+
+def test_unknown_key_in_yaml_names_the_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("optim:\n  learning_rate: 0.1\n")
+    with pytest.raises(ConfigError, match=r"optim.learning_rate.*optim.lr.*bad.yaml"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("override", "pattern"),
+    [
+        ("algorithm.estimator=ppo", r"unknown estimator 'ppo'.*valid choices: .*dr_grpo, ebpo, grpo"),
+        ("algorithm.policy_loss=dpo", r"unknown policy loss 'dpo'.*valid choices: clip_cov, kl_cov, vanilla"),
+        ("algorithm.loss_agg_mode=sum", r"unknown aggregation mode 'sum'.*token-mean"),
+        ("data.sampler=shuffle", r"unknown sampler 'shuffle'.*difficulty, random, topic"),
+        ("data.cluster_key=source", r"unknown cluster key 'source'.*none, topic"),
+        ("data.task=gsm8k", r"unknown task 'gsm8k'.*arith"),
+        ("data.reward=exact", r"unknown reward 'exact'.*arith"),
+        ("algorithm.loss_options={clip_ratio: 0.2}", r"unknown field\(s\) \['clip_ratio'\].*clip_eps_high"),
+        ("algorithm.loss_options={max_response_len: 9}", r"max_response_len"),
+        ("algorithm.estimator_options={prior_scop: cluster}", r"rejected by 'ebpo'"),
+        ("run.steps=1.5", r"run.steps must be an integer, got 1.5"),
+        ("optim.lr=fast", r"optim.lr must be a number, got 'fast'"),
+        ("run.progress=yes please", r"run.progress must be true or false"),
+        ("data.batch_size=6", r"multiple of optim.mini_batch_size \(4\); e.g. set optim.mini_batch_size=3"),
+        ("run.eval_k=64", r"run.eval_k \(64\) must be <= run.eval_n"),
+        ("rollout.top_p=0", r"rollout.top_p must be in \(0, 1\]"),
+        ("rollout.temperature=0", r"rollout.temperature must be > 0"),
+        ("data.group_size=0", r"data.group_size must be >= 1"),
+        ("data.train_file=/no/such/file.jsonl", r"data.train_file: file not found"),
+        ("run.device=tpu", r"run.device must be auto \| cpu \| cuda"),
+    ],
+)
+def test_validation_messages_say_the_fix(override, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(None, [override])
+
+
+def test_cluster_prior_needs_cluster_keys():
+    with pytest.raises(ConfigError, match="set data.cluster_key=topic"):
+        load_config(None, ["algorithm.estimator_options={prior_scope: cluster}"])
+    cfg = load_config(None, ["algorithm.estimator_options={prior_scope: cluster}", "data.cluster_key=topic"])
+    assert cfg.data.cluster_key == "topic"
+
+
+def test_micro_batch_must_divide_the_mini_batch():
+    # mini-batch = 4 prompts x G = 8 -> 32 sequences: 8 divides it, 5 does not
+    assert load_config(None, ["optim.micro_batch_size=8"]).optim.micro_batch_size == 8
+    with pytest.raises(ConfigError, match=r"micro_batch_size \(5\) must divide .* = 32"):
+        load_config(None, ["optim.micro_batch_size=5"])
+
+
+def test_every_field_has_help_text():
+    rows = describe()
+    keys = [key for key, _, _ in rows]
+    assert "algorithm.estimator" in keys and "run.seed" in keys and "optim.mini_batch_size" in keys
+    assert len(keys) == len(set(keys))
+    missing = [key for key, _, text in rows if len(text) < 10]
+    assert not missing, f"fields without help: {missing}"
+
+
+def test_all_presets_present():
+    assert {p.stem for p in PRESETS} == PRESET_NAMES
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=[p.stem for p in PRESETS])
+def test_presets_load_and_validate(path):
+    cfg = load_config(path)
+    text = path.read_text()
+    assert "#" in text, f"{path.name} must say in comments how it scales the paper's settings"
+    if path.stem == "dapo":
+        assert cfg.algorithm.loss_options["clip_eps_low"] == 0.2
+        assert cfg.algorithm.loss_options["clip_eps_high"] == 0.28
+        assert cfg.algorithm.loss_agg_mode == "token-mean"
+        assert cfg.algorithm.dynamic_sampling and cfg.algorithm.overlong_shaping
+        assert cfg.algorithm.kl_coef == 0.0
+    if path.stem == "grpo":
+        assert cfg.algorithm.estimator == "grpo" and cfg.algorithm.loss_agg_mode == "seq-mean-token-mean"
+    if path.stem == "dr_grpo":
+        assert (
+            cfg.algorithm.estimator == "dr_grpo" and cfg.algorithm.loss_agg_mode == "seq-mean-token-sum-norm"
+        )
+    if path.stem.startswith("entropymech"):
+        assert cfg.algorithm.policy_loss == path.stem.removeprefix("entropymech_")
+    if path.stem == "ebpo_topic":
+        assert cfg.data.sampler == "topic"
+    if path.stem == "ebpo_diff":
+        assert cfg.data.sampler == "difficulty"
+
+
+def test_ebpo_preset_is_the_builtin_default():
+    """`ebpo train` with no arguments and `--config configs/ebpo.yaml` run the same thing."""
+    assert load_config(REPO / "configs" / "ebpo.yaml").to_dict() == load_config().to_dict()
