@@ -29,6 +29,8 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_advantages.py
+	$(PY) benchmarks/bench_rewards.py
+	$(PY) benchmarks/bench_eval.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -28,14 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Empirical Bayes Policy Optimization (EBPO) for RL with verifiable rewards.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module_name in SUBCOMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as err:  # a subcommand whose module is not built yet
-            if err.name and module_name.startswith(err.name):
-                continue
-            raise
-        module.add_parser(subparsers)
+    for module_name in SUBCOMMANDS.values():
+        importlib.import_module(module_name).add_parser(subparsers)
     return parser
 
 

@@ -13,7 +13,12 @@ from pathlib import Path
 
 # Every character a prompt or answer of the built-in tasks can contain, plus common math symbols.
 CHARSET: str = string.digits + string.ascii_letters + " \n" + "+-*/=()?.,:;!'\"%<>^_{}[]\\$&|#@~`"
-SPECIAL_TOKENS: dict[str, str] = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+SPECIAL_TOKENS: dict[str, str] = {
+    "pad_token": "<pad>",
+    "bos_token": "<s>",
+    "eos_token": "</s>",
+    "unk_token": "<unk>",
+}
 
 
 def build_char_tokenizer(charset: str = CHARSET):
@@ -37,8 +42,15 @@ def build_char_tokenizer(charset: str = CHARSET):
     return fast
 
 
-def tiny_config(vocab_size: int, *, hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4,
-                max_positions: int = 512, **overrides):
+def tiny_config(
+    vocab_size: int,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    max_positions: int = 512,
+    **overrides,
+):
     """A small Llama config for CPU tests.
 
     Llama rather than Qwen2: transformers 5 forces its own ``Qwen2Tokenizer`` pipeline onto any
