@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,8 +41,10 @@ def _reward_option(text: str) -> tuple[str, Any]:
 
 
 def default_cache_dir() -> Path:
-    """``$EBPO_CACHE/eval`` or ``~/.cache/ebpo/eval``."""
-    return Path(os.environ.get("EBPO_CACHE", "~/.cache/ebpo")).expanduser() / "eval"
+    """``$EBPO_CACHE/eval`` or ``~/.cache/ebpo/eval``: beside the base models, under one cache root."""
+    from ebpo.models.base_model import cache_root
+
+    return cache_root() / "eval"
 
 
 def add_parser(subparsers) -> None:
