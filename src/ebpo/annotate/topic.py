@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from ebpo.data.topics import TOPICS  # the paper's nine topics, in its order (SPEC section 4)
+
 __all__ = [
     "TOPICS",
     "LABEL_DESCRIPTIONS",
@@ -47,18 +49,6 @@ __all__ = [
     "load_hand_labels",
 ]
 
-# The paper's nine topics, in its order (paper appendix; SPEC section 4).
-TOPICS: tuple[str, ...] = (
-    "Algebra & Number Theory",
-    "Calculus & Analysis",
-    "Geometry & Trigonometry",
-    "Discrete Mathematics",
-    "Probability & Statistics",
-    "Linear Algebra",
-    "Applied Mathematics & Word Problems",
-    "Physics & Chemistry",
-    "Advanced Mathematics",
-)
 DEFAULT_TOPIC = TOPICS[0]  # the keyword backend's answer when no rule fires (the largest class in math sets)
 
 # What each topic covers: the judge's instructions and the embedding backend's anchors (one sentence each;
