@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import Counter
 
@@ -48,6 +49,15 @@ def test_each_topic_maps_to_a_distinct_paper_label():
     assert record.extra["paper_topic"] == arith.PAPER_TOPICS[record.topic]
 
 
+def test_the_nine_labels_are_defined_once_for_arith_and_the_annotators():
+    from ebpo.annotate import topic as annotate_topic
+    from ebpo.data.topics import TOPICS
+
+    assert set(TOPICS) == PAPER_LABELS and len(TOPICS) == 9
+    assert annotate_topic.TOPICS is TOPICS  # imported, not a copy
+    assert tuple(arith.PAPER_TOPICS.values()) == TOPICS  # arith topic i stands for label i
+
+
 # --- generation ---------------------------------------------------------------------------------------------
 
 
@@ -78,7 +88,7 @@ def test_records_are_complete_and_cells_balanced():
 def test_topic_and_level_filters_and_bad_arguments():
     records = arith.generate("train", 20, seed=0, topics=["dot", "units"], levels=[5])
     assert {(r.topic, r.level) for r in records} == {("dot", 5), ("units", 5)}
-    with pytest.raises(ValueError, match=r"unknown arith split 'dev'; valid: train, validation, test"):
+    with pytest.raises(ValueError, match=r"unknown arith split 'dev'; valid: sft, train, validation, test"):
         arith.generate("dev", 1)
     with pytest.raises(ValueError, match=r"unknown arith topics \['calculus'\]; valid: mod, sequence"):
         arith.generate("train", 1, topics=["calculus"])
@@ -99,17 +109,16 @@ def test_splits_are_disjoint_over_a_large_sample():
                 assert arith.split_of(record.prompt) == split  # membership by construction
                 prompts[split].add(record.prompt)
     assert min(len(p) for p in prompts.values()) > 1500  # a large sample of distinct prompts per split
-    assert not prompts["train"] & prompts["validation"]
-    assert not prompts["train"] & prompts["test"]
-    assert not prompts["validation"] & prompts["test"]
+    for a, b in itertools.combinations(arith.SPLITS, 2):  # sft / train (RL) / validation / test
+        assert not prompts[a] & prompts[b], (a, b)
 
 
-def test_split_partition_is_roughly_80_10_10():
+def test_split_partition_is_60_20_10_10():
     # split_of only hashes the text, so arbitrary strings test the bucket proportions.
     counts = Counter(arith.split_of(f"probe {i}") for i in range(20_000))
-    assert abs(counts["train"] / 20_000 - 0.8) < 0.02
-    assert abs(counts["validation"] / 20_000 - 0.1) < 0.01
-    assert abs(counts["test"] / 20_000 - 0.1) < 0.01
+    expected = {"sft": 0.6, "train": 0.2, "validation": 0.1, "test": 0.1}
+    for split, share in expected.items():  # binomial sd at most sqrt(0.24 / 20000) = 0.0035
+        assert abs(counts[split] / 20_000 - share) < 0.015, (split, counts)
 
 
 def test_every_cell_has_many_distinct_problems_in_every_split():
@@ -191,7 +200,7 @@ def _solve_from_prompt(topic: str, prompt: str) -> int:
     raise AssertionError(f"no solver for {topic}")
 
 
-@pytest.mark.parametrize("split", ["train", "validation", "test"])
+@pytest.mark.parametrize("split", ["sft", "train", "validation", "test"])
 def test_every_answer_matches_an_independent_computation(split):
     records = arith.generate(split, 30 * N_CELLS, seed=11)
     for record in records:

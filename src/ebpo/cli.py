@@ -15,7 +15,7 @@ import sys
 # subcommand -> module that defines add_parser(subparsers)
 SUBCOMMANDS: dict[str, str] = {
     "simulate": "ebpo.simulate",
-    "base-model": "ebpo.models.base_model",
+    "base-model": "ebpo.models.cli",
     "train": "ebpo.trainer.cli",
     "eval": "ebpo.eval.cli",
     "annotate": "ebpo.annotate.cli",

@@ -1,94 +1,119 @@
-"""``ebpo base-model``: the warm-started ``arith`` base model that ``make demo`` trains with EBPO.
+"""The ``arith`` base model that ``ebpo train`` starts from: its recipe, the shipped weights, the cache.
 
-A small Llama (``ebpo.models.tiny``: character tokenizer, tied embeddings) is trained from random
-initialisation by supervised next-token prediction on ``arith`` train problems. The sequence is
-``prompt + answer + EOS`` with no BOS (the same token ids a trainer's sampler feeds the model: the char
-tokenizer adds no special tokens) and the loss is on the answer and EOS tokens only (prompt tokens are
-masked out), so all capacity goes to answering. Training is short (the CPU budget of ``make demo``): the
-model partly learns the easy cells of the 9 x 5 (topic x level) grid and fails the hardest, so that RL
-sees groups of G samples at temperature 1.0 that are neither all right nor all wrong. The default is a
-0.13M-parameter model (width 64, 2 layers): at this budget a small model learns more than a large one,
-because the number of optimiser steps, not capacity, limits it (docs/base_model.md has the measurements).
+A small Llama (``ebpo.models.tiny``: character tokenizer, tied embeddings) fine-tuned from random weights
+on the arith ``sft`` split by a noisy teacher (``ebpo.models.sft``): it learns to compute the answers but
+to write them down right only part of the time, so its majority answer is right far more often than one
+sample. RL then has headroom that carries over to problems it never saw: it sharpens what the model knows.
 
-The model is cached under ``$EBPO_CACHE`` (default ``~/.cache/ebpo``) in ``base_models/arith-<key>``,
-where ``<key>`` hashes the build config; a later call with the same config reuses it, ``force=True``
-rebuilds. The directory loads with ``AutoModelForCausalLM.from_pretrained`` and
-``AutoTokenizer.from_pretrained``; ``build_info.json`` beside the weights holds the config, the build
-time and the pass-rate grid measured on validation problems at the end of the build.
+The default recipe (``BaseModelConfig()``) is built once and shipped with the package
+(``ebpo/models/arith_base/``, a few MB): ``build_base_model()`` returns that directory when its recorded
+recipe key equals the current recipe's key, so nothing is trained at run time. Any other recipe is built
+into the cache ``$EBPO_CACHE/base_models/arith-<key>`` (default ``~/.cache/ebpo``) and reused from there.
+A build always runs on one torch thread: the weights depend on the thread count. ``check_base_model()``
+(``ebpo base-model --check``) rebuilds the default recipe and compares every tensor with the shipped one.
+
+The recipe key hashes the config, :data:`FORMAT_VERSION`, and what the generator and the teacher produce
+on a fixed sample (:func:`data_fingerprint`): a change to the problem generator or the teacher that
+changes the training data changes the key; an edit that does not (a comment, a refactor) does not.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import math
 import os
 import random
 import shutil
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Bump when the training recipe or the model layout changes: old caches are then ignored (changes to the
-# arith generator are picked up automatically, see ``BaseModelConfig.key``).
-FORMAT_VERSION = 1
+# Bump when the training loop or the model layout changes in a way the data fingerprint does not see
+# (an optimizer setting, the initialisation): old caches are then ignored, and the shipped model's key
+# test fails until it is rebuilt.
+FORMAT_VERSION = 2
 BUILD_INFO = "build_info.json"
+SHIPPED_DIR = Path(__file__).resolve().parent / "arith_base"
+"""The built default recipe, shipped as package data (rebuilt with ``ebpo base-model --out`` on it)."""
+PREFIX_STEPS = 25
+"""The build records a hash of the weights after this many SFT steps: the guard test retrains that prefix."""
+BUILD_THREADS = 1
 
 
 @dataclass(frozen=True)
 class BaseModelConfig:
-    """Everything that determines the built model; its hash names the cache directory."""
+    """Everything that determines the built model (its hash, :meth:`key`, names the cache directory)."""
 
-    seed: int = field(default=0, metadata={"help": "seed of the initial weights, the SFT data and its order"})
+    seed: int = field(
+        default=0, metadata={"help": "seed of the initial weights, the SFT data, its order and labels"}
+    )
     hidden_size: int = field(default=64, metadata={"help": "model width (Llama hidden size)"})
     num_layers: int = field(default=2, metadata={"help": "number of transformer layers"})
     num_heads: int = field(default=4, metadata={"help": "attention heads (key/value heads: half of them)"})
-    steps: int = field(default=2000, metadata={"help": "SFT optimiser steps"})
+    steps: int = field(default=18000, metadata={"help": "SFT optimiser steps"})
+    clean_steps: int = field(
+        default=13000,
+        metadata={
+            "help": "the first SFT steps train on right answers only (learning to compute); the noisy teacher "
+            "labels the remaining steps - clean_steps (learning to write the answer down unreliably)"
+        },
+    )
     batch_size: int = field(default=64, metadata={"help": "SFT sequences per step"})
     lr: float = field(
         default=4e-3, metadata={"help": "peak AdamW learning rate (linear warm-up, cosine decay to 10%)"}
     )
-    warmup_steps: int = field(default=50, metadata={"help": "linear learning-rate warm-up steps"})
+    warmup_steps: int = field(default=100, metadata={"help": "linear learning-rate warm-up steps"})
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
     grad_clip: float = field(default=1.0, metadata={"help": "gradient-norm clipping threshold"})
     train_problems: int = field(
-        default=20_000,
+        default=40_000,
         metadata={
-            "help": "size of the SFT pool from the arith train split (split over levels by level_weights, "
-            "balanced over topics)"
+            "help": "size of the SFT pool from the arith sft split (disjoint from the train split RL draws "
+            "from; split over levels by level_weights, balanced over topics)"
         },
     )
     level_weights: tuple[float, ...] = field(
-        default=(0.3, 0.25, 0.2, 0.15, 0.1),
+        default=(0.6, 0.8, 1.0, 1.2, 1.4),
+        metadata={"help": "share of the SFT pool per level 1..5 (normalised); harder levels get more"},
+    )
+    teacher_topic_accuracy: tuple[float, ...] = field(
+        default=(0.5, 0.5, 0.5, 0.5, 1.0, 0.5, 0.5, 1.0, 0.5),
         metadata={
-            "help": "share of the SFT pool per level 1..5 (normalised); favouring easy levels makes them "
-            "learnable in the step budget while hard levels stay mostly unsolved"
+            "help": "the teacher's probability of a right label at level 1, per topic in arith.TOPICS order "
+            "(mod, sequence, area, count, max, dot, word, units, power)"
         },
     )
-    eval_per_cell: int = field(
-        default=40, metadata={"help": "validation problems per (topic, level) cell for the pass-rate grid"}
+    teacher_level_factor: tuple[float, ...] = field(
+        default=(1.0, 0.85, 0.7, 0.55, 0.4),
+        metadata={
+            "help": "multiplies the topic's accuracy at levels 1..5: p(topic, level) = topic accuracy x "
+            "level factor (clipped to [0, 1])"
+        },
     )
+    near_miss_offsets: tuple[int, ...] = field(
+        default=(-2, -1, 1, 2),
+        metadata={"help": "a wrong label may be the answer plus one of these offsets"},
+    )
+    near_miss_digit_slips: bool = field(
+        default=True,
+        metadata={"help": "a wrong label may also be the answer with one digit replaced (42 -> 47, 92)"},
+    )
+    eval_per_cell: int = field(
+        default=40, metadata={"help": "problems per (topic, level) cell for the grid printed after the build"}
+    )
+    eval_samples: int = field(default=8, metadata={"help": "samples per problem of the grid (pass@1, maj@n)"})
     eval_temperature: float = field(
-        default=1.0,
-        metadata={"help": "sampling temperature of the grid (0 = greedy); 1.0 is what RL samples at"},
+        default=1.0, metadata={"help": "sampling temperature of the grid; 1.0 is what RL samples at"}
     )
     max_new_tokens: int = field(default=10, metadata={"help": "longest response sampled for the grid"})
 
     def __post_init__(self) -> None:
-        positive = (
-            "hidden_size",
-            "num_layers",
-            "num_heads",
-            "batch_size",
-            "train_problems",
-            "max_new_tokens",
-        )
-        for name in positive:
+        positive = ("hidden_size", "num_layers", "num_heads", "batch_size", "train_problems")
+        for name in positive + ("eval_samples", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"BaseModelConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("steps", "warmup_steps", "eval_per_cell"):
+        for name in ("steps", "clean_steps", "warmup_steps", "eval_per_cell"):
             if getattr(self, name) < 0:
                 raise ValueError(f"BaseModelConfig.{name} must be >= 0, got {getattr(self, name)}")
         if self.hidden_size % self.num_heads:
@@ -99,20 +124,56 @@ class BaseModelConfig:
             raise ValueError(
                 f"level_weights needs 5 non-negative weights (levels 1..5), got {self.level_weights}"
             )
-        if self.lr <= 0 or self.eval_temperature < 0:
-            raise ValueError("lr must be > 0 and eval_temperature >= 0")
+        if len(self.teacher_topic_accuracy) != 9 or not all(0 <= p <= 1 for p in self.teacher_topic_accuracy):
+            raise ValueError(
+                "teacher_topic_accuracy needs 9 probabilities in [0, 1] (arith.TOPICS order), got "
+                f"{self.teacher_topic_accuracy}"
+            )
+        if len(self.teacher_level_factor) != 5 or min(self.teacher_level_factor) < 0:
+            raise ValueError(
+                f"teacher_level_factor needs 5 non-negative factors (levels 1..5), got {self.teacher_level_factor}"
+            )
+        if not self.near_miss_offsets or 0 in self.near_miss_offsets:
+            raise ValueError(f"near_miss_offsets needs non-zero offsets, got {self.near_miss_offsets}")
+        if self.lr <= 0 or self.eval_temperature <= 0:
+            raise ValueError("lr and eval_temperature must be > 0")
 
     def key(self) -> str:
-        """12 hex digits of SHA-256 over the config, ``FORMAT_VERSION`` and the source of ``ebpo.tasks.arith``
-        (a change to the problem generator changes the training data, so it must not reuse old models)."""
-        from ebpo.tasks import arith
-
-        task_source = hashlib.sha256(Path(arith.__file__).read_bytes()).hexdigest()
-        payload = json.dumps({"format": FORMAT_VERSION, "arith": task_source, **asdict(self)}, sort_keys=True)
+        """12 hex digits of SHA-256 over the config, :data:`FORMAT_VERSION` and :func:`data_fingerprint`."""
+        payload = json.dumps(
+            {"format": FORMAT_VERSION, "data": data_fingerprint(self), **asdict(self)}, sort_keys=True
+        )
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
-# --- cache --------------------------------------------------------------------------------------------
+def data_fingerprint(config: BaseModelConfig, per_split: int = 90) -> str:
+    """SHA-256 of what the generator and the teacher produce on a fixed sample: ``per_split`` problems of
+    every arith split (prompt, answer, topic, level), and the teacher's labels for the first ``per_split``
+    problems of the SFT pool's first level. Any change to the problem generator, the splits or the teacher
+    that alters these changes the recipe key."""
+    from ebpo.models.sft import teacher_label
+    from ebpo.tasks import arith
+
+    rows: list[Any] = []
+    for split in arith.SPLITS:
+        rows += [(r.prompt, r.answer, r.topic, r.level) for r in arith.generate(split, per_split, seed=0)]
+    rng = random.Random(f"base-model-teacher/{config.seed}")
+    sft_sample = arith.generate("sft", per_split, seed=config.seed * 100 + 1, levels=[1])
+    rows += [teacher_label(r, config, rng) for r in sft_sample]
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
+
+
+def state_dict_sha256(model) -> str:
+    """SHA-256 over the names, dtypes, shapes and bytes of every tensor of ``model.state_dict()``."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        array = tensor.detach().cpu().contiguous().numpy()
+        digest.update(f"{name}|{array.dtype}|{tuple(array.shape)}|".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+# --- where models live --------------------------------------------------------------------------------
 
 
 def cache_root() -> Path:
@@ -121,20 +182,15 @@ def cache_root() -> Path:
 
 
 def base_model_path(config: BaseModelConfig | None = None, cache_dir: str | Path | None = None) -> Path:
-    """Where the model of ``config`` lives (built or not): ``<cache>/base_models/arith-<key>``."""
+    """Where the cached build of ``config`` lives (built or not): ``<cache>/base_models/arith-<key>``."""
     config = config or BaseModelConfig()
     root = Path(cache_dir).expanduser() if cache_dir is not None else cache_root()
     return root / "base_models" / f"arith-{config.key()}"
 
 
-def default_base_model_path() -> Path:
-    """Path of the default base model (``BaseModelConfig()``); it exists once ``build_base_model()`` ran."""
-    return base_model_path(BaseModelConfig())
-
-
 def is_built(path: Path) -> bool:
     """A finished build: ``build_info.json`` is written last, so its presence means the rest is there."""
-    return (path / BUILD_INFO).is_file()
+    return (Path(path) / BUILD_INFO).is_file()
 
 
 def load_build_info(path: str | Path) -> dict[str, Any]:
@@ -147,235 +203,29 @@ def load_build_info(path: str | Path) -> dict[str, Any]:
     return json.loads(info_file.read_text())
 
 
-# --- data ---------------------------------------------------------------------------------------------
+def shipped_model_path(config: BaseModelConfig | None = None) -> Path | None:
+    """The shipped model directory if it holds a build of ``config`` (default recipe), else ``None``."""
+    config = config or BaseModelConfig()
+    if not is_built(SHIPPED_DIR):
+        return None
+    return SHIPPED_DIR if load_build_info(SHIPPED_DIR).get("key") == config.key() else None
 
 
-def encode_sft_example(tokenizer, prompt: str, answer: str) -> tuple[list[int], list[int]]:
-    """Token ids of ``prompt + answer + EOS`` and labels (-100 on the prompt: loss on answer and EOS only)."""
-    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    return prompt_ids + answer_ids, [-100] * len(prompt_ids) + answer_ids
-
-
-def sft_records(config: BaseModelConfig) -> list:
-    """The SFT pool: ``train_problems`` arith train problems, split over levels by ``level_weights`` (rounded
-    down; the remainder goes to level 1) and balanced over topics within a level."""
-    from ebpo.tasks import arith
-
-    total = sum(config.level_weights)
-    counts = [int(config.train_problems * w / total) for w in config.level_weights]
-    counts[0] += config.train_problems - sum(counts)
-    records = []
-    for level, count in zip(arith.LEVELS, counts):
-        records += arith.generate("train", count, seed=config.seed * 100 + level, levels=[level])
-    return records
-
-
-def _epoch_batches(n: int, batch_size: int, rng: random.Random) -> list[list[int]]:
-    """One epoch of shuffled batches of example indices (popped from the end).
-
-    Plain shuffling on purpose: batches of similar length (length bucketing) are batches of one topic,
-    and such topic-homogeneous batches made the 45-cell mixture learn about half as fast.
-    """
-    order = list(range(n))
-    rng.shuffle(order)
-    return [order[i : i + batch_size] for i in range(0, n, batch_size)]
-
-
-def _collate(examples: list[tuple[list[int], list[int]]], pad_id: int):
-    """Right-pad a batch: (input_ids_BT, attention_mask_BT, labels_BT)."""
-    import torch
-
-    width = max(len(ids) for ids, _ in examples)
-    input_ids_BT = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    attention_mask_BT = torch.zeros((len(examples), width), dtype=torch.long)
-    labels_BT = torch.full((len(examples), width), -100, dtype=torch.long)
-    for row, (ids, labels) in enumerate(examples):
-        input_ids_BT[row, : len(ids)] = torch.tensor(ids)
-        attention_mask_BT[row, : len(ids)] = 1
-        labels_BT[row, : len(labels)] = torch.tensor(labels)
-    return input_ids_BT, attention_mask_BT, labels_BT
-
-
-# --- training -----------------------------------------------------------------------------------------
-
-
-def _lr_at(step: int, config: BaseModelConfig) -> float:
-    """Linear warm-up to ``lr``, then cosine decay to ``0.1 * lr`` at the last step."""
-    if step < config.warmup_steps:
-        return config.lr * (step + 1) / config.warmup_steps
-    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
-    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
-
-
-def train_sft(model, tokenizer, config: BaseModelConfig, *, progress: bool = True) -> list[float]:
-    """Supervised warm start on ``config.train_problems`` arith train problems; returns the loss per step."""
-    import torch
-    from tqdm.auto import tqdm
-
-    records = sft_records(config)
-    examples = [encode_sft_example(tokenizer, r.prompt, r.answer) for r in records]
-    rng = random.Random(f"base-model-sft/{config.seed}")
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=config.lr,
-        betas=(0.9, 0.95),
-    )
-    model.train()
-    losses: list[float] = []
-    batches: list[list[int]] = []
-    bar = tqdm(range(config.steps), desc="base-model SFT", disable=not progress, dynamic_ncols=True)
-    for step in bar:
-        if not batches:
-            batches = _epoch_batches(len(examples), config.batch_size, rng)
-        input_ids_BT, attention_mask_BT, labels_BT = _collate(
-            [examples[i] for i in batches.pop()], tokenizer.pad_token_id
-        )
-        for group in optimizer.param_groups:
-            group["lr"] = _lr_at(step, config)
-        loss = model(input_ids=input_ids_BT, attention_mask=attention_mask_BT, labels=labels_BT).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        optimizer.step()
-        losses.append(loss.item())
-        if step % 10 == 0 or step == config.steps - 1:
-            bar.set_postfix(loss=f"{losses[-1]:.3f}")
-    model.eval()
-    return losses
-
-
-# --- the pass-rate grid -------------------------------------------------------------------------------
-
-
-def pass_rate_grid(
-    model,
-    tokenizer,
-    *,
-    per_cell: int = 40,
-    temperature: float = 1.0,
-    seed: int = 0,
-    max_new_tokens: int = 10,
-    batch_size: int = 512,
-    split: str = "validation",
-    progress: bool = False,
-) -> dict[str, dict[int, float]]:
-    """Pass rate per (topic, level) on ``per_cell`` ``arith`` problems of ``split``, one sample each.
-
-    Sampling is plain temperature sampling (no top-k / top-p; ``temperature=0`` is greedy), seeded with
-    ``seed``; a response is scored by ``arith.verify``. Returns ``{topic: {level: pass_rate}}``.
-    """
-    import torch
-    from tqdm.auto import tqdm
-
-    from ebpo.tasks import arith
-
-    records = arith.generate(split, per_cell * len(arith.TOPICS) * len(arith.LEVELS), seed=seed)
-    torch.manual_seed(seed)
-    correct: dict[tuple[str, int], list[float]] = {}
-    starts = range(0, len(records), batch_size)
-    for start in tqdm(starts, desc="pass-rate grid", disable=not progress, dynamic_ncols=True):
-        chunk = records[start : start + batch_size]
-        texts = sample_answers(
-            model,
-            tokenizer,
-            [r.prompt for r in chunk],
-            temperature=temperature,
-            max_new_tokens=max_new_tokens,
-        )
-        for record, text in zip(chunk, texts):
-            correct.setdefault((record.topic, record.level), []).append(arith.verify(text, record.answer))
-    return {
-        t: {lv: sum(correct[t, lv]) / len(correct[t, lv]) for lv in arith.LEVELS if (t, lv) in correct}
-        for t in arith.TOPICS
-    }
-
-
-def sample_answers(
-    model, tokenizer, prompts: list[str], *, temperature: float, max_new_tokens: int
-) -> list[str]:
-    """One response per prompt (left-padded batch, KV cache, stop at EOS); decoded without special tokens."""
-    import torch
-
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    sampling = (
-        {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
-        if temperature > 0
-        else {"do_sample": False}
-    )
-    with torch.no_grad():
-        out_BT = model.generate(
-            **enc,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            **sampling,
-        )
-    return tokenizer.batch_decode(out_BT[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-
-
-def format_grid(grid: dict[str, dict[int, float]]) -> str:
-    """The grid as a markdown table: one row per topic, one column per level, plus row and column means."""
-    levels = sorted({lv for row in grid.values() for lv in row})
-    lines = [
-        "| topic | " + " | ".join(f"L{lv}" for lv in levels) + " | mean |",
-        "|---" * (len(levels) + 2) + "|",
-    ]
-    for topic, row in grid.items():
-        cells = [row[lv] for lv in levels]
-        lines.append(
-            f"| {topic} | " + " | ".join(f"{c:.2f}" for c in cells) + f" | {sum(cells) / len(cells):.2f} |"
-        )
-    means = [sum(row[lv] for row in grid.values()) / len(grid) for lv in levels]
-    overall = sum(means) / len(means)
-    lines.append("| mean | " + " | ".join(f"{m:.2f}" for m in means) + f" | {overall:.2f} |")
-    return "\n".join(lines)
-
-
-def grid_summary(grid: dict[str, dict[int, float]]) -> dict[str, int]:
-    """How many cells are near 0 (<= 0.05), near 1 (>= 0.95) and in between."""
-    rates = [rate for row in grid.values() for rate in row.values()]
-    low = sum(rate <= 0.05 for rate in rates)
-    high = sum(rate >= 0.95 for rate in rates)
-    return {"cells": len(rates), "near_0": low, "near_1": high, "between": len(rates) - low - high}
+def default_base_model_path() -> Path:
+    """Path of the default base model: the shipped one when current, else its cache location."""
+    return shipped_model_path() or base_model_path(BaseModelConfig())
 
 
 # --- build --------------------------------------------------------------------------------------------
 
 
-def build_base_model(
-    config: BaseModelConfig | None = None,
-    *,
-    force: bool = False,
-    progress: bool = True,
-    cache_dir: str | Path | None = None,
-) -> Path:
-    """Build (or reuse) the warm-started ``arith`` base model; returns its directory.
-
-    Deterministic given ``config.seed`` on a given machine and thread count. The model is trained in a
-    temporary directory beside the target and renamed into place when complete, so an interrupted build
-    leaves no half-written model behind and concurrent builds do not clash.
-    """
+def _new_model(config: BaseModelConfig):
+    """The randomly initialised model (seeded) and the character tokenizer."""
     import torch
     from transformers import LlamaForCausalLM
 
     from ebpo.models.tiny import build_char_tokenizer, tiny_config
 
-    config = config or BaseModelConfig()
-    path = base_model_path(config, cache_dir)
-    if is_built(path) and not force:
-        if progress:
-            info = load_build_info(path)
-            print(
-                f"reusing cached base model {path} (built in {info['build_seconds']:.0f} s; --force rebuilds)"
-            )
-            if info.get("grid"):
-                print(_grid_report(info["grid"], info["config"]["eval_temperature"]))
-        return path
-
-    started = time.perf_counter()
     tokenizer = build_char_tokenizer()
     torch.manual_seed(config.seed)
     model_config = tiny_config(
@@ -388,122 +238,188 @@ def build_base_model(
     model = LlamaForCausalLM(model_config)
     for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
         setattr(model.generation_config, name, getattr(tokenizer, name))
-    n_params = sum(p.numel() for p in model.parameters())
-    if progress:
-        print(
-            f"building arith base model ({n_params / 1e6:.2f}M parameters, {config.steps} SFT steps) into {path}"
-        )
-    losses = train_sft(model, tokenizer, config, progress=progress)
-    train_seconds = time.perf_counter() - started
-    grid: dict[str, dict[int, float]] = {}
-    if config.eval_per_cell > 0:
-        grid = pass_rate_grid(
-            model,
-            tokenizer,
-            per_cell=config.eval_per_cell,
-            temperature=config.eval_temperature,
-            seed=config.seed,
-            max_new_tokens=config.max_new_tokens,
-            progress=progress,
-        )
+    return model, tokenizer
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
+
+class _OneThread:
+    """Run a block on :data:`BUILD_THREADS` torch threads, then restore the previous count."""
+
+    def __enter__(self):
+        import torch
+
+        self.previous = torch.get_num_threads()
+        torch.set_num_threads(BUILD_THREADS)
+
+    def __exit__(self, *exc):
+        import torch
+
+        torch.set_num_threads(self.previous)
+
+
+def platform_info() -> dict[str, str]:
+    """What bit-for-bit reproduction of a build depends on besides the recipe: torch and its CPU kernels."""
+    import torch
+
+    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def train_prefix_sha256(config: BaseModelConfig | None = None, steps: int = PREFIX_STEPS) -> str:
+    """Hash of the weights after the first ``steps`` SFT steps of ``config``'s build (same schedule)."""
+    from ebpo.models.sft import train_sft
+
+    config = config or BaseModelConfig()
+    with _OneThread():
+        model, tokenizer = _new_model(config)
+        train_sft(model, tokenizer, config, progress=False, stop_after=steps)
+    return state_dict_sha256(model)
+
+
+def _train(config: BaseModelConfig, progress: bool, describe_target: str):
+    """The build proper: fresh model, prefix hash, full SFT. Returns (model, tokenizer, info)."""
+
+    from ebpo.models.sft import train_sft
+
+    started, cpu_started = time.perf_counter(), time.process_time()
+    with _OneThread():
+        model, tokenizer = _new_model(config)
+        n_params = sum(p.numel() for p in model.parameters())
+        if progress:
+            print(
+                f"building the arith base model ({n_params / 1e6:.2f}M parameters, {config.steps} SFT steps, "
+                f"one thread) into {describe_target}",
+                flush=True,
+            )
+        prefix = min(PREFIX_STEPS, config.steps)
+        losses = train_sft(model, tokenizer, config, progress=False, stop_after=prefix)
+        prefix_sha = state_dict_sha256(model)
+        model, tokenizer = _new_model(config)  # the full run starts from the same initial weights
+        losses = train_sft(model, tokenizer, config, progress=progress)
+        weights_sha = state_dict_sha256(model)
     info = {
         "config": asdict(config),
         "key": config.key(),
         "format_version": FORMAT_VERSION,
         "num_parameters": n_params,
-        "loss_every_10_steps": losses[::10],
+        "threads": BUILD_THREADS,
+        **platform_info(),
+        "prefix_steps": prefix,
+        "prefix_sha256": prefix_sha,
+        "weights_sha256": weights_sha,
+        "loss_every_100_steps": losses[::100],
         "final_loss": losses[-1] if losses else None,
-        "train_seconds": train_seconds,
-        "build_seconds": time.perf_counter() - started,
-        "torch_threads": torch.get_num_threads(),
-        "grid": grid,
-        "grid_summary": grid_summary(grid) if grid else None,
+        "train_seconds": time.perf_counter() - started,
+        "train_cpu_seconds": time.process_time() - cpu_started,
     }
-    (staging / BUILD_INFO).write_text(json.dumps(info, indent=2))
+    return model, tokenizer, info
+
+
+def _save(model, tokenizer, info: dict[str, Any], path: Path) -> None:
+    """Write the model, tokenizer and ``build_info.json`` (last) into a staging directory, then rename it
+    into place: an interrupted build leaves no half-written model, and concurrent builds do not clash."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    (staging / BUILD_INFO).write_text(json.dumps(info, indent=1) + "\n")
     if path.exists():  # --force, or another process finished the same build meanwhile
         shutil.rmtree(path)
     os.replace(staging, path)
-    if progress:
-        print(
-            f"built in {info['build_seconds']:.1f} s (SFT {train_seconds:.1f} s), final loss {info['final_loss']:.3f}"
+
+
+def build_base_model(
+    config: BaseModelConfig | None = None,
+    *,
+    force: bool = False,
+    progress: bool = True,
+    cache_dir: str | Path | None = None,
+    out_dir: str | Path | None = None,
+) -> Path:
+    """The directory of the base model of ``config`` (default recipe: the shipped one); builds it if needed.
+
+    Order: the shipped model if it holds ``config``'s recipe (unless ``force`` or ``out_dir``); else a
+    finished build in ``out_dir`` or the cache with the same key (unless ``force``); else a new build
+    there. The directory loads with ``AutoModelForCausalLM`` / ``AutoTokenizer.from_pretrained``; its
+    ``build_info.json`` holds the recipe, key, hashes, loss curve and the validation grid.
+    """
+    config = config or BaseModelConfig()
+    if not force and out_dir is None:
+        shipped = shipped_model_path(config)
+        if shipped is not None:
+            return shipped
+    path = Path(out_dir) if out_dir is not None else base_model_path(config, cache_dir)
+    if is_built(path) and not force and load_build_info(path).get("key") == config.key():
+        if progress:
+            print(f"reusing the base model built in {path} (--force rebuilds)")
+        return path
+
+    started = time.perf_counter()
+    model, tokenizer, info = _train(config, progress, str(path))
+    grid = {}
+    if config.eval_per_cell > 0:
+        from ebpo.models.grid import evaluate_grid, grid_report
+
+        grid = evaluate_grid(
+            model,
+            tokenizer,
+            split="validation",
+            per_cell=config.eval_per_cell,
+            samples=config.eval_samples,
+            temperature=config.eval_temperature,
+            seed=config.seed,
+            max_new_tokens=config.max_new_tokens,
+            progress=progress,
         )
-        if grid:
-            print(_grid_report(grid, config.eval_temperature))
+        if progress:
+            print(
+                grid_report(
+                    grid, split="validation", samples=config.eval_samples, temperature=config.eval_temperature
+                )
+            )
+    info["grid_validation"] = grid
+    info["build_seconds"] = time.perf_counter() - started
+    _save(model, tokenizer, info, path)
+    if progress:
+        print(f"built in {info['build_seconds']:.0f} s, final loss {info['final_loss']:.3f}: {path}")
     return path
 
 
-def _grid_report(grid: dict[str, dict[int, float]], temperature: float) -> str:
-    # JSON turns the level keys into strings; normalise back to ints.
-    grid = {topic: {int(lv): rate for lv, rate in row.items()} for topic, row in grid.items()}
-    how = "greedy" if temperature == 0 else f"temperature {temperature:g}"
-    counts = grid_summary(grid)
-    return (
-        f"pass rate on validation problems, one sample each at {how}:\n{format_grid(grid)}\n"
-        f"cells near 0: {counts['near_0']}, near 1: {counts['near_1']}, in between: {counts['between']}"
-    )
+def check_base_model(config: BaseModelConfig | None = None, *, progress: bool = True) -> list[str]:
+    """Rebuild ``config`` (default recipe) in full and compare it with the shipped build, tensor by tensor.
 
+    Returns the differences found (empty: the shipped weights are exactly what the recipe builds here).
+    A different torch version or CPU kernel set can change the last bits of a build; the message says so.
+    """
+    import torch
+    from safetensors.torch import load_file
 
-# --- CLI ----------------------------------------------------------------------------------------------
-
-
-def add_parser(subparsers) -> None:
-    """``ebpo base-model``: one flag per ``BaseModelConfig`` field, plus ``--force`` and ``--cache-dir``."""
-    parser = subparsers.add_parser(
-        "base-model",
-        help="build (or reuse) the warm-started arith base model",
-        description=__doc__.split("\n\n")[0] + " Prints the pass-rate grid and, last, the model directory.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    for f in fields(BaseModelConfig):
-        flag = f"--{f.name.replace('_', '-')}"
-        if isinstance(f.default, tuple):
-            parser.add_argument(
-                flag,
-                dest=f.name,
-                default=f.default,
-                metavar="W1,...,W5",
-                help=f.metadata["help"].replace("%", "%%"),
-                type=lambda text: tuple(float(x) for x in text.split(",")),
-            )
-        else:
-            parser.add_argument(
-                flag,
-                dest=f.name,
-                type=type(f.default),
-                default=f.default,
-                help=f.metadata["help"].replace("%", "%%"),
-            )
-    parser.add_argument(
-        "--force", action="store_true", help="rebuild even if a cached model with this config exists"
-    )
-    parser.add_argument(
-        "--cache-dir",
-        default=None,
-        help="cache root (default: $EBPO_CACHE or ~/.cache/ebpo); the model goes in base_models/",
-    )
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch CPU threads (default: torch's choice, one per core); on a CPU that other processes keep busy, "
-        "1 can be several times faster. Changes float rounding, so weights may differ in the last bits",
-    )
-    parser.add_argument("--quiet", action="store_true", help="no progress bars or grid; print only the path")
-    parser.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    config = BaseModelConfig(**{f.name: getattr(args, f.name) for f in fields(BaseModelConfig)})
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    path = build_base_model(config, force=args.force, progress=not args.quiet, cache_dir=args.cache_dir)
-    print(path)
-    return 0
+    config = config or BaseModelConfig()
+    problems: list[str] = []
+    if not is_built(SHIPPED_DIR):
+        return [f"no shipped model in {SHIPPED_DIR}"]
+    shipped_info = load_build_info(SHIPPED_DIR)
+    if shipped_info.get("key") != config.key():
+        problems.append(
+            f"the shipped model's recipe key {shipped_info.get('key')} is not the current recipe's "
+            f"{config.key()}: the recipe or the data changed since it was built"
+        )
+    here = platform_info()
+    differs = {k: (shipped_info.get(k), v) for k, v in here.items() if shipped_info.get(k) != v}
+    model, _, info = _train(config, progress, "memory (check)")
+    rebuilt = {name: tensor.detach() for name, tensor in model.state_dict().items()}
+    saved = load_file(str(SHIPPED_DIR / "model.safetensors"))
+    for name, tensor in saved.items():
+        if name not in rebuilt:
+            problems.append(f"tensor {name} is in the shipped model but not in the rebuild")
+        elif rebuilt[name].shape != tensor.shape or not torch.equal(rebuilt[name], tensor):
+            problems.append(f"tensor {name} differs")
+    if info["weights_sha256"] != shipped_info.get("weights_sha256"):
+        problems.append("the hash of the rebuilt weights differs from the recorded weights_sha256")
+    if info["prefix_sha256"] != shipped_info.get("prefix_sha256"):
+        problems.append(f"the hash after the first {PREFIX_STEPS} SFT steps differs from the recorded one")
+    if problems and differs:
+        problems.append(
+            "note: this machine differs from the build machine in "
+            + ", ".join(f"{k} (built with {old}, here {new})" for k, (old, new) in differs.items())
+        )
+    return problems

@@ -15,16 +15,19 @@ topic-clustered sampling (EBPO-topic) has real clusters to work with:
 | `units`    | unit conversion                         | `3 m 45 cm in cm=` -> `345`   | Physics & Chemistry                  |
 | `power`    | integer powers                          | `(-3)^3=` -> `-27`            | Advanced Mathematics                 |
 
-Levels 1..5 grow the numbers and the number of operands. They are sized for a tiny model trained from
-scratch on a CPU in minutes (``ebpo base-model``): level 1 is one-digit work (tables of about a hundred
-facts), level 5 is two- to four-digit work (``area 47x512=``, ``max(3021,77,9140,15,608)=``) that such a
-model does not solve, so the grid of pass rates spans 0 to 1. The response the model is trained to give is
-the bare final answer followed by EOS; ``verify`` reads the last integer of a completion (or the number
-after the last ``Answer:``), so longer completions are scored the same way.
+Levels 1..5 grow the numbers and the number of operands, within what a tiny character-level model learns
+to compute on a CPU (``ebpo base-model``): level 1 is one-digit work (tables of about a hundred facts),
+level 5 two-digit work (``area 7x86=``, ``(-3,8).(5,-2)=``, ``37 km 45 m in m=``) that it gets right only
+part of the time. Negative numbers come in at level 5 of ``sequence``, ``max`` and ``dot`` and in every
+``power`` level. The response the model is trained to give is the bare final answer followed by EOS;
+``verify`` reads the last number of a completion (or the number after the last ``Answer:``), so longer
+completions are scored the same way.
 
-Splits are disjoint by construction: a problem's split is decided by a SHA-256 hash of its prompt text
-(80% train, 10% validation, 10% test), and ``generate`` only emits prompts that hash into the requested
-split. The same prompt therefore never appears in two splits, whatever the seeds.
+Splits are disjoint by construction: a problem's split is decided by a SHA-256 hash of its prompt text,
+and ``generate`` only emits prompts that hash into the requested split, so the same prompt never appears
+in two splits, whatever the seeds. Four splits: ``sft`` (60%: the base model's supervised fine-tuning
+pool), ``train`` (20%: the prompts RL trains on, never seen in SFT), ``validation`` (10%) and ``test``
+(10%).
 """
 
 from __future__ import annotations
@@ -36,25 +39,22 @@ from collections.abc import Callable, Iterable, Sequence
 from fractions import Fraction
 
 from ebpo.data import Record
+from ebpo.data.topics import TOPICS as PAPER_TOPIC_LABELS
 
 TOPICS: tuple[str, ...] = ("mod", "sequence", "area", "count", "max", "dot", "word", "units", "power")
 LEVELS: tuple[int, ...] = (1, 2, 3, 4, 5)
 
-# arith topic -> the paper's topic label (SPEC §4); one arith topic per label.
-PAPER_TOPICS: dict[str, str] = {
-    "mod": "Algebra & Number Theory",
-    "sequence": "Calculus & Analysis",
-    "area": "Geometry & Trigonometry",
-    "count": "Discrete Mathematics",
-    "max": "Probability & Statistics",
-    "dot": "Linear Algebra",
-    "word": "Applied Mathematics & Word Problems",
-    "units": "Physics & Chemistry",
-    "power": "Advanced Mathematics",
-}
+# arith topic -> the paper's topic label (SPEC §4): the i-th arith topic stands for the i-th paper label, so
+# each of the nine labels has exactly one arith topic (see the table in the module docstring).
+PAPER_TOPICS: dict[str, str] = dict(zip(TOPICS, PAPER_TOPIC_LABELS, strict=True))
 
 # Split -> half-open range of hash buckets in [0, 100).
-SPLITS: dict[str, tuple[int, int]] = {"train": (0, 80), "validation": (80, 90), "test": (90, 100)}
+SPLITS: dict[str, tuple[int, int]] = {
+    "sft": (0, 60),
+    "train": (60, 80),
+    "validation": (80, 90),
+    "test": (90, 100),
+}
 _SPLIT_ALIASES: dict[str, str] = {"val": "validation", "valid": "validation", "eval": "test"}
 
 # A problem: (prompt, integer answer, operands kept in Record.extra for independent re-computation).
@@ -79,7 +79,7 @@ _MOD_RANGES = {
     2: ((10, 60), (2, 9)),
     3: ((10, 99), (2, 12)),
     4: ((100, 999), (2, 12)),
-    5: ((100, 9999), (11, 49)),
+    5: ((100, 999), (13, 30)),
 }  # level: (a range, b range)
 
 
@@ -91,10 +91,10 @@ def _make_mod(rng: random.Random, level: int) -> Problem:
 
 _SEQUENCE_RANGES = {
     1: (0, 40, 1, 3, False),
-    2: (0, 50, 1, 9, False),
-    3: (0, 99, 1, 20, False),
-    4: (-99, 99, 1, 20, True),
-    5: (100, 999, 1, 99, True),
+    2: (0, 50, 1, 6, False),
+    3: (0, 50, 1, 9, False),
+    4: (0, 99, 1, 9, False),
+    5: (-50, 99, 1, 20, True),
 }  # start lo/hi, |d| lo/hi, signed
 
 
@@ -108,10 +108,10 @@ def _make_sequence(rng: random.Random, level: int) -> Problem:
 
 _AREA_RANGES = {
     1: ((1, 10), (1, 10)),
-    2: ((2, 9), (10, 30)),
-    3: ((2, 9), (10, 99)),
-    4: ((10, 99), (10, 99)),
-    5: ((10, 99), (100, 999)),
+    2: ((2, 9), (10, 20)),
+    3: ((2, 9), (10, 30)),
+    4: ((2, 9), (10, 60)),
+    5: ((2, 9), (10, 99)),
 }
 
 
@@ -127,8 +127,8 @@ _COUNT_RANGES = {
     1: ((2, 4), (1, 40)),
     2: ((2, 9), (10, 60)),
     3: ((2, 9), (10, 99)),
-    4: ((2, 19), (100, 999)),
-    5: ((11, 99), (1000, 9999)),
+    4: ((2, 12), (100, 199)),
+    5: ((2, 19), (100, 999)),
 }  # level: (k range, n range)
 
 
@@ -138,7 +138,7 @@ def _make_count(rng: random.Random, level: int) -> Problem:
     return f"multiples of {k} in 1..{n}=", n // k, {"k": k, "n": n}
 
 
-_MAX_RANGES = {1: (3, 0, 9), 2: (3, 0, 99), 3: (4, 0, 99), 4: (4, -99, 99), 5: (5, 0, 9999)}
+_MAX_RANGES = {1: (3, 0, 9), 2: (3, 0, 99), 3: (4, 0, 99), 4: (5, 0, 99), 5: (4, -99, 99)}
 
 
 def _make_max(rng: random.Random, level: int) -> Problem:
@@ -147,7 +147,7 @@ def _make_max(rng: random.Random, level: int) -> Problem:
     return "max(" + ",".join(map(str, values)) + ")=", max(values), {"values": values}
 
 
-_DOT_RANGES = {1: (2, 0, 3), 2: (2, 0, 5), 3: (2, 0, 9), 4: (3, 0, 9), 5: (3, -9, 9)}
+_DOT_RANGES = {1: (2, 0, 3), 2: (2, 0, 4), 3: (2, 0, 5), 4: (2, 0, 7), 5: (2, -5, 9)}
 
 
 def _make_dot(rng: random.Random, level: int) -> Problem:
@@ -164,9 +164,9 @@ def _make_dot(rng: random.Random, level: int) -> Problem:
 _WORD_RANGES = {
     1: (1, 9, 1, 9),
     2: (1, 20, 1, 9),
-    3: (10, 99, 2, 20),
-    4: (10, 99, 3, 50),
-    5: (100, 999, 3, 200),
+    3: (1, 20, 2, 9),
+    4: (10, 50, 2, 9),
+    5: (10, 99, 2, 20),
 }  # start lo/hi, number of events, largest amount
 
 
@@ -195,8 +195,8 @@ _UNITS_LEVELS = {
         False,
         [("m", "cm", 100, 999), ("km", "m", 1000, 999), ("kg", "g", 1000, 999), ("L", "mL", 1000, 999)],
     ),
-    4: (True, [("m", "cm", 100, 99), ("km", "m", 1000, 99)]),
-    5: (True, [("h", "min", 60, 23), ("min", "s", 60, 59)]),
+    4: (True, [("m", "cm", 100, 99)]),
+    5: (True, [("km", "m", 1000, 99), ("kg", "g", 1000, 99), ("L", "mL", 1000, 99)]),
 }
 
 
@@ -217,10 +217,10 @@ def _make_units(rng: random.Random, level: int) -> Problem:
 # level -> list of (weight, base bound or (lo, hi) magnitude, exponent range)
 _POWER_CHOICES = {
     1: [(1.0, (0, 20), (0, 2))],
-    2: [(0.7, (0, 40), (2, 2)), (0.3, (0, 9), (3, 3))],
-    3: [(0.7, (10, 60), (2, 2)), (0.3, (0, 9), (3, 3))],
-    4: [(0.6, (10, 99), (2, 2)), (0.3, (0, 20), (3, 3)), (0.1, (2, 5), (4, 4))],
-    5: [(0.5, (100, 999), (2, 2)), (0.3, (21, 60), (3, 3)), (0.2, (2, 9), (4, 5))],
+    2: [(0.7, (0, 30), (2, 2)), (0.3, (0, 6), (3, 3))],
+    3: [(0.7, (0, 40), (2, 2)), (0.3, (0, 9), (3, 3))],
+    4: [(0.7, (10, 60), (2, 2)), (0.3, (0, 9), (3, 3))],
+    5: [(0.6, (10, 99), (2, 2)), (0.3, (0, 20), (3, 3)), (0.1, (2, 5), (4, 4))],
 }
 
 

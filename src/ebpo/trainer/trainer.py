@@ -505,6 +505,7 @@ class Trainer:
         metrics = {
             f"eval/{name}": overall[name] for name in ("pass@1", f"pass@{k}", f"maj@{k}") if name in overall
         }
+        metrics["eval/pass@1_se"] = overall["pass@1/se_problems"]  # standard error over the problems
         if len(by_topic) > 1 or "None" not in by_topic:
             for topic, problems in sorted(by_topic.items()):
                 metrics[f"eval/pass@1/{topic}"] = summarize(problems)["pass@1"]
@@ -840,10 +841,21 @@ def print_eval_table(before: dict[str, float], after: dict[str, float], file=sys
     rows += [
         (name.split("/", 1)[1], name)
         for name in sorted(after)
-        if name.startswith(("eval/maj@", "eval/pass@")) and name.count("/") == 1 and name != "eval/pass@1"
+        if name.startswith(("eval/maj@", "eval/pass@"))
+        and name.count("/") == 1
+        and name not in ("eval/pass@1", "eval/pass@1_se")
     ]
     width = max(len(label) for label, _ in rows)
     print(f"{'validation':<{width}}  {'before':>7}  {'after':>7}  {'change':>7}", file=file)
     for label, key in rows:
         b, a = before.get(key, float("nan")), after.get(key, float("nan"))
         print(f"{label:<{width}}  {b:7.3f}  {a:7.3f}  {a - b:+7.3f}", file=file)
+    if "eval/pass@1_se" in before and "eval/pass@1_se" in after:
+        b, a = before["eval/pass@1"], after["eval/pass@1"]
+        se_b, se_a = before["eval/pass@1_se"], after["eval/pass@1_se"]
+        print(
+            f"validation pass@1: {b:.3f} ± {se_b:.3f} before, {a:.3f} ± {se_a:.3f} after, change {a - b:+.3f} ± "
+            f"{math.hypot(se_b, se_a):.3f} (standard errors over problems; the change's treats the two "
+            "evaluations as independent, which overstates it)",
+            file=file,
+        )

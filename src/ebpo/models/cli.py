@@ -1,0 +1,126 @@
+"""``ebpo base-model``: show, build or verify the ``arith`` base model that ``ebpo train`` starts from.
+
+ebpo base-model                      # the default recipe: the shipped model's directory (no training)
+ebpo base-model --grid test          # ... and its pass@1 / maj@8 / greedy grid on test problems
+ebpo base-model --check              # rebuild the default recipe in full, compare bit for bit
+ebpo base-model --steps 3000 --hidden-size 128   # another recipe: built once into the cache
+ebpo base-model --force --out src/ebpo/models/arith_base   # (maintainers) rebuild the shipped model
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+
+from ebpo.models.base_model import BaseModelConfig
+
+
+def _tuple_of(kind: type):
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(kind(part) for part in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated {kind.__name__}s, got {text!r}"
+            ) from None
+
+    return parse
+
+
+def add_parser(subparsers) -> None:
+    """One flag per ``BaseModelConfig`` field, plus ``--force``, ``--check``, ``--grid``, ``--out``."""
+    parser = subparsers.add_parser(
+        "base-model",
+        help="show, build or verify the arith base model (the default one ships with the package)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    recipe = parser.add_argument_group("recipe (BaseModelConfig; defaults = the shipped model)")
+    for f in fields(BaseModelConfig):
+        flag = f"--{f.name.replace('_', '-')}"
+        text = f.metadata["help"].replace("%", "%%") + f" (default {f.default})"
+        if isinstance(f.default, tuple):
+            kind = type(f.default[0])
+            recipe.add_argument(
+                flag, dest=f.name, default=f.default, metavar="V1,V2,...", help=text, type=_tuple_of(kind)
+            )
+        elif isinstance(f.default, bool):
+            recipe.add_argument(
+                flag, dest=f.name, default=f.default, help=text, action=argparse.BooleanOptionalAction
+            )
+        else:
+            recipe.add_argument(flag, dest=f.name, type=type(f.default), default=f.default, help=text)
+    parser.add_argument("--force", action="store_true", help="build even if a build of this recipe exists")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="rebuild the recipe in full (about 20 minutes on one core) and compare every tensor with the "
+        "shipped model; exit 1 on any difference",
+    )
+    parser.add_argument(
+        "--grid",
+        choices=["validation", "test"],
+        default=None,
+        help="also measure the pass@1 / maj@n / greedy grid of the model on this split (eval_per_cell "
+        "problems per cell, eval_samples samples each)",
+    )
+    parser.add_argument(
+        "--out", default=None, help="build into this directory instead of the cache (implies a build)"
+    )
+    parser.add_argument(
+        "--cache-dir",
+        default=None,
+        help="cache root (default: $EBPO_CACHE or ~/.cache/ebpo); builds go in base_models/",
+    )
+    parser.add_argument(
+        "--quiet", action="store_true", help="no progress bars or tables; print only the path"
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ebpo.models.base_model import build_base_model, check_base_model, load_build_info
+
+    config = BaseModelConfig(**{f.name: getattr(args, f.name) for f in fields(BaseModelConfig)})
+    if args.check:
+        problems = check_base_model(config, progress=not args.quiet)
+        if problems:
+            print("ebpo base-model --check: the rebuild differs from the shipped model:")
+            for line in problems:
+                print(f"  - {line}")
+            return 1
+        print("ebpo base-model --check: the rebuild equals the shipped model bit for bit")
+        return 0
+    path = build_base_model(
+        config, force=args.force, progress=not args.quiet, cache_dir=args.cache_dir, out_dir=args.out
+    )
+    if args.grid and not args.quiet:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from ebpo.models.grid import evaluate_grid, grid_report
+
+        torch.set_num_threads(1)
+        model = AutoModelForCausalLM.from_pretrained(path).eval()
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        grid = evaluate_grid(
+            model,
+            tokenizer,
+            split=args.grid,
+            per_cell=config.eval_per_cell,
+            samples=config.eval_samples,
+            temperature=config.eval_temperature,
+            seed=config.seed,
+            max_new_tokens=config.max_new_tokens,
+            progress=True,
+        )
+        print(
+            grid_report(
+                grid, split=args.grid, samples=config.eval_samples, temperature=config.eval_temperature
+            )
+        )
+    elif not args.quiet:
+        info = load_build_info(path)
+        print(f"recipe key {info['key']}, {info['num_parameters'] / 1e6:.2f}M parameters")
+    print(path)
+    return 0

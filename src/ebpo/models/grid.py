@@ -1,0 +1,128 @@
+"""The difficulty grid of a model on ``arith``: pass@1, maj@n and greedy accuracy per (topic, level) cell.
+
+``evaluate_grid`` samples ``samples`` responses per problem at ``temperature`` (plain sampling, no top-k /
+top-p: what RL samples) and one greedy response, with ``ebpo.generation.sample`` (KV cache, a seeded
+generator), and scores them with ``arith.verify``. Per cell:
+
+- ``pass@1``: the fraction of correct samples, averaged over the cell's problems;
+- ``maj@n``: 1 when the most frequent extracted answer of the n samples is right (ties go to the answer
+  sampled first; ``ebpo.eval.metrics``, the trainer's validation rule), averaged over problems;
+- ``greedy``: the fraction of problems whose greedy answer is right.
+
+A model with latent skill has ``maj@n`` and ``greedy`` well above ``pass@1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+GRID_METRICS: tuple[str, ...] = ("pass@1", "maj@n", "greedy")
+
+# {topic: {level: {metric: value}}}
+Grid = dict[str, dict[int, dict[str, float]]]
+
+
+def evaluate_grid(
+    model,
+    tokenizer,
+    *,
+    split: str = "validation",
+    per_cell: int = 40,
+    samples: int = 8,
+    temperature: float = 1.0,
+    seed: int = 0,
+    max_new_tokens: int = 10,
+    batch_size: int = 256,
+    progress: bool = False,
+) -> Grid:
+    """``per_cell`` problems of each (topic, level) cell of ``split`` (``arith.generate(split, 45 * per_cell,
+    seed)``), ``samples`` samples each at ``temperature`` plus one greedy answer; returns
+    ``{topic: {level: {"pass@1", "maj@n", "greedy"}}}``."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from ebpo.eval.metrics import score_problem, summarize
+    from ebpo.generation import sample
+    from ebpo.tasks import arith
+
+    records = arith.generate(split, per_cell * len(arith.TOPICS) * len(arith.LEVELS), seed=seed)
+    generator = torch.Generator().manual_seed(seed)
+    by_cell: dict[tuple[str, int], dict[str, list]] = {}
+    starts = range(0, len(records), batch_size)
+    for start in tqdm(starts, desc="grid", disable=not progress, dynamic_ncols=True):
+        chunk = records[start : start + batch_size]
+        prompts = [r.prompt for r in chunk]
+        common = dict(top_p=1.0, max_new_tokens=max_new_tokens, generator=generator)
+        sampled = sample(model, tokenizer, prompts, n=samples, temperature=temperature, **common)
+        greedy = sample(model, tokenizer, prompts, n=1, temperature=0.0, **common)
+        for m, record in enumerate(chunk):
+            texts = sampled.texts[m * samples : (m + 1) * samples]
+            rewards = [arith.verify(text, record.answer) for text in texts]
+            answers = [arith.extract_answer(text) for text in texts]
+            problem = score_problem(
+                record.id, rewards, [None if a is None else str(a) for a in answers], lambda a, b: a == b
+            )
+            cell = by_cell.setdefault((record.topic, record.level), {"problems": [], "greedy": []})
+            cell["problems"].append(problem)
+            cell["greedy"].append(arith.verify(greedy.texts[m], record.answer))
+    grid: Grid = {}
+    for (topic, level), cell in by_cell.items():
+        summary = summarize(cell["problems"], maj_ks=(samples,), maj_mode="first")
+        grid.setdefault(topic, {})[level] = {
+            "pass@1": summary["pass@1"],
+            "maj@n": summary[f"maj@{samples}"],
+            "greedy": sum(cell["greedy"]) / len(cell["greedy"]),
+        }
+    return {t: dict(sorted(grid[t].items())) for t in arith.TOPICS if t in grid}
+
+
+def normalize_grid(grid: Mapping) -> Grid:
+    """A grid read back from JSON (level keys are strings there) with integer level keys."""
+    return {topic: {int(lv): dict(v) for lv, v in row.items()} for topic, row in grid.items()}
+
+
+def format_grid(grid: Grid, metric: str = "pass@1") -> str:
+    """One metric of the grid as a markdown table: a row per topic, a column per level, plus means."""
+    levels = sorted({lv for row in grid.values() for lv in row})
+    lines = [
+        "| topic | " + " | ".join(f"L{lv}" for lv in levels) + " | mean |",
+        "|---" * (len(levels) + 2) + "|",
+    ]
+    for topic, row in grid.items():
+        cells = [row[lv][metric] for lv in levels]
+        lines.append(
+            f"| {topic} | " + " | ".join(f"{c:.2f}" for c in cells) + f" | {sum(cells) / len(cells):.2f} |"
+        )
+    means = [sum(row[lv][metric] for row in grid.values()) / len(grid) for lv in levels]
+    lines.append("| mean | " + " | ".join(f"{m:.2f}" for m in means) + f" | {sum(means) / len(means):.2f} |")
+    return "\n".join(lines)
+
+
+def grid_means(grid: Grid) -> dict[str, float]:
+    """Each metric averaged over all cells (every cell has the same number of problems)."""
+    cells = [values for row in grid.values() for values in row.values()]
+    return {metric: sum(c[metric] for c in cells) / len(cells) for metric in GRID_METRICS}
+
+
+def grid_summary(grid: Grid, metric: str = "pass@1") -> dict[str, int]:
+    """How many cells have ``metric`` at most 0.1 (most groups of 4 all fail), at least 0.9, and in between."""
+    rates = [values[metric] for row in grid.values() for values in row.values()]
+    low = sum(rate <= 0.1 for rate in rates)
+    high = sum(rate >= 0.9 for rate in rates)
+    return {"cells": len(rates), "at_most_0.1": low, "at_least_0.9": high, "between": len(rates) - low - high}
+
+
+def grid_report(grid: Grid, *, split: str, samples: int, temperature: float) -> str:
+    """The three tables and a summary line, as ``ebpo base-model`` prints them."""
+    means = grid_means(grid)
+    counts = grid_summary(grid)
+    how = f"{samples} samples per problem at temperature {temperature:g}"
+    parts = [f"{split} problems, {how}; greedy = one greedy answer per problem"]
+    for metric in GRID_METRICS:
+        parts += [f"\n{metric}:", format_grid(grid, metric)]
+    parts.append(
+        f"\nmean over cells: pass@1 {means['pass@1']:.3f}, maj@{samples} {means['maj@n']:.3f}, greedy "
+        f"{means['greedy']:.3f}; cells with pass@1 <= 0.1: {counts['at_most_0.1']}, >= 0.9: "
+        f"{counts['at_least_0.9']}, in between: {counts['between']}"
+    )
+    return "\n".join(parts)

@@ -1,0 +1,193 @@
+"""Supervised fine-tuning of the ``arith`` base model: right answers first, then a noisy teacher.
+
+Two phases in one learning-rate schedule. For the first ``clean_steps`` steps the labels are the right
+answers: the model learns to compute. Then a noisy teacher labels the examples: it knows every answer but
+writes it down right only with probability ``p(topic, level)`` (:func:`teacher_accuracy`), and otherwise
+writes a near miss drawn uniformly from :func:`near_misses` (off by one or two, or one digit slipped:
+``42`` -> ``41``, ``47``, ``92``). The label is drawn afresh each time an example is put in a batch, so the
+model learns the teacher's distribution: the right answer with probability about ``p`` and a spread of
+near misses, each much less likely. Wherever the model can compute the answer, the right answer stays its
+most likely one: its majority vote and its greedy answer are right far more often than one sample at
+temperature 1. That is the latent skill RL can sharpen, on problems it was never fine-tuned on too.
+
+The sequence is ``prompt + label + EOS`` with no BOS (the token ids the trainer's sampler feeds the model:
+the character tokenizer adds no special tokens); the loss is on the label and EOS only.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from ebpo.data import Record
+    from ebpo.models.base_model import BaseModelConfig
+
+
+def teacher_accuracy(config: BaseModelConfig, topic: str, level: int) -> float:
+    """Probability that the teacher's label is right: ``teacher_topic_accuracy[topic] * teacher_level_factor[level]``
+    (clipped to [0, 1]), with the topic's entry in ``ebpo.tasks.arith.TOPICS`` order."""
+    from ebpo.tasks import arith
+
+    value = config.teacher_topic_accuracy[arith.TOPICS.index(topic)] * config.teacher_level_factor[level - 1]
+    return min(1.0, max(0.0, value))
+
+
+def near_miss(answer: int, offset: int) -> int:
+    """``answer + offset``, reflected to ``answer - offset`` when that would turn a non-negative answer negative
+    (a remainder, a count or an area is never written as a negative number, even by mistake)."""
+    missed = answer + offset
+    return answer - offset if answer >= 0 and missed < 0 else missed
+
+
+def digit_slips(answer: int) -> list[int]:
+    """The answer with one digit replaced by another (the sign kept; no leading zero): ``42`` -> 12, 22, ...,
+    92, 40, 41, 43, ..., 49."""
+    digits, sign = str(abs(answer)), -1 if answer < 0 else 1
+    slips = []
+    for i, old in enumerate(digits):
+        for new in "0123456789":
+            if new != old and not (i == 0 and new == "0" and len(digits) > 1):
+                slips.append(sign * int(digits[:i] + new + digits[i + 1 :]))
+    return slips
+
+
+def near_misses(answer: int, config: BaseModelConfig) -> list[int]:
+    """The teacher's wrong labels for ``answer``, each equally likely: ``answer + offset`` for every offset of
+    ``near_miss_offsets`` (:func:`near_miss`) and, with ``near_miss_digit_slips``, every :func:`digit_slips`
+    variant; distinct, sorted, never the answer itself."""
+    candidates = {near_miss(answer, offset) for offset in config.near_miss_offsets}
+    if config.near_miss_digit_slips:
+        candidates.update(digit_slips(answer))
+    candidates.discard(answer)
+    return sorted(candidates)
+
+
+def teacher_label(record: Record, config: BaseModelConfig, rng: random.Random) -> str:
+    """One draw of the teacher's label for ``record``: the answer with probability ``teacher_accuracy``, else
+    one of its :func:`near_misses`, drawn uniformly."""
+    answer = int(record.answer)
+    if rng.random() < teacher_accuracy(config, record.topic, record.level):
+        return str(answer)
+    return str(rng.choice(near_misses(answer, config)))
+
+
+def sft_records(config: BaseModelConfig) -> list[Record]:
+    """The SFT pool: ``train_problems`` problems of the arith ``sft`` split (disjoint from the ``train`` split
+    RL draws from, and from validation and test), split over levels by ``level_weights`` (rounded down; the
+    remainder goes to level 1) and balanced over topics within a level."""
+    from ebpo.tasks import arith
+
+    total = sum(config.level_weights)
+    counts = [int(config.train_problems * w / total) for w in config.level_weights]
+    counts[0] += config.train_problems - sum(counts)
+    records: list[Record] = []
+    for level, count in zip(arith.LEVELS, counts):
+        records += arith.generate("sft", count, seed=config.seed * 100 + level, levels=[level])
+    return records
+
+
+def encode_sft_example(tokenizer, prompt: str, label: str) -> tuple[list[int], list[int]]:
+    """Token ids of ``prompt + label + EOS`` and labels (-100 on the prompt: loss on the label and EOS only)."""
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    label_ids = tokenizer(label, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return prompt_ids + label_ids, [-100] * len(prompt_ids) + label_ids
+
+
+def epoch_batches(n: int, batch_size: int, rng: random.Random) -> list[list[int]]:
+    """One epoch of shuffled batches of example indices (the trainer pops them from the end).
+
+    Plain shuffling on purpose: batches of similar length (length bucketing) are batches of one topic,
+    and such topic-homogeneous batches made the 45-cell mixture learn about half as fast.
+    """
+    order = list(range(n))
+    rng.shuffle(order)
+    return [order[i : i + batch_size] for i in range(0, n, batch_size)]
+
+
+def collate(examples: list[tuple[list[int], list[int]]], pad_id: int):
+    """Right-pad a batch: ``(input_ids_BT, attention_mask_BT, labels_BT)``."""
+    import torch
+
+    width = max(len(ids) for ids, _ in examples)
+    input_ids_BT = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    attention_mask_BT = torch.zeros((len(examples), width), dtype=torch.long)
+    labels_BT = torch.full((len(examples), width), -100, dtype=torch.long)
+    for row, (ids, labels) in enumerate(examples):
+        input_ids_BT[row, : len(ids)] = torch.tensor(ids)
+        attention_mask_BT[row, : len(ids)] = 1
+        labels_BT[row, : len(labels)] = torch.tensor(labels)
+    return input_ids_BT, attention_mask_BT, labels_BT
+
+
+def lr_at(step: int, config: BaseModelConfig) -> float:
+    """Linear warm-up to ``lr``, then cosine decay to ``0.1 * lr`` at the last step."""
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def train_sft(
+    model: torch.nn.Module,
+    tokenizer,
+    config: BaseModelConfig,
+    *,
+    progress: bool = True,
+    stop_after: int | None = None,
+) -> list[float]:
+    """Supervised warm start on ``sft_records(config)`` with the teacher's labels; returns the loss per step.
+
+    AdamW (betas 0.9 / 0.95, weight decay on matrices only), the :func:`lr_at` schedule, gradient clipping.
+    Deterministic given ``config.seed`` (batch order from ``Random("base-model-sft/<seed>")``, labels from
+    ``Random("base-model-teacher/<seed>")``) on one torch build, CPU kind and thread count. ``stop_after``
+    ends the run after that many steps of the full schedule (a prefix of the full build, same weights).
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    records = sft_records(config)
+    order_rng = random.Random(f"base-model-sft/{config.seed}")
+    teacher_rng = random.Random(f"base-model-teacher/{config.seed}")
+    decay = [p for _, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for _, p in model.named_parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=config.lr,
+        betas=(0.9, 0.95),
+    )
+    steps = config.steps if stop_after is None else min(stop_after, config.steps)
+    model.train()
+    losses: list[float] = []
+    batches: list[list[int]] = []
+    bar = tqdm(range(steps), desc="base-model SFT", disable=not progress, dynamic_ncols=True)
+    for step in bar:
+        if not batches:
+            batches = epoch_batches(len(records), config.batch_size, order_rng)
+        noisy = step >= config.clean_steps
+        examples = [
+            encode_sft_example(
+                tokenizer,
+                records[i].prompt,
+                teacher_label(records[i], config, teacher_rng) if noisy else records[i].answer,
+            )
+            for i in batches.pop()
+        ]
+        input_ids_BT, attention_mask_BT, labels_BT = collate(examples, tokenizer.pad_token_id)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, config)
+        loss = model(input_ids=input_ids_BT, attention_mask=attention_mask_BT, labels=labels_BT).loss
+        if not math.isfinite(loss.item()):  # never train on, or save, a diverged model
+            raise FloatingPointError(f"base-model SFT loss is {loss.item()} at step {step}; lower --lr")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+        losses.append(loss.item())
+        if step % 10 == 0 or step == steps - 1:
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    model.eval()
+    return losses
