@@ -819,3 +819,15 @@ def test_load_state_dict_rejects_a_non_finite_or_negative_state(path, value):
     with pytest.raises(ValueError, match=rf"EBPO checkpoint .*{path[-2]}: .*{path[-1]}={value}"):
         target.load_state_dict(bad)
     assert target.state_dict() == good  # a rejected checkpoint changes nothing
+
+
+def test_normalize_prior_flows_through_the_trainer_config():
+    # the trainer passes algorithm.estimator_options to get_estimator unchanged; verl's
+    # +algorithm.ebpo.normalize and TRL's EBPOConfig.normalize do the same
+    from ebpo.trainer.config import ConfigError, load_config
+
+    cfg = load_config(None, ["algorithm.estimator_options.normalize=prior"])
+    est = ebpo.get_estimator(cfg.algorithm.estimator, **cfg.algorithm.estimator_options)
+    assert est.normalize == "prior"
+    with pytest.raises(ConfigError, match=r"estimator_options.*normalize='priors' is not one of"):
+        load_config(None, ["algorithm.estimator_options.normalize=priors"])
