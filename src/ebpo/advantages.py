@@ -729,7 +729,8 @@ def _sigma2_total(prior: _Prior) -> float:
 
 
 def _sigma2_pooled(prior: _Prior) -> float:
-    """SPEC §2: running mean of per-group sample variances (groups with G >= 2), the within-group variance."""
+    """SPEC §2: running mean of per-group sample variances (groups with G >= 2), an estimate of the
+    within-group variance (the hierarchical model's sigma2)."""
     return prior.W_within.mean
 
 
