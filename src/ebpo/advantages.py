@@ -9,8 +9,11 @@ Contract (docs/design.md, "Advantage estimators")::
 
 ``rewards`` are N sequence rewards, ``index`` N group ids (any hashable; groups need not be contiguous and
 may differ in size), ``cluster`` optional N cluster keys, constant within a group. Computation is float64
-inside; the result is float32 on the rewards' device. Non-finite rewards raise ``ValueError`` naming the
-first bad position; an empty batch returns an empty tensor and leaves the state alone.
+inside (Python lists and arrays are read straight into float64); the result is float32 on the rewards'
+device. A reward that is NaN, inf or larger in magnitude than ``MAX_ABS_REWARD`` (1e30) raises
+``ValueError`` naming the first bad position; so does an advantage that float32 cannot hold. A batch that
+raises leaves the estimator's state exactly as it was; an empty batch returns an empty tensor and leaves
+the state alone. Nothing non-finite is ever returned or stored.
 
 The math lives in pure tensor functions (``grpo_advantage``, ``rloo_advantage``, ``jspo_advantage``,
 ``shrinkage_baseline``, ``ebpo_advantage``...) over per-sample group ids, vectorised with ``index_add`` /
@@ -64,6 +67,14 @@ __all__ = [
 ]
 
 ZERO_ADV_TOL = 1e-8  # |A| below this counts as "no signal" in adv/zero_frac
+
+MAX_ABS_REWARD = 1e30
+"""Largest |reward| accepted. Far above any reward in practice, and small enough that every intermediate
+value stays finite: an unnormalised advantage is at most 2e30 (float32 holds 3.4e38) and a running M2 grows
+like n * (2e30)^2, finite for any n below 1e247. Rewards beyond it are rejected, never rescaled: rescaling
+one batch would put it on another scale than the prior's history."""
+
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 # ----------------------------------------------------------------------------------------------------
 # Registry
@@ -197,19 +208,23 @@ class Batch(NamedTuple):
 
 def _prepare(rewards: Any, index: Any, cluster: Any) -> Batch:
     """Validate the contract's inputs (see module docstring) and compute group ids."""
-    rewards_t = torch.as_tensor(rewards)
+    if isinstance(rewards, torch.Tensor):
+        rewards_t = rewards
+    else:  # torch.as_tensor of a list would make float32: 1e39 -> inf, 100000001.0 -> 1e8
+        rewards_t = torch.as_tensor(rewards, dtype=torch.float64)
     if rewards_t.ndim != 1:
         raise ValueError(
             f"rewards must be a 1-D tensor of N sequence rewards, got shape {tuple(rewards_t.shape)}"
         )
     rewards_N = rewards_t.detach().to(torch.float64)
     num = rewards_N.numel()
-    finite_N = torch.isfinite(rewards_N)
-    if not bool(finite_N.all()):
-        position = int((~finite_N).nonzero()[0, 0])
+    bad_N = ~(rewards_N.abs() <= MAX_ABS_REWARD)  # true for NaN, +-inf and huge values
+    if bool(bad_N.any()):
+        position = int(bad_N.nonzero()[0, 0])
         raise ValueError(
-            f"reward at position {position} is {rewards_N[position].item()}: rewards must be finite "
-            "(check the reward function for this sample)"
+            f"reward at position {position} is {rewards_N[position].item():g}: rewards must be finite with "
+            f"|reward| <= {MAX_ABS_REWARD:g} (check the reward function for this sample; rescale rewards "
+            "that are meant to be this large)"
         )
     if len(index) != num:
         raise ValueError(f"index has {len(index)} entries but rewards has {num}; they must match")
@@ -395,10 +410,16 @@ def ebpo_advantage(
     """EBPO advantage given the prior (SPEC §1 steps 3-5; paper Algorithm 1), returning (A_N, S_M, V_eb_M).
 
     a_mi = r_mi - V_m (raw advantage), then per ``normalize``:
-      - ``batch`` (paper): A = (a - mean(a)) / (std(a) + eps) over all N samples;
+      - ``batch`` (paper): A = (a - mean(a)) / (std(a) + eps) over all N samples. With equal group sizes
+        and one prior, a - mean(a) = r - (1 - S) r̄_m - S r̄_batch: mu_glob cancels and the prior acts
+        only through S (docs/theory.md, identity 1);
       - ``group``: A = a / (sqrt((1 - S_m) s_m^2 + S_m sigma2) + eps), each group scaled by its shrunk
         standard deviation (GRPO's per-group scale when S = 0; an all-fail group keeps a finite scale).
         No group mean is subtracted: that would cancel the shrinkage and give back GRPO;
+      - ``prior`` (ours, opt-in): A = a / (sqrt(sigma2_m) + eps), the raw advantage in units of the
+        prior's own spread. Nothing is estimated from the batch, so the baseline V_m, mu_glob included,
+        reaches the training advantage unchanged: an all-fail group gets -S_m mu_m / (sqrt(sigma2_m) + eps)
+        even when every group of the step fails (docs/theory.md, identity 4);
       - ``none``: A = a.
     """
     shrinkage, V_eb = shrinkage_baseline(stats.mean_M, stats.count_M, mu_glob_M, sigma2_M, tau2_M)
@@ -432,6 +453,18 @@ def _normalize_group(
     return adv_N / (torch.sqrt(shrunk_var_M.clamp_min(0.0))[group_N] + eps)
 
 
+def _normalize_prior(
+    adv_N: torch.Tensor,
+    group_N: torch.Tensor,
+    stats: GroupStats,
+    shrinkage: torch.Tensor,
+    sigma2_M: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    """normalize="prior": a / (sqrt(sigma2_m) + eps), sigma2_m the variance of the prior group m reads."""
+    return adv_N / (torch.sqrt(sigma2_M.clamp_min(0.0))[group_N] + eps)
+
+
 def _normalize_none(
     adv_N: torch.Tensor,
     group_N: torch.Tensor,
@@ -447,6 +480,7 @@ def _normalize_none(
 _NORMALIZERS: dict[str, Callable[..., torch.Tensor]] = {
     "batch": _normalize_batch,
     "group": _normalize_group,
+    "prior": _normalize_prior,
     "none": _normalize_none,
 }
 
@@ -496,6 +530,29 @@ _EMPTY_METRICS = {
 # ----------------------------------------------------------------------------------------------------
 
 
+def _check_advantages(name: str, adv_N: torch.Tensor, rewards_N: torch.Tensor) -> None:
+    """ValueError naming the first sample whose advantage is not finite or beyond float32's range."""
+    bad_N = ~(adv_N.abs() <= FLOAT32_MAX)  # true for NaN, +-inf and values float32 turns into inf
+    if bool(bad_N.any()):
+        position = int(bad_N.nonzero()[0, 0])
+        largest = int(rewards_N.abs().argmax())
+        raise ValueError(
+            f"{name}: advantage of sample {position} is {adv_N[position].item():g}, which float32 cannot hold "
+            f"(largest |reward| {rewards_N[largest].item():g} at position {largest}); rescale the rewards or "
+            "use a larger eps"
+        )
+
+
+def _check_eps(name: str, eps: float) -> float:
+    eps = float(eps)
+    if not (math.isfinite(eps) and eps > 0):
+        raise ValueError(
+            f"{name}: eps must be > 0 and finite, got {eps!r} (it keeps 0 / 0 out of groups whose rewards "
+            "are all equal)"
+        )
+    return eps
+
+
 class AdvantageEstimator:
     """Base class: validation, metrics, and the call contract. Subclasses implement :meth:`_advantages`.
 
@@ -508,12 +565,21 @@ class AdvantageEstimator:
         self._metrics: dict[str, float] = dict(_EMPTY_METRICS)
 
     def __call__(self, rewards: Any, index: Any, cluster: Any = None) -> torch.Tensor:
-        """Advantages (float32, shape (N,)) of N sequence rewards grouped by ``index``."""
+        """Advantages (float32, shape (N,)) of N sequence rewards grouped by ``index``.
+
+        Raises ValueError (state unchanged) for bad input and for an advantage float32 cannot hold.
+        """
         batch = _prepare(rewards, index, cluster)
         if batch.rewards_N.numel() == 0:
             self._metrics = dict(_EMPTY_METRICS)
             return torch.zeros(0, dtype=torch.float32, device=batch.rewards_N.device)
-        adv_N, extra = self._advantages(batch)
+        saved = self.state_dict()  # a batch that raises must leave no trace in the state
+        try:
+            adv_N, extra = self._advantages(batch)
+            _check_advantages(self.name, adv_N, batch.rewards_N)
+        except Exception:
+            self.load_state_dict(saved)
+            raise
         metrics_t = {**_common_metrics(batch.rewards_N, batch.group_N, batch.num_groups, adv_N), **extra}
         values = torch.stack([value.to(torch.float64).reshape(()) for value in metrics_t.values()]).tolist()
         self._metrics = dict(zip(metrics_t, values, strict=True))
@@ -548,7 +614,7 @@ class GRPOEstimator(AdvantageEstimator):
     def __init__(self, *, norm_by_std: bool = True, eps: float = 1e-6) -> None:
         super().__init__()
         self.norm_by_std = bool(norm_by_std)
-        self.eps = float(eps)
+        self.eps = _check_eps("grpo", eps)
 
     def _advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         adv_N = grpo_advantage(
@@ -588,7 +654,7 @@ class JSPOEstimator(AdvantageEstimator):
 
     def __init__(self, *, eps: float = 1e-6) -> None:
         super().__init__()
-        self.eps = float(eps)
+        self.eps = _check_eps("jspo", eps)
 
     def _advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         adv_N, js_lambda_M = jspo_advantage(batch.rewards_N, batch.group_N, batch.num_groups, eps=self.eps)
@@ -640,13 +706,31 @@ class _Prior:
             acc.load_state_dict(state[name])
 
 
+def _load_prior(half_life: float | None, state: dict[str, Any], key: str, where: str) -> _Prior:
+    """A fresh :class:`_Prior` holding ``state[key]``; ValueError naming ``where`` if it is missing or bad."""
+    if key not in state:
+        raise ValueError(f"EBPO checkpoint has no {where!r} entry (keys: {sorted(state)})")
+    prior = _Prior(half_life)
+    accumulators = prior.accumulators()
+    missing = sorted(set(accumulators) - set(state[key]))
+    if missing:
+        raise ValueError(f"EBPO checkpoint {where} lacks {missing}: it was not written by this estimator")
+    for name, acc in accumulators.items():
+        try:
+            acc.load_state_dict(state[key][name])
+        except ValueError as err:
+            raise ValueError(f"EBPO checkpoint {where}.{name}: {err}") from None
+    return prior
+
+
 def _sigma2_total(prior: _Prior) -> float:
     """Paper: sigma2 = Var(W_glob), the variance of every reward seen (within + between prompts)."""
     return prior.W_glob.var
 
 
 def _sigma2_pooled(prior: _Prior) -> float:
-    """SPEC §2: running mean of per-group sample variances (groups with G >= 2), the within-group variance."""
+    """SPEC §2: running mean of per-group sample variances (groups with G >= 2), an estimate of the
+    within-group variance (the hierarchical model's sigma2)."""
     return prior.W_within.mean
 
 
@@ -688,8 +772,11 @@ class EBPOEstimator(AdvantageEstimator):
       tau2: ``"raw"`` (Var of group means) or ``"latent"`` (max(Var(means) - sigma2 * E[1/G], tau2_floor)).
       tau2_floor: floor for latent tau2 (default 1e-4), so S < 1 unless sigma2 dwarfs it.
       sigma2: ``"total"`` (Var of all rewards) or ``"pooled"`` (running mean of group variances).
-      normalize: ``"batch"``, ``"group"`` or ``"none"`` (see :func:`ebpo_advantage`).
-      eps: added to the normalising standard deviation (1e-6).
+      normalize: ``"batch"`` (paper), ``"group"``, ``"prior"`` or ``"none"`` (see :func:`ebpo_advantage`).
+        Under ``"batch"`` with equal group sizes and one prior, mu_glob cancels exactly and the prior acts
+        only through S; ``"prior"`` (A = (r - V_m) / (sqrt(sigma2) + eps)) keeps the paper's baseline,
+        mu_glob included, in the training advantage. Derivations: docs/theory.md.
+      eps: added to the normalising standard deviation (1e-6); must be > 0.
     Call :meth:`observe` for a step's dropped groups before that step's ``__call__``.
     """
 
@@ -725,8 +812,9 @@ class EBPOEstimator(AdvantageEstimator):
                 )
         if int(cluster_min_groups) < 1:
             raise ValueError(f"cluster_min_groups must be >= 1, got {cluster_min_groups}")
-        if tau2_floor < 0 or eps < 0:
-            raise ValueError(f"tau2_floor and eps must be >= 0, got tau2_floor={tau2_floor}, eps={eps}")
+        if not (math.isfinite(tau2_floor) and tau2_floor >= 0):
+            raise ValueError(f"tau2_floor must be >= 0 and finite, got {tau2_floor!r}")
+        eps = _check_eps("ebpo", eps)
         self.prior_scope = prior_scope
         self.cluster_min_groups = int(cluster_min_groups)
         self.prior_memory = prior_memory
@@ -800,7 +888,12 @@ class EBPOEstimator(AdvantageEstimator):
         batch = _prepare(rewards, index, cluster)
         if batch.rewards_N.numel() == 0:
             return
-        self._update(batch, group_moments(batch.rewards_N, batch.group_N, batch.num_groups))
+        saved = self.state_dict()
+        try:
+            self._update(batch, group_moments(batch.rewards_N, batch.group_N, batch.num_groups))
+        except Exception:
+            self.load_state_dict(saved)
+            raise
 
     def _advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         stats = group_moments(batch.rewards_N, batch.group_N, batch.num_groups)
@@ -864,12 +957,13 @@ class EBPOEstimator(AdvantageEstimator):
                 f"EBPO checkpoint has prior_memory={saved_memory!r} but this estimator has "
                 f"{self._options()['prior_memory']!r}; build the estimator with the checkpoint's prior_memory"
             )
-        self.prior.load_state_dict(state["prior"])
-        self.cluster_priors = {}
-        for key, prior_state in state["cluster_priors"]:
-            prior = _Prior(self.half_life)
-            prior.load_state_dict(prior_state)
-            self.cluster_priors[key] = prior
+        prior = _load_prior(self.half_life, state, "prior", "prior")
+        cluster_priors = {}
+        for key, prior_state in state.get("cluster_priors", []):
+            cluster_priors[key] = _load_prior(
+                self.half_life, {"p": prior_state}, "p", f"cluster_priors[{key!r}]"
+            )
+        self.prior, self.cluster_priors = prior, cluster_priors  # only a fully valid state is taken
 
     def _options(self) -> dict[str, Any]:
         return {
