@@ -419,7 +419,7 @@ def ebpo_advantage(
       - ``prior`` (ours, opt-in): A = a / (sqrt(sigma2_m) + eps), the raw advantage in units of the
         prior's own spread. Nothing is estimated from the batch, so the baseline V_m, mu_glob included,
         reaches the training advantage unchanged: an all-fail group gets -S_m mu_m / (sqrt(sigma2_m) + eps)
-        even when every group of the step fails (docs/theory.md, identity 4);
+        even when every group of the step fails (docs/theory.md, identity 5);
       - ``none``: A = a.
     """
     shrinkage, V_eb = shrinkage_baseline(stats.mean_M, stats.count_M, mu_glob_M, sigma2_M, tau2_M)
