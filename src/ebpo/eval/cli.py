@@ -246,7 +246,7 @@ def records_digest(records: Sequence[Any]) -> str:
 
 class LazyModel:
     """Loads a model on the first chunk that needs sampling, so a run answered fully from the cache never
-    loads it; ``generate_fn(sampling)`` gives the harness's ``(prompts, n, seed)`` callable."""
+    loads it; ``generate_fn(sampling)`` gives the harness's ``(prompts, n, seeds)`` callable."""
 
     def __init__(self, path: Path, tokenizer: Any, *, device: str | None, dtype: str):
         self.path, self.tokenizer, self.device, self.dtype = path, tokenizer, device, dtype
@@ -255,16 +255,16 @@ class LazyModel:
     def generate_fn(self, sampling: Any):
         from ebpo.eval.harness import load_model, model_generate_fn
 
-        def generate(prompts: list[str], n: int, seed: int):
+        def generate(prompts: list[str], n: int, seeds: list[int]):
             if self.model is None:
                 self.model, _ = load_model(self.path, device=self.device, dtype=self.dtype)
-            return model_generate_fn(self.model, self.tokenizer, sampling)(prompts, n, seed)
+            return model_generate_fn(self.model, self.tokenizer, sampling)(prompts, n, seeds)
 
         return generate
 
 
 def run(args: argparse.Namespace, *, generate_fns: dict[str, Any] | None = None) -> int:
-    """Run ``ebpo eval``. ``generate_fns`` (model name -> ``(prompts, n, seed) -> texts``) replaces model
+    """Run ``ebpo eval``. ``generate_fns`` (model name -> ``(prompts, n, seeds) -> texts``) replaces model
     loading for those names: used by tests and by callers with their own inference engine."""
     from ebpo.eval.harness import (
         PAPER_BENCHMARKS,
