@@ -431,3 +431,129 @@ def test_markdown_se_average_by_hand():
     assert "| A | 3.00 | 4.00 | 2.50 |" in eval_cli.markdown_table(
         results, ["b1", "b2"], "pass@1/se_problems"
     )
+
+
+# --- issue 13: CLI errors, Ctrl-C, skipped metrics, truncation -------------------------------------------
+
+
+def _quick_args(tmp_path, *extra: str) -> argparse.Namespace:
+    return parse_eval_args(
+        ["scripted", "--benchmarks", "arith", "--limit", "6", "--n", "2", "--batch-size", "4", "--quiet"]
+        + ["--cache-dir", str(tmp_path / "cache"), "--out-dir", str(tmp_path / "out"), *extra]
+    )
+
+
+def arith_scripted(prompts, n, seeds):
+    """Every response answers 0 (the arith reward reads the first integer)."""
+    return [["0"] * n for _ in prompts]
+
+
+def test_cli_unknown_benchmark_is_one_line_naming_the_flag(tmp_path, capsys):
+    """Issue 13.10: an unknown benchmark name ended in a traceback."""
+    from ebpo.cli import main
+
+    argv = ["eval", "builtin", "--benchmarks", "aime2024", "--out-dir", str(tmp_path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "ebpo eval: --benchmarks: unknown benchmark 'aime2024'; valid: aime24, aime25, amc23, math500, "
+        "olympiadbench, arith"
+    ]
+    assert main(["eval", "builtin", "--limit", "-1", "--out-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == "ebpo eval: --limit must be >= 0, got -1"
+
+
+def test_cli_missing_benchmark_file_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("EBPO_SHARED_DATA", str(tmp_path))
+    args = parse_eval_args(
+        ["scripted", "--benchmarks", "aime24", "--out-dir", str(tmp_path / "o"), "--quiet"]
+    )
+    assert eval_cli.run(args, generate_fns={"scripted": arith_scripted}) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ebpo eval: benchmark file ") and "EBPO_SHARED_DATA" in err and "\n" not in err
+
+
+def test_cli_ctrl_c_keeps_finished_chunks_and_says_how_to_resume(tmp_path, capsys):
+    """Issue 13.10: Ctrl-C printed a traceback. The scripted generator raises KeyboardInterrupt (what SIGINT
+    raises in the main thread) while sampling the third chunk: the first two chunks stay cached."""
+    args = _quick_args(tmp_path, "--ks", "1,2", "--maj-ks", "2")
+    interrupted = SeededGenerator(fail_after=2, error=KeyboardInterrupt())
+    assert eval_cli.run(args, generate_fns={"scripted": interrupted}) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "interrupted" in err[0] and "run the same command again to resume" in err[0]
+    assert str(tmp_path / "cache") in err[0]
+    (cache,) = (tmp_path / "cache").rglob("arith-*.jsonl")
+    assert len(cache.read_text().splitlines()) == 4  # 2 chunks x 2 problems (4 // 2)
+
+    resumed = SeededGenerator()
+    assert eval_cli.run(args, generate_fns={"scripted": resumed}) == 0
+    assert len(resumed.calls) == 1  # only the third chunk
+    out = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert out["results"]["scripted"]["arith"]["num_problems"] == 6
+
+    no_cache = SeededGenerator(fail_after=1, error=KeyboardInterrupt())
+    assert eval_cli.run(_quick_args(tmp_path, "--no-cache"), generate_fns={"scripted": no_cache}) == 130
+    assert "--no-cache" in capsys.readouterr().err
+
+
+def test_cli_warns_when_n_is_below_k(tmp_path, capsys, recwarn):
+    """Issue 13.13: with --n below 16 the default pass@16 and maj@16 vanished silently."""
+    assert eval_cli.run(_quick_args(tmp_path), generate_fns={"scripted": arith_scripted}) == 0
+    err = capsys.readouterr().err
+    assert (
+        "ebpo eval: warning: --n 2 is below k, so pass@16, maj@16 are not reported; use --n 16 or more, "
+        "or drop them from --ks / --maj-ks" in err
+    )
+    assert len(recwarn) == 0  # said once, by the CLI, not again by summarize
+    out = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert out["settings"]["skipped_metrics"] == ["pass@16", "maj@16"]
+    assert (
+        "Not reported (n = 2 is below k): pass@16, maj@16." in (tmp_path / "out" / "results.md").read_text()
+    )
+    ok = _quick_args(tmp_path, "--ks", "1,2", "--maj-ks", "2")
+    assert eval_cli.run(ok, generate_fns={"scripted": arith_scripted}) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_cli_reports_truncation(tiny_model_dir, tmp_path, capsys):
+    """ebpo eval reports the fraction of responses cut at --max-new-tokens (response/clip_ratio) in
+    results.md and warns on stderr: with 2 new tokens the tiny model's responses are all cut."""
+    args = parse_eval_args(
+        [str(tiny_model_dir), "--benchmarks", "arith", "--limit", "2", "--n", "2", "--max-new-tokens", "2"]
+        + [
+            "--ks",
+            "1",
+            "--maj-ks",
+            "1",
+            "--no-cache",
+            "--out-dir",
+            str(tmp_path),
+            "--quiet",
+            "--device",
+            "cpu",
+        ]
+    )
+    assert eval_cli.run(args) == 0
+    summary = json.loads((tmp_path / "results.json").read_text())["results"][str(tiny_model_dir)]["arith"]
+    clip = summary["response/clip_ratio"]
+    table = (tmp_path / "results.md").read_text()
+    assert "Responses cut at max new tokens (response/clip_ratio, %):" in table
+    assert f"| {tiny_model_dir} | {100 * clip:.2f} | {100 * clip:.2f} |" in table
+    err = capsys.readouterr().err
+    if clip >= 0.01:
+        assert f"{100 * clip:.1f}% of the responses on arith hit --max-new-tokens 2" in err
+    assert clip > 0.5  # a random tiny model rarely emits EOS within 2 tokens
+
+
+def test_corrupt_cache_line_names_file_and_line(tmp_path, capsys):
+    args = _quick_args(tmp_path, "--ks", "1,2", "--maj-ks", "2")
+    assert eval_cli.run(args, generate_fns={"scripted": arith_scripted}) == 0
+    capsys.readouterr()
+    (cache,) = (tmp_path / "cache").rglob("arith-*.jsonl")
+    lines = cache.read_bytes().split(b"\n")
+    cache.write_bytes(b"\n".join([lines[0], b"\xff\xfe garbage", *lines[1:]]))
+    assert eval_cli.run(args, generate_fns={"scripted": arith_scripted}) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"ebpo eval: {cache}, line 2: not a cached problem") and err.endswith(
+        "delete the file to redo"
+    )

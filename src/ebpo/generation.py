@@ -165,7 +165,7 @@ def _encode_prompts(tokenizer, prompts: Sequence[str] | Sequence[Sequence[int]])
         else:
             raise TypeError(
                 f"prompt {i} is a {type(prompt).__name__}, not a string or a list of token ids; check the "
-                f"data that produced it (ebpo.data.loaders rejects non-string prompts with their file and line)"
+                f"data that produced it (ebpo.data.loaders names the file and line of a non-string prompt)"
             )
         if not encoded[-1]:
             raise ValueError(f"prompt {i} is empty after tokenization")

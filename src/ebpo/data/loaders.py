@@ -13,12 +13,12 @@ Every source goes through one mapping function, :func:`records_from_rows`, which
 | ``records`` | ``Record.to_dict()`` rows | our own format (``write_records``) |
 
 A row that does not fit raises :class:`RowError` naming the file, the line (JSONL, 1-based, as an editor
-shows it) or row (Parquet / hub, 0-based) and the field; with ``skip_invalid=True`` such rows are skipped, counted in
-:class:`LoadResult` and logged. Bad rows include invalid JSON or UTF-8, a missing or empty field, a prompt that
-is not a string, and a repeated record id (named with the position of its first use). Record ids are taken
-from the row when it has one (``id``, ``unique_id``), else ``"<source>-<row>"``; DAPO ids are a hash of the
-prompt text (stable under de-duplication). Ids are unique within a source: evaluation caches, annotation
-resumes and training logs match results to records by id.
+shows it) or row (Parquet / hub, 0-based) and the field; with ``skip_invalid=True`` such rows are skipped,
+counted in :class:`LoadResult` and logged. Bad rows include invalid JSON or UTF-8, a missing or empty field,
+a prompt that is not a string, and a repeated record id (named with the position of its first use). Record
+ids are taken from the row when it has one (``id``, ``unique_id``), else ``"<source>-<row>"``; DAPO ids are
+a hash of the prompt text (stable under de-duplication). Ids are unique within a source: evaluation caches,
+annotation resumes and training logs match results to records by id.
 
 Heavy imports (``pyarrow``, ``datasets``) happen inside the functions that need them.
 """
@@ -385,8 +385,8 @@ def _numbered_jsonl(path: Path) -> Iterator[tuple[str, int, Any]]:
                 row = json.loads(raw.decode("utf-8"))
             except UnicodeDecodeError as err:
                 row = RowError(
-                    f"not valid UTF-8 (byte 0x{raw[err.start]:02x} at byte {err.start + 1}); re-save the file "
-                    f"as UTF-8",
+                    f"not valid UTF-8 (byte 0x{raw[err.start]:02x} at byte {err.start + 1}); re-save the "
+                    f"file as UTF-8",
                     source=str(path),
                     position=where,
                 )

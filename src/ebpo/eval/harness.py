@@ -275,12 +275,12 @@ def _read_cache(path: Path) -> dict[str, ProblemScores]:
             handle.truncate(keep)
         raw = raw[:keep]
     done: dict[str, ProblemScores] = {}
-    for line_no, line in enumerate(raw.decode().splitlines(), start=1):
+    for line_no, line in enumerate(raw.split(b"\n"), start=1):
         if not line.strip():
             continue
         try:
-            problem = ProblemScores.from_dict(json.loads(line))
-        except (json.JSONDecodeError, TypeError) as err:
+            problem = ProblemScores.from_dict(json.loads(line.decode("utf-8")))
+        except (UnicodeDecodeError, json.JSONDecodeError, TypeError) as err:
             raise ValueError(
                 f"{path}, line {line_no}: not a cached problem ({err}); delete the file to redo"
             ) from err
