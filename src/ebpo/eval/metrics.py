@@ -28,6 +28,7 @@ Conventions (one problem has n sampled responses, in sampling order j = 0..n-1):
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import combinations
@@ -283,8 +284,8 @@ def summarize(
     Keys: ``pass@1`` (avg@n averaged over problems), ``pass@1/se_problems``, ``pass@1/se_seeds`` (only
     when every problem has the same n), ``pass@{k}`` and ``pass@{k}/se_problems`` for each k in ``ks``,
     ``maj@{k}`` and ``maj@{k}/se_problems`` for each k in ``maj_ks`` (a k larger than the smallest n is
-    skipped), ``reward/mean``, ``response_length/mean`` and ``response/clip_ratio`` (when lengths are
-    known), ``num_problems``, ``num_samples`` (smallest n).
+    skipped, with a ``UserWarning`` naming the skipped metrics), ``reward/mean``, ``response_length/mean``
+    and ``response/clip_ratio`` (when lengths are known), ``num_problems``, ``num_samples`` (smallest n).
     """
     if not problems:
         raise ValueError("summarize: no problems")
@@ -300,6 +301,15 @@ def summarize(
     if all(p.num_samples == n_min for p in problems):
         correct_PN = np.array([[r > 0 for r in p.rewards] for p in problems], dtype=np.float64)
         out["pass@1/se_seeds"] = standard_error(correct_PN.mean(axis=0))  # one accuracy per sample seed
+    skipped = [f"pass@{k}" for k in sorted(set(ks)) if k > n_min]
+    skipped += [f"maj@{k}" for k in sorted(set(maj_ks)) if k > n_min]
+    if skipped:
+        largest = max(int(name.split("@")[1]) for name in skipped)
+        warnings.warn(
+            f"n = {n_min} samples per problem is below k: {', '.join(skipped)} not reported; "
+            f"sample n >= {largest} to get them",
+            stacklevel=2,
+        )
     n_P = [p.num_samples for p in problems]
     c_P = [p.num_correct for p in problems]
     for k in sorted(set(ks)):
