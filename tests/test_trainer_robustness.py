@@ -320,3 +320,23 @@ def test_reward_counters_reach_the_metrics(tiny_model_dir, tmp_path):
     ).train()
     Trainer(tiny_config(tiny_model_dir, *overrides), resume=tmp_path / "split").train()
     assert training_rows(tmp_path / "split") == training_rows(tmp_path / "run")
+
+
+def test_non_finite_metric_values_are_never_stored(tmp_path):
+    # A NaN loss (say) must not reach metrics.jsonl: the value is left out, a nonfinite/ marker takes its
+    # place, and the warning names metric and step. allow_nan=False in json.dumps is the last guard.
+    from ebpo.trainer.metrics_log import MetricsLogger
+
+    logger = MetricsLogger(tmp_path)
+    with pytest.warns(RuntimeWarning, match=r"step 3: metric 'actor/pg_loss' is nan"):
+        logger.log(3, {"actor/pg_loss": float("nan"), "actor/grad_norm": float("inf"), "reward/mean": 0.5})
+    logger.close()
+    text = (tmp_path / "metrics.jsonl").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    (row,) = read_metrics(tmp_path)
+    assert row == {
+        "step": 3,
+        "reward/mean": 0.5,
+        "nonfinite/actor/pg_loss": 1.0,
+        "nonfinite/actor/grad_norm": 1.0,
+    }

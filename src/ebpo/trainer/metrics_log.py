@@ -8,6 +8,7 @@ ends where its checkpoint does.
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,22 @@ def rewind_metrics(run_dir: Path, step: int) -> None:
         write_text_atomic(path, "".join(line + "\n" for line in kept))
 
 
+def finite_metrics(step: int, metrics: dict[str, float]) -> dict[str, float]:
+    """``metrics`` with every NaN or inf value replaced by a ``nonfinite/<name>`` = 1 marker (warned)."""
+    out: dict[str, float] = {}
+    for name, value in metrics.items():
+        if math.isfinite(value):
+            out[name] = value
+        else:
+            warnings.warn(
+                f"step {step}: metric {name!r} is {value}; not stored (logged as nonfinite/{name})",
+                RuntimeWarning,
+                3,
+            )
+            out[f"nonfinite/{name}"] = 1.0
+    return out
+
+
 class MetricsLogger:
     """Appends one JSON line per step to ``metrics.jsonl`` and writes the same scalars to TensorBoard.
 
@@ -68,8 +85,11 @@ class MetricsLogger:
         )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Append one row. A non-finite value is never stored: it is left out, ``nonfinite/<name>`` = 1 is
+        logged in its place, and a warning names the metric and the step."""
+        metrics = finite_metrics(step, metrics)
         with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps({"step": step, **metrics}, sort_keys=True) + "\n")
+            handle.write(json.dumps({"step": step, **metrics}, sort_keys=True, allow_nan=False) + "\n")
         for name, value in metrics.items():
             self.writer.add_scalar(name, value, step)
         self.writer.flush()
