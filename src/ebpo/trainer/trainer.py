@@ -13,7 +13,7 @@ One step (``Trainer.train`` -> ``Trainer._train_step``):
    exactly 1), then K = ``optim.epochs`` passes of shuffled mini-batch updates: policy loss and aggregation
    (``ebpo.losses``) plus ``kl_coef * agg(kl(logp, ref_logp))`` to the frozen initial policy, AdamW;
 6. ``actor/step_kl`` = KL(pi_t || pi_{t+1}) (k3 on the step's tokens) and the step's metrics, logged;
-7. validation every ``run.eval_every`` steps, keeping the best checkpoint by maj@k (the paper's rule,
+7. validation every ``run.eval_every`` steps, keeping the best checkpoint by maj@k (the paper's rule for its topic runs,
    Appendix A) beside the last one.
 
 Exact resume: a checkpoint holds the model, optimizer, scheduler, estimator, sampler and every RNG state,
@@ -452,7 +452,8 @@ class Trainer:
         return validate(self.model, self.tokenizer, self.val_records, self.reward_fn, self.cfg)
 
     def _keep_if_best(self, eval_metrics: dict[str, float]) -> None:
-        """The paper's rule (Appendix A): keep the checkpoint with the highest validation maj@k."""
+        """The paper's rule for its topic runs (Appendix A): keep the checkpoint with the highest validation
+        maj@k. (Its curriculum runs report the final checkpoint, ``checkpoints/last``.)"""
         score = eval_metrics.get(f"eval/maj@{self.cfg.run.eval_k}")
         if score is not None and (self.best_score is None or score > self.best_score):
             self.best_score, self.best_step = score, self.step
