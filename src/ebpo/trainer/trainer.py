@@ -13,8 +13,8 @@ One step (``Trainer.train`` -> ``Trainer._train_step``):
    exactly 1), then K = ``optim.epochs`` passes of shuffled mini-batch updates: policy loss and aggregation
    (``ebpo.losses``) plus ``kl_coef * agg(kl(logp, ref_logp))`` to the frozen initial policy, AdamW;
 6. ``actor/step_kl`` = KL(pi_t || pi_{t+1}) (k3 on the step's tokens) and the step's metrics, logged;
-7. validation every ``run.eval_every`` steps, keeping the best checkpoint by maj@k (the paper's rule for its topic runs,
-   Appendix A) beside the last one.
+7. validation every ``run.eval_every`` steps, keeping the best checkpoint by maj@k (the paper's rule for
+   its topic runs, Appendix A) beside the last one.
 
 Exact resume: a checkpoint holds the model, optimizer, scheduler, estimator, sampler and every RNG state,
 so N steps, a kill, a resume and N more steps equal 2N steps in one run, bit for bit on CPU. Around the
