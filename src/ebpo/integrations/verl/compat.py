@@ -11,6 +11,7 @@ environment without TRL 1.x: ``ebpo[verl]`` and ``ebpo[trl]`` live in separate v
 from __future__ import annotations
 
 import importlib.util
+import sys
 import warnings
 from importlib import metadata
 
@@ -58,8 +59,19 @@ def trl_conflict() -> str | None:
     )
 
 
+def _launched_as_cli() -> bool:
+    """True in ``python -m ebpo.integrations.verl ...`` (the package is imported before ``__main__`` runs)."""
+    argv = getattr(sys, "orig_argv", [])
+    return any(a == "-m" and b == "ebpo.integrations.verl" for a, b in zip(argv, argv[1:]))
+
+
 def check_environment() -> None:
-    """Raise ``ImportError`` with :func:`trl_conflict`'s line when verl cannot train in this environment."""
+    """Fail when verl cannot train in this environment: one line on stderr and exit status 2 for our CLI,
+    ``ImportError`` with the same line for an import (``VERL_USE_EXTERNAL_MODULES``, user code)."""
     problem = trl_conflict()
-    if problem is not None:
-        raise ImportError(problem)
+    if problem is None:
+        return
+    if _launched_as_cli():
+        print(f"ebpo.integrations.verl: {problem}", file=sys.stderr)
+        raise SystemExit(2)
+    raise ImportError(problem)

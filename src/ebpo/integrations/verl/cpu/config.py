@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ebpo.integrations.verl.cpu.platform import CPU_SLOT_RESOURCE
+from ebpo.integrations.verl.estimators import to_plain
 
 __all__ = ["CPU_DEFAULTS", "CPU_ENV", "apply_cpu_mode", "overridden_keys"]
 
@@ -20,7 +21,7 @@ FP32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
 
 #: key -> value set for a CPU run (why, in order: our rollout backend; one process per replica and worker;
 #: FSDP2 (``fully_shard``) runs on CPU tensors; no flash-attention varlen kernels on the CPU; no compile;
-#: fp32 compute (CPU bf16 autocast is slow and lossy); small Ray footprint; console logging).
+#: PyTorch's sdpa attention, not flash-attention; fp32 compute (CPU bf16 autocast is slow and lossy); small Ray footprint; console logging).
 CPU_DEFAULTS: dict[str, Any] = {
     "actor_rollout_ref.rollout.name": "ebpo_cpu",
     "actor_rollout_ref.rollout.mode": "async",
@@ -34,6 +35,7 @@ CPU_DEFAULTS: dict[str, Any] = {
     "actor_rollout_ref.ref.strategy": "fsdp2",
     "actor_rollout_ref.ref.fsdp_config.strategy": "fsdp2",
     "actor_rollout_ref.model.use_remove_padding": False,
+    "actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
     "actor_rollout_ref.actor.use_torch_compile": False,
     "actor_rollout_ref.actor.fsdp_config.use_torch_compile": False,
     "actor_rollout_ref.ref.fsdp_config.use_torch_compile": False,
@@ -87,7 +89,7 @@ def apply_cpu_mode(config: Any, user_keys: Iterable[str] = ()) -> list[str]:
             applied.append(key)
         slots = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
         init = config.ray_kwargs.ray_init
-        resources = dict(OmegaConf.to_container(init.get("resources", None) or {}))
+        resources = dict(to_plain(init.get("resources", None)) or {})
         resources.setdefault(CPU_SLOT_RESOURCE, slots)
         init.resources = resources
         env = dict(CPU_ENV)
@@ -99,7 +101,7 @@ def apply_cpu_mode(config: Any, user_keys: Iterable[str] = ()) -> list[str]:
         if runtime_env is None:
             init.runtime_env = {}
             runtime_env = init.runtime_env
-        env_vars = dict(OmegaConf.to_container(runtime_env.get("env_vars", None) or {}))
+        env_vars = dict(to_plain(runtime_env.get("env_vars", None)) or {})
         runtime_env.env_vars = {**env, **env_vars}
         config.trainer.device = "cpu"
     return applied

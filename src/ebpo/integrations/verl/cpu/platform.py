@@ -54,6 +54,10 @@ class _CPUDeviceModule:
         return "cpu"
 
     @staticmethod
+    def get_device_name(device: Any = None) -> str:
+        return "CPU"  # verl's FLOPs table has a "CPU" entry (MFU is then reported against it)
+
+    @staticmethod
     def set_device(device: Any) -> None:
         return None
 
