@@ -41,6 +41,7 @@ CPU_DEFAULTS: dict[str, Any] = {
     "actor_rollout_ref.ref.fsdp_config.use_torch_compile": False,
     "actor_rollout_ref.actor.fsdp_config.mixed_precision": FP32,
     "actor_rollout_ref.ref.fsdp_config.mixed_precision": FP32,
+    "data.dataloader_num_workers": 0,
     "trainer.n_gpus_per_node": 1,
     "trainer.nnodes": 1,
     "reward.num_workers": 1,
