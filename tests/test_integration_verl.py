@@ -569,7 +569,7 @@ def test_trl_1x_is_detected_with_one_line(tmp_path):
     (tmp_path / "trl" / "__init__.py").write_text("")
     result = _python("import ebpo.integrations.verl", pythonpath=str(tmp_path))
     assert result.returncode != 0 and "ImportError: verl 0.9's FSDP workers import TRL's" in result.stderr
-    assert "make .venv-verl" in result.stderr
+    assert "make verl-env" in result.stderr
     import os
     import subprocess
     import sys

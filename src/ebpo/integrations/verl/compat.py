@@ -18,7 +18,7 @@ from importlib import metadata
 __all__ = ["TRL_CONFLICT_FIX", "trl_conflict", "check_environment"]
 
 TRL_CONFLICT_FIX = (
-    "use a separate environment for verl: `make .venv-verl` (or `python -m venv .venv-verl && "
+    "use a separate environment for verl: `make verl-env` (or `python -m venv .venv-verl && "
     '.venv-verl/bin/pip install torch==2.13.0 -e ".[verl]"`), or `pip uninstall trl` here'
 )
 
