@@ -165,7 +165,9 @@ def test_mid_block_resume_counts_each_block_once(tiny_model_dir, tmp_path):
     # is saved as of the block start instead; checkpoint-2 (a block boundary) holds the block.
     out = tmp_path / "run"
     common = dict(steps_per_generation=2, logging_steps=1)
-    first = make_trainer(tiny_model_dir, make_config(out, max_steps=2, save_strategy="steps", save_steps=1, **common))
+    first = make_trainer(
+        tiny_model_dir, make_config(out, max_steps=2, save_strategy="steps", save_steps=1, **common)
+    )
     first.train()
     assert len(first.seen) == 1  # one generation for two optimizer steps
     mid_block = torch.load(out / "checkpoint-1" / ESTIMATOR_STATE_FILE, weights_only=False)["estimator"]

@@ -458,7 +458,9 @@ def test_filter_groups_feed_the_prior_and_leave_the_loss():
     uids = ["s"] * 4 + ["f"] * 4 + ["m"] * 4
     config = algo_config("ebpo")
     config.filter_groups = {"enable": True, "metric": "reward"}
-    out = compute_advantage(make_batch(rewards_N, [2] * 12, uids, width=3), adv_estimator="ebpo", config=config)
+    out = compute_advantage(
+        make_batch(rewards_N, [2] * 12, uids, width=3), adv_estimator="ebpo", config=config
+    )
     reference = ebpo.get_estimator("ebpo")
     reference.observe(rewards_N[:8], uids[:8])
     expected_N = reference(rewards_N[8:], uids[8:])
@@ -627,13 +629,22 @@ def test_cpu_mode_config_respects_user_overrides(monkeypatch):
 
     for key in [*CPU_ENV, "VERL_USE_EXTERNAL_MODULES"]:
         monkeypatch.delenv(key, raising=False)  # restored after the test
-    overrides = ["trainer.device=cpu", "++actor_rollout_ref.rollout.agent.num_workers=2", "trainer.n_gpus_per_node=2"]
+    overrides = [
+        "trainer.device=cpu",
+        "++actor_rollout_ref.rollout.agent.num_workers=2",
+        "trainer.n_gpus_per_node=2",
+    ]
     with initialize_config_dir(config_dir=_config_dir(), version_base=None):
         cfg = compose(config_name="ppo_trainer", overrides=overrides)
     applied = apply_cpu_mode(cfg, overridden_keys(overrides))
-    assert "actor_rollout_ref.rollout.agent.num_workers" not in applied and "trainer.n_gpus_per_node" not in applied
+    assert (
+        "actor_rollout_ref.rollout.agent.num_workers" not in applied
+        and "trainer.n_gpus_per_node" not in applied
+    )
     assert cfg.actor_rollout_ref.rollout.agent.num_workers == 2 and cfg.trainer.n_gpus_per_node == 2
-    assert cfg.actor_rollout_ref.rollout.name == "ebpo_cpu" and cfg.actor_rollout_ref.actor.strategy == "fsdp2"
+    assert (
+        cfg.actor_rollout_ref.rollout.name == "ebpo_cpu" and cfg.actor_rollout_ref.actor.strategy == "fsdp2"
+    )
     assert cfg.ray_kwargs.ray_init.resources[CPU_SLOT_RESOURCE] == 2  # one slot per training process
     assert set(applied) <= set(CPU_DEFAULTS)
     env = cfg.ray_kwargs.ray_init.runtime_env.env_vars

@@ -189,7 +189,9 @@ def run_entry_point(root: Path, name: str, *overrides: str, timeout: float = 400
     env["VERL_FILE_LOGGER_PATH"] = str(root / f"{name}.metrics.jsonl")
     env.pop("VERL_PLATFORM", None)
     with open(log, "w") as out:
-        process = subprocess.Popen(args, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            args, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         cpu = SessionCPU(process.pid)
         try:
             code = process.wait(timeout=timeout)
@@ -262,9 +264,14 @@ def test_ebpo_trains_through_verls_trainer_and_resumes(workdir):
     started = time.perf_counter()
     code_a, log_a = run_entry_point(workdir, "run_a", "trainer.total_training_steps=8")
     assert code_a == 0, log_a[-4000:]
-    code_b, log_b = run_entry_point(workdir, "run_b", "trainer.total_training_steps=16", "trainer.resume_mode=auto")
+    code_b, log_b = run_entry_point(
+        workdir, "run_b", "trainer.total_training_steps=16", "trainer.resume_mode=auto"
+    )
     assert code_b == 0, log_b[-4000:]
-    metrics = {**step_metrics(workdir / "run_a.metrics.jsonl"), **step_metrics(workdir / "run_b.metrics.jsonl")}
+    metrics = {
+        **step_metrics(workdir / "run_a.metrics.jsonl"),
+        **step_metrics(workdir / "run_b.metrics.jsonl"),
+    }
     rewards = {**step_rewards(workdir / "run_a-rollouts"), **step_rewards(workdir / "run_b-rollouts")}
     assert sorted(metrics) == list(range(1, 17)) and sorted(rewards) == list(range(1, 17))
     assert all(len(rewards[s]) == PROMPTS * N for s in rewards)
@@ -273,7 +280,10 @@ def test_ebpo_trains_through_verls_trainer_and_resumes(workdir):
     # equal the actor's recomputation with its current weights (stale weights would differ by far more)
     for step, values in metrics.items():
         assert {"ebpo/mu_glob", "ebpo/shrinkage", "ebpo/tau2", "groups/all_fail"} <= set(values), step
-        assert values["training/rollout_probs_diff_max"] < 1e-4, (step, values["training/rollout_probs_diff_max"])
+        assert values["training/rollout_probs_diff_max"] < 1e-4, (
+            step,
+            values["training/rollout_probs_diff_max"],
+        )
 
     # the prior holds exactly the rewards of the steps run: A's checkpoint at step 8 = the core estimator fed
     # A's steps 1..8; its mean is the mean of every reward seen

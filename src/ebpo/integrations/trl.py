@@ -165,7 +165,9 @@ class EBPOConfig(GRPOConfig):
             if choices is not None and value not in choices:
                 raise ValueError(f"{name}={value!r} is unknown; valid choices: {', '.join(choices)}")
         if not isinstance(self.cluster_min_groups, int) or self.cluster_min_groups < 1:
-            raise ValueError(f"cluster_min_groups={self.cluster_min_groups!r} must be an integer >= 1 (default 16)")
+            raise ValueError(
+                f"cluster_min_groups={self.cluster_min_groups!r} must be an integer >= 1 (default 16)"
+            )
         memory = str(self.prior_memory)
         if memory != "all":
             try:

@@ -47,7 +47,9 @@ def _task_runner_class():
             if self.cpu_mode(config):
                 from ebpo.integrations.verl.cpu.worker import CPUResourcePoolManager
 
-                manager = CPUResourcePoolManager(resource_pool_spec=manager.resource_pool_spec, mapping=manager.mapping)
+                manager = CPUResourcePoolManager(
+                    resource_pool_spec=manager.resource_pool_spec, mapping=manager.mapping
+                )
             return manager
 
         def run(self, config: Any) -> None:
@@ -60,14 +62,18 @@ def _task_runner_class():
             from ebpo.integrations.verl.samplers import create_sampler
             from ebpo.integrations.verl.trainer import EBPORayPPOTrainer
 
-            print(f"[ebpo] task runner on {socket.gethostname()} pid {os.getpid()}; our estimators: {REGISTERED}")
+            print(
+                f"[ebpo] task runner on {socket.gethostname()} pid {os.getpid()}; our estimators: {REGISTERED}"
+            )
             OmegaConf.resolve(config)
             _, worker_group_cls = self.add_actor_rollout_worker(config)
             self.add_critic_worker(config)
             self.add_reward_model_resource_pool(config)
             self.add_teacher_model_resource_pool(config)
             validate_config(
-                config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config)
+                config=config,
+                use_reference_policy=need_reference_policy(config),
+                use_critic=need_critic(config),
             )
             model_config = omega_conf_to_dataclass(config.actor_rollout_ref.model)
             tokenizer, processor = model_config.tokenizer, model_config.processor

@@ -21,7 +21,11 @@ import numpy as np
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 from ebpo.integrations import ESTIMATOR_STATE_FILE
-from ebpo.integrations.verl.checkpoint import load_estimator_state, resolve_resume_folder, save_estimator_state
+from ebpo.integrations.verl.checkpoint import (
+    load_estimator_state,
+    resolve_resume_folder,
+    save_estimator_state,
+)
 from ebpo.integrations.verl.estimators import HOLDER, column_values, estimator_options
 from ebpo.integrations.verl.registration import REGISTERED
 
@@ -93,7 +97,9 @@ class EBPORayPPOTrainer(RayPPOTrainer):
 
     def _update_actor(self, batch):
         if HOLDER.filtered_uids:
-            dropped = np.isin(np.asarray(batch.non_tensor_batch["uid"], dtype=object), list(HOLDER.filtered_uids))
+            dropped = np.isin(
+                np.asarray(batch.non_tensor_batch["uid"], dtype=object), list(HOLDER.filtered_uids)
+            )
             if dropped.any():
                 batch.batch["response_mask"][dropped] = 0
         actor_output = super()._update_actor(batch)

@@ -30,6 +30,9 @@ from typing import Any
 
 import ray
 import torch
+from verl.workers.rollout import base as rollout_base
+from verl.workers.rollout.base import BaseRollout
+from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry, TokenOutput
 
 __all__ = [
     "ROLLOUT_NAME",
@@ -121,8 +124,6 @@ class CPURolloutServer:
         self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **unused: Any
     ):
         """One response to ``prompt_ids`` (verl's ``TokenOutput``); concurrent calls are batched."""
-        from verl.workers.rollout.replica import TokenOutput
-
         for key in ("image_data", "video_data", "audio_data"):
             if unused.get(key) is not None:
                 raise ValueError(f"rollout.name={ROLLOUT_NAME} is text-only; got {key}")
@@ -159,7 +160,9 @@ class CPURolloutServer:
                 for (_, _, future), result in zip(items, results):
                     future.set_result(result)
 
-    def _sample(self, prompts: list[list[int]], settings: dict[str, Any]) -> list[tuple[list[int], list[float]]]:
+    def _sample(
+        self, prompts: list[list[int]], settings: dict[str, Any]
+    ) -> list[tuple[list[int], list[float]]]:
         from ebpo.generation import sample
 
         rollouts = sample(
@@ -212,97 +215,66 @@ class CPURolloutServer:
         return None
 
 
-def _replica_class():
-    from verl.workers.rollout.replica import RolloutReplica
+class CPURolloutReplica(RolloutReplica):
+    """One :class:`CPURolloutServer` per replica, sharing the hybrid training workers' slots."""
 
-    class CPURolloutReplica(RolloutReplica):
-        """One :class:`CPURolloutServer` per replica, sharing the hybrid training workers' slots."""
+    def rollout_worker_use_gpu(self) -> bool:
+        return False
 
-        def rollout_worker_use_gpu(self) -> bool:
-            return False
-
-        async def launch_servers(self) -> None:
-            model_path = self.model_config.local_path if hasattr(self.model_config, "local_path") else None
-            model_path = model_path or self.model_config.path
-            server_cls = ray.remote(num_cpus=0)(CPURolloutServer)
-            self._server_handle = server_cls.options(
-                name=server_actor_name(self.replica_rank), max_concurrency=self.max_concurrency
-            ).remote(
-                model_path,
-                self.config.response_length,
-                seed=int(getattr(self.config, "seed", 0) or 0) + 1000 * self.replica_rank,
-                trust_remote_code=bool(getattr(self.model_config, "trust_remote_code", False)),
-            )
-            await self._server_handle.info.remote()  # wait until the model is loaded
-            self.servers = [self._server_handle]
-            self._server_address = server_actor_name(self.replica_rank)
-
-    CPURolloutReplica.__module__ = __name__
-    return CPURolloutReplica
+    async def launch_servers(self) -> None:
+        model_path = getattr(self.model_config, "local_path", None) or self.model_config.path
+        server_cls = ray.remote(num_cpus=0)(CPURolloutServer)
+        self._server_handle = server_cls.options(
+            name=server_actor_name(self.replica_rank), max_concurrency=self.max_concurrency
+        ).remote(
+            model_path,
+            self.config.response_length,
+            seed=int(getattr(self.config, "seed", 0) or 0) + 1000 * self.replica_rank,
+            trust_remote_code=bool(getattr(self.model_config, "trust_remote_code", False)),
+        )
+        await self._server_handle.info.remote()  # wait until the model is loaded
+        self.servers = [self._server_handle]
+        self._server_address = server_actor_name(self.replica_rank)
 
 
-def __getattr__(name: str):
-    """The verl subclasses are built on first use, so importing this module does not import verl's rollout."""
-    if name in globals():
-        return globals()[name]
-    if name == "CPURolloutReplica":
-        cls = _replica_class()
-        globals()[name] = cls
-        return cls
-    if name == "CPURolloutAdapter":
-        cls = _adapter_class()
-        globals()[name] = cls
-        return cls
-    raise AttributeError(name)
+class CPURolloutAdapter(BaseRollout):
+    """Inside the training worker: pushes the actor's weights into this replica's server every step."""
 
+    def __init__(self, config: Any, model_config: Any, device_mesh: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, model_config, device_mesh, *args, **kwargs)
+        world = (
+            self.config.tensor_model_parallel_size
+            * self.config.data_parallel_size
+            * self.config.pipeline_model_parallel_size
+        )
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        self.replica_rank, self.replica_local_rank = divmod(rank, world)
+        self.is_leader_rank = self.replica_local_rank == 0
+        self._server = None
 
-def _adapter_class():
-    from verl.workers.rollout.base import BaseRollout
+    def _server_handle(self):
+        if self._server is None:
+            self._server = ray.get_actor(server_actor_name(self.replica_rank))
+        return self._server
 
-    class CPURolloutAdapter(BaseRollout):
-        """Inside the training worker: pushes the actor's weights into this replica's server every step."""
+    async def resume(self, tags: list[str]) -> None:
+        return None
 
-        def __init__(self, config: Any, model_config: Any, device_mesh: Any, *args: Any, **kwargs: Any):
-            super().__init__(config, model_config, device_mesh, *args, **kwargs)
-            world = (
-                self.config.tensor_model_parallel_size
-                * self.config.data_parallel_size
-                * self.config.pipeline_model_parallel_size
-            )
-            rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-            self.replica_rank, self.replica_local_rank = divmod(rank, world)
-            self.is_leader_rank = self.replica_local_rank == 0
-            self._server = None
+    async def release(self) -> None:
+        return None
 
-        def _server_handle(self):
-            if self._server is None:
-                self._server = ray.get_actor(server_actor_name(self.replica_rank))
-            return self._server
-
-        async def resume(self, tags: list[str]) -> None:
-            return None
-
-        async def release(self) -> None:
-            return None
-
-        async def update_weights(self, weights, wire_format: str = "named_tensors", **kwargs: Any) -> None:
-            if wire_format != "named_tensors":
-                raise ValueError(f"rollout.name={ROLLOUT_NAME} takes full named tensors, not {wire_format!r}")
-            state = {}
-            for name, tensor in weights:  # every rank iterates: FSDP gathers the full tensors collectively
-                if self.is_leader_rank:
-                    state[name] = tensor.detach().to("cpu", copy=True)
+    async def update_weights(self, weights, wire_format: str = "named_tensors", **kwargs: Any) -> None:
+        if wire_format != "named_tensors":
+            raise ValueError(f"rollout.name={ROLLOUT_NAME} takes full named tensors, not {wire_format!r}")
+        state = {}
+        for name, tensor in weights:  # every rank iterates: FSDP gathers the full tensors collectively
             if self.is_leader_rank:
-                await self._server_handle().update_weights.remote(state, kwargs.get("global_steps"))
-
-    CPURolloutAdapter.__module__ = __name__
-    return CPURolloutAdapter
+                state[name] = tensor.detach().to("cpu", copy=True)
+        if self.is_leader_rank:
+            await self._server_handle().update_weights.remote(state, kwargs.get("global_steps"))
 
 
 def register_rollout() -> None:
     """Register ``rollout.name=ebpo_cpu`` in verl's replica registry and its adapter table (idempotent)."""
-    from verl.workers.rollout import base
-    from verl.workers.rollout.replica import RolloutReplicaRegistry
-
-    RolloutReplicaRegistry.register(ROLLOUT_NAME, lambda: globals()["__getattr__"]("CPURolloutReplica"))
-    base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = f"{__name__}.CPURolloutAdapter"
+    RolloutReplicaRegistry.register(ROLLOUT_NAME, lambda: CPURolloutReplica)
+    rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = f"{__name__}.CPURolloutAdapter"

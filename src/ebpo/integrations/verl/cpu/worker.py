@@ -65,7 +65,8 @@ class CPUResourcePoolManager(ResourcePoolManager):
         import ray
 
         available = sum(
-            node.get(CPU_SLOT_RESOURCE, 0) for node in ray._private.state.available_resources_per_node().values()
+            node.get(CPU_SLOT_RESOURCE, 0)
+            for node in ray._private.state.available_resources_per_node().values()
         )
         required = sum(n for nodes in self.resource_pool_spec.values() for n in nodes)
         if available < required:
