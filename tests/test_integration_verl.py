@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("verl")
 omegaconf = pytest.importorskip("omegaconf")
-from ebpo.integrations.verl.compat import trl_conflict  # noqa: E402
+from ebpo.integrations.compat import trl_conflict  # noqa: E402
 
 if trl_conflict():
     pytest.skip(trl_conflict(), allow_module_level=True)

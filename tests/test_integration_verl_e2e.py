@@ -29,7 +29,7 @@ import pytest
 import torch
 
 pytest.importorskip("verl")
-from ebpo.integrations.verl.compat import trl_conflict  # noqa: E402
+from ebpo.integrations.compat import trl_conflict  # noqa: E402
 
 if trl_conflict():
     pytest.skip(trl_conflict(), allow_module_level=True)

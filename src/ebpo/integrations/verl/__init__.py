@@ -9,7 +9,6 @@ Modules, one concern each:
 
 | module | what |
 |---|---|
-| :mod:`.compat` | the TRL conflict check (one line naming it and the fix) |
 | :mod:`.estimators` | registered advantage functions, :class:`EstimatorHolder` / :data:`HOLDER`, ``observe_groups`` |
 | :mod:`.registration` | what importing this package does (:data:`REGISTERED`) |
 | :mod:`.checkpoint` | ``global_step_N/ebpo_estimator.pt`` save / load / resume folder |

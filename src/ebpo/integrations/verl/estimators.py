@@ -34,7 +34,7 @@ This module imports verl's ``core_algos`` only: no Ray trainer, no workers.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -279,7 +279,9 @@ def observe_groups(
 # ---------------------------------------------------------------------------------------------------------
 # the registered verl functions
 # ---------------------------------------------------------------------------------------------------------
-def make_verl_estimator(name: str, holder: EstimatorHolder | None = None):
+def make_verl_estimator(
+    name: str, holder: EstimatorHolder | None = None
+) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     """verl advantage function for our estimator ``name`` (see the module docstring for the contract)."""
 
     def compute_outcome_advantage(

@@ -1,7 +1,7 @@
 """What ``import ebpo.integrations.verl`` does in every verl process (``VERL_USE_EXTERNAL_MODULES``).
 
 1. Fails with one line if this environment cannot run verl's workers (TRL 1.x installed: see
-   :mod:`.compat`).
+   :mod:`ebpo.integrations.compat`).
 2. Registers verl platform ``cpu`` (opt-in: used only under ``VERL_PLATFORM=cpu``), before anything asks verl
    for its platform; under ``VERL_PLATFORM=cpu`` also the ``ebpo_cpu`` rollout backend.
 3. Registers our estimators in verl's advantage registry (:data:`REGISTERED`).
@@ -11,7 +11,7 @@ Cheap by design: verl's ``core_algos`` and platform registry, no Ray trainer, no
 
 from __future__ import annotations
 
-from ebpo.integrations.verl.compat import check_environment
+from ebpo.integrations.compat import check_environment
 
 check_environment()
 

@@ -73,7 +73,7 @@ class DifficultySampler(ClusteredSampler):
     kind = "difficulty"
 
 
-def create_sampler(data_config: Any, dataset: Any):
+def create_sampler(data_config: Any, dataset: Any) -> Any:
     """verl's ``data.sampler`` option: ``cls(dataset, data_config)`` from ``sampler.class_path`` /
     ``sampler.class_name`` when set (verl 0.9 dropped it from ``create_rl_sampler``), else verl's own."""
     sampler_cfg = data_config.get("sampler", None)

@@ -1,4 +1,7 @@
-"""Environment checks for the verl adapter, run before anything of verl is imported.
+"""Environment checks for the adapters, importable without importing any framework.
+
+``ebpo.integrations.verl`` runs :func:`check_environment` before it imports verl (so it lives outside that
+package: importing ``ebpo.integrations.verl.anything`` would run the check itself).
 
 verl 0.9's FSDP engine applies its model monkey-patches on every actor start
 (``verl.models.transformers.monkey_patch``); whenever a ``trl`` package is importable they import
