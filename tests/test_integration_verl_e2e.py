@@ -108,7 +108,7 @@ CPU_SECONDS: dict[str, float] = {}
 
 
 def run_entry_point(
-    root: Path, name: str, steps: int, *overrides: str, timeout: float = 400
+    root: Path, name: str, steps: int, *overrides: str, timeout: float = 280
 ) -> tuple[int, str]:
     """``python -m ebpo.integrations.verl`` in its own session; every process of the session is gone after.
     verl's file logger writes each step's metrics to ``<name>.metrics.jsonl``."""
