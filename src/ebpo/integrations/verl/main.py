@@ -149,13 +149,9 @@ def run(config: Any) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Hydra CLI over verl's ``ppo_trainer.yaml`` (same overrides as ``verl.trainer.main_ppo``)."""
+    # importing this module already ran the package's environment check and registrations
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
-    try:
-        import ebpo.integrations.verl  # noqa: F401  (the environment check, the registrations)
-    except ImportError as error:
-        print(f"ebpo.integrations.verl: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
     import hydra
 
     hydra.main(config_path=_config_dir(), config_name="ppo_trainer", version_base=None)(run)()
