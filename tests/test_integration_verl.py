@@ -692,3 +692,19 @@ def test_cpu_rollout_server_samples_with_the_weights_it_was_sent(tmp_path):
         asyncio.run(server.generate("x", prompt_ids=prompts[0], sampling_params={"top_k": 5}))
     with pytest.raises(ValueError, match="does not have"):
         server.update_weights({"no.such.weight": torch.zeros(1)})
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_saturated_rows_matches_a_loop(seed):
+    from ebpo.integrations.verl.estimators import saturated_rows
+
+    gen = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(1, 40, (1,), generator=gen))
+    rewards_B = torch.randint(0, 3, (n,), generator=gen).float() / 2
+    uids = [f"g{int(i)}" for i in torch.randint(0, 6, (n,), generator=gen)]
+    keep_B = torch.rand(n, generator=gen) > 0.2
+    expected = []
+    for i in range(n):  # a group is saturated when >= 2 kept members share one reward
+        kept = [rewards_B[j].item() for j in range(n) if uids[j] == uids[i] and keep_B[j]]
+        expected.append(bool(keep_B[i]) and len(kept) >= 2 and len(set(kept)) == 1)
+    assert saturated_rows(rewards_B, uids, keep_B).tolist() == expected
