@@ -12,7 +12,10 @@ What changes against ``GRPOTrainer`` (and nothing else does):
 - Metrics: ``est.metrics()`` (``ebpo/mu_glob``, ``ebpo/sigma2``, ``ebpo/tau2``, ``ebpo/shrinkage``,
   ``groups/all_fail``, ...) are logged with TRL's training metrics at every logging step.
 - Checkpoints: the estimator state (and the prompt stream's cursor) is written as ``ebpo_estimator.pt`` in each
-  ``checkpoint-N`` directory and restored by ``trainer.train(resume_from_checkpoint=...)``.
+  ``checkpoint-N`` directory and restored by ``trainer.train(resume_from_checkpoint=...)``. The state saved is
+  the prior *as of the start of the current generation block*: a resumed TRL run regenerates the block it
+  stopped in (``GRPOTrainer._prepare_inputs`` finds no buffer), so a prior saved after the block's rewards
+  would count that block twice. At a block boundary the two are the same.
 - Prompt order: ``prompt_sampler="topic"`` / ``"difficulty"`` replaces ``RepeatSampler``'s shuffle with
   ``ebpo.data.samplers``' topic-coherent or easy-to-hard stream, keeping its structure (each prompt repeated
   ``num_generations`` times in a row, each generation batch replayed ``num_iterations * steps_per_generation``
@@ -21,6 +24,7 @@ What changes against ``GRPOTrainer`` (and nothing else does):
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 from dataclasses import dataclass, field
@@ -31,11 +35,28 @@ from trl import GRPOConfig, GRPOTrainer
 
 import ebpo
 from ebpo.data.samplers import StreamSampler, get_sampler
+from ebpo.integrations import ESTIMATOR_STATE_FILE
 
 __all__ = ["ESTIMATOR_STATE_FILE", "EBPOConfig", "EBPOTrainer"]
 
-ESTIMATOR_STATE_FILE = "ebpo_estimator.pt"
 PROMPT_SAMPLERS = ("random", "topic", "difficulty")
+# EBPO's own options (SPEC section 2): field -> allowed values (None: checked below)
+EBPO_CHOICES: dict[str, tuple[str, ...] | None] = {
+    "prior_scope": ("global", "cluster"),
+    "tau2": ("raw", "latent"),
+    "sigma2": ("total", "pooled"),
+    "normalize": ("batch", "group", "none"),
+    "prior_memory": None,
+    "cluster_min_groups": None,
+}
+EBPO_DEFAULTS = {
+    "prior_scope": "global",
+    "tau2": "raw",
+    "sigma2": "total",
+    "normalize": "batch",
+    "prior_memory": "all",
+    "cluster_min_groups": 16,
+}
 
 
 @dataclass
@@ -124,6 +145,12 @@ class EBPOConfig(GRPOConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self._validate_ebpo_options()
+        if self.cluster_column is None and self.prior_scope == "cluster":
+            self.cluster_column = "topic"
+
+    def _validate_ebpo_options(self) -> None:
+        """Reject bad EBPO options now, before any model loads; each message names the field and the fix."""
         valid = ebpo.list_estimators()
         if self.advantage_estimator not in valid:
             raise ValueError(
@@ -133,8 +160,35 @@ class EBPOConfig(GRPOConfig):
             raise ValueError(
                 f"prompt_sampler={self.prompt_sampler!r} is unknown; valid choices: {', '.join(PROMPT_SAMPLERS)}"
             )
-        if self.cluster_column is None and self.prior_scope == "cluster":
-            self.cluster_column = "topic"
+        for name, choices in EBPO_CHOICES.items():
+            value = getattr(self, name)
+            if choices is not None and value not in choices:
+                raise ValueError(f"{name}={value!r} is unknown; valid choices: {', '.join(choices)}")
+        if not isinstance(self.cluster_min_groups, int) or self.cluster_min_groups < 1:
+            raise ValueError(
+                f"cluster_min_groups={self.cluster_min_groups!r} must be an integer >= 1 (default 16)"
+            )
+        memory = str(self.prior_memory)
+        if memory != "all":
+            try:
+                half_life = float(memory)
+            except ValueError:
+                half_life = float("nan")
+            if not math.isfinite(half_life) or half_life <= 0:
+                raise ValueError(
+                    f"prior_memory={self.prior_memory!r} must be 'all' or a half-life in steps > 0 (e.g. '50')"
+                )
+        if self.advantage_estimator != "ebpo":
+            changed = [n for n, d in EBPO_DEFAULTS.items() if str(getattr(self, n)) != str(d)]
+            if changed:
+                raise ValueError(
+                    f"{', '.join(changed)} set, but they are EBPO's options and advantage_estimator="
+                    f"{self.advantage_estimator!r} ignores them: set advantage_estimator='ebpo' or drop them"
+                )
+        try:  # anything else the estimator itself rejects, still before the model loads
+            ebpo.get_estimator(self.advantage_estimator, **self.estimator_options())
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"EBPOConfig: {error}") from None
 
     def estimator_options(self) -> dict[str, Any]:
         """Keyword options for ``ebpo.get_estimator`` (EBPO's own options only for ``ebpo``)."""
@@ -167,6 +221,8 @@ class EBPOTrainer(GRPOTrainer):
         self.estimator = ebpo.get_estimator(self.args.advantage_estimator, **self.args.estimator_options())
         self._prompt_stream = None
         self._scored: tuple[torch.Tensor, list[dict[str, Any]]] | None = None
+        # the estimator state before the current generation block's rewards (what a mid-block checkpoint saves)
+        self._state_at_block_start: dict[str, Any] = copy.deepcopy(self.estimator.state_dict())
 
     # -- prompt order ------------------------------------------------------------------------------------
     def _get_train_sampler(self, dataset=None):
@@ -205,6 +261,7 @@ class EBPOTrainer(GRPOTrainer):
         output = super()._generate_and_score_completions(inputs)
         if self.model.training and self._scored is not None:
             rewards_per_func, scored_inputs = self._scored
+            self._state_at_block_start = copy.deepcopy(self.estimator.state_dict())
             all_adv_N = self._registry_advantages(rewards_per_func, scored_inputs)
             start = self.accelerator.process_index * len(inputs)
             output["advantages"] = all_adv_N[start : start + len(inputs)].to(output["advantages"].device)
@@ -257,10 +314,20 @@ class EBPOTrainer(GRPOTrainer):
             folder = os.path.join(
                 self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             )
-            state = {"estimator": self.estimator.state_dict()}
+            state = {"estimator": self._estimator_state_to_save()}
             if self._prompt_stream is not None:
                 state["prompt_stream"] = self._prompt_stream.state_dict()
             torch.save(state, os.path.join(folder, ESTIMATOR_STATE_FILE))
+
+    def _at_block_boundary(self) -> bool:
+        """True when the next training micro-step generates a new block (``GRPOTrainer._prepare_inputs``)."""
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        return self._step % generate_every == 0
+
+    def _estimator_state_to_save(self) -> dict[str, Any]:
+        """The prior as of the current block's start when saving mid-block (TRL regenerates that block on
+        resume, so its rewards must not be in the saved prior), else the current state."""
+        return self.estimator.state_dict() if self._at_block_boundary() else self._state_at_block_start
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
@@ -269,6 +336,7 @@ class EBPOTrainer(GRPOTrainer):
             return
         state = torch.load(path, weights_only=False)
         self.estimator.load_state_dict(state["estimator"])
+        self._state_at_block_start = copy.deepcopy(self.estimator.state_dict())
         if self._prompt_stream is not None and "prompt_stream" in state:
             # transformers re-enters the epoch it stopped in and skips the batches already trained on, so the
             # stream restarts at the start of that epoch (TrainerState.epoch counts the epochs completed).
