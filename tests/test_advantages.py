@@ -47,18 +47,24 @@ def _close(actual: torch.Tensor, expected: list[float], atol: float = 1e-5) -> N
 
 def test_registry_names_and_errors():
     assert ebpo.list_estimators() == ["dr_grpo", "ebpo", "grpo", "jspo", "reinforce_pp_baseline", "rloo"]
-    with pytest.raises(ValueError, match="valid names: dr_grpo, ebpo, grpo"):
+    with pytest.raises(
+        ValueError,
+        match=r"^unknown advantage estimator 'gpro'; valid choices: dr_grpo, ebpo, grpo, jspo, "
+        r"reinforce_pp_baseline, rloo$",
+    ):
         ebpo.get_estimator("gpro")
     with pytest.raises(TypeError, match=r"unknown option\(s\) \['shrink'\].*prior_scope"):
         ebpo.get_estimator("ebpo", shrink=0.5)
     with pytest.raises(TypeError, match="norm_by_std"):
         ebpo.get_estimator("rloo", norm_by_std=False)
     with pytest.raises(
-        ValueError, match=r"normalize='token' is not one of \['batch', 'group', 'prior', 'none'\]"
+        ValueError, match=r"^unknown EBPO normalize 'token'; valid choices: batch, group, none, prior$"
     ):
         ebpo.get_estimator("ebpo", normalize="token")
     with pytest.raises(ValueError, match="prior_memory"):
         ebpo.get_estimator("ebpo", prior_memory="forever")
+    with pytest.raises(ValueError, match=r"cluster_min_groups must be an integer >= 1, got 2.5"):
+        ebpo.get_estimator("ebpo", cluster_min_groups=2.5)  # was silently truncated to 2
 
 
 def test_register_custom_estimator():
@@ -71,7 +77,7 @@ def test_register_custom_estimator():
         assert "test_constant_one" in ebpo.list_estimators()
         _close(ebpo.get_estimator("test_constant_one")(REWARDS, INDEX), [1.0] * 12)
     finally:
-        ebpo.advantages._ESTIMATORS.pop("test_constant_one")
+        ebpo.advantages._ESTIMATORS.unregister("test_constant_one")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -829,5 +835,8 @@ def test_normalize_prior_flows_through_the_trainer_config():
     cfg = load_config(None, ["algorithm.estimator_options.normalize=prior"])
     est = ebpo.get_estimator(cfg.algorithm.estimator, **cfg.algorithm.estimator_options)
     assert est.normalize == "prior"
-    with pytest.raises(ConfigError, match=r"estimator_options.*normalize='priors' is not one of"):
+    with pytest.raises(
+        ConfigError,
+        match=r"estimator_options.*unknown EBPO normalize 'priors'; valid choices: batch, group, none, prior$",
+    ):
         load_config(None, ["algorithm.estimator_options.normalize=priors"])

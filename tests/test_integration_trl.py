@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -9,6 +11,7 @@ pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
 
 import ebpo  # noqa: E402
+from ebpo.advantages import EBPO_CHOICES  # noqa: E402
 from ebpo.data.samplers import get_sampler  # noqa: E402
 from ebpo.integrations.trl import ESTIMATOR_STATE_FILE, EBPOConfig, EBPOTrainer  # noqa: E402
 
@@ -208,26 +211,48 @@ def test_topic_sampler_keeps_repeat_structure(tiny_model_dir, tmp_path):
 
 
 def test_config_rejects_unknown_choices(tmp_path):
-    with pytest.raises(ValueError, match="valid choices"):
-        make_config(tmp_path, advantage_estimator="ppo")
-    with pytest.raises(ValueError, match="valid choices"):
-        make_config(tmp_path, prompt_sampler="alphabetical")
-    # every EBPO option is checked in __post_init__, before any model loads, and the message says the fix
+    # every option is checked in __post_init__, before any model loads, by the estimator or registry that uses
+    # it: one line naming the EBPOConfig field, then the one wording of ebpo.registry with the valid choices
     bad = {
-        "prior_scope": ("topic", "valid choices: global, cluster"),
-        "tau2": ("latnet", "valid choices: raw, latent"),
-        "sigma2": ("pool", "valid choices: total, pooled"),
-        "normalize": ("batches", "valid choices: batch, group, none"),
-        "prior_memory": ("forever", "'all' or a half-life"),
-        "cluster_min_groups": (0, "integer >= 1"),
+        "advantage_estimator": (
+            "ppo",
+            "unknown advantage estimator 'ppo'; valid choices: dr_grpo, ebpo, grpo, jspo, reinforce_pp_baseline, "
+            "rloo",
+        ),
+        "prompt_sampler": (
+            "alphabetical",
+            "unknown sampler 'alphabetical'; valid choices: difficulty, random, topic",
+        ),
+        "prior_scope": ("topic", "unknown EBPO prior_scope 'topic'; valid choices: cluster, global"),
+        "tau2": ("latnet", "unknown EBPO tau2 'latnet'; valid choices: latent, raw"),
+        "sigma2": ("pool", "unknown EBPO sigma2 'pool'; valid choices: pooled, total"),
+        "normalize": (
+            "batches",
+            "unknown EBPO normalize 'batches'; valid choices: batch, group, none, prior",
+        ),
+        "prior_memory": (
+            "forever",
+            "prior_memory must be 'all' or a half-life in steps > 0 (e.g. 50), got 'forever'",
+        ),
+        "cluster_min_groups": (0, "cluster_min_groups must be an integer >= 1, got 0"),
     }
     for name, (value, message) in bad.items():
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(ValueError, match=f"^{re.escape(f'EBPOConfig.{name}: {message}')}$"):
             make_config(tmp_path, **{name: value})
-    with pytest.raises(ValueError, match="prior_memory=.-5"):
+    with pytest.raises(ValueError, match=r"^EBPOConfig.prior_memory: .*got '-5'$"):
         make_config(tmp_path, prior_memory="-5")
+    with pytest.raises(ValueError, match=r"^EBPOConfig.cluster_min_groups: .*got 2.5$"):
+        make_config(tmp_path, cluster_min_groups=2.5)
     with pytest.raises(ValueError, match="set advantage_estimator='ebpo' or drop them"):
         make_config(tmp_path, advantage_estimator="grpo", prior_scope="cluster")
+    # every value the estimator accepts is accepted here, from the estimator's own table (normalize="prior" too)
+    for name, choices in EBPO_CHOICES.items():
+        for value in choices:
+            assert make_config(tmp_path, **{name: value}).estimator_options()[name] == value
+    assert make_config(tmp_path, normalize="prior").estimator_options()["normalize"] == "prior"
+    # the defaults are the estimator's: EBPOConfig() builds the estimator get_estimator("ebpo") builds
+    default = make_config(tmp_path)
+    assert repr(ebpo.get_estimator("ebpo", **default.estimator_options())) == repr(ebpo.get_estimator("ebpo"))
     assert make_config(tmp_path, advantage_estimator="grpo").estimator_options() == {}
     assert make_config(tmp_path, prior_scope="cluster").cluster_column == "topic"
     assert make_config(tmp_path, prior_memory="50").estimator_options()["prior_memory"] == 50.0

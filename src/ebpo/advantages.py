@@ -38,15 +38,18 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
+from ebpo.registry import Registry, check_choice
 from ebpo.welford import EWWelford, Welford
 
 __all__ = [
+    "EBPO_CHOICES",
     "AdvantageEstimator",
     "Batch",
     "EBPOEstimator",
@@ -76,20 +79,27 @@ one batch would put it on another scale than the prior's history."""
 
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
+EBPO_CHOICES: dict[str, tuple[str, ...]] = {
+    "prior_scope": ("global", "cluster"),
+    "tau2": ("raw", "latent"),
+    "sigma2": ("total", "pooled"),
+    "normalize": ("batch", "group", "prior", "none"),
+}
+"""The values each of EBPO's choice options accepts, the paper's default first (meanings:
+:class:`EBPOEstimator`). The estimator and :func:`ebpo_advantage` check against this table alone."""
+
 # ----------------------------------------------------------------------------------------------------
 # Registry
 # ----------------------------------------------------------------------------------------------------
 
-_ESTIMATORS: dict[str, type[AdvantageEstimator]] = {}
+_ESTIMATORS: Registry[type[AdvantageEstimator]] = Registry("advantage estimator")
 
 
 def register_estimator(name: str) -> Callable[[type[AdvantageEstimator]], type[AdvantageEstimator]]:
     """Class decorator: make ``get_estimator(name, **options)`` build ``cls(**options)``."""
 
     def decorator(cls: type[AdvantageEstimator]) -> type[AdvantageEstimator]:
-        if name in _ESTIMATORS and _ESTIMATORS[name] is not cls:
-            raise ValueError(f"advantage estimator {name!r} is already registered to {_ESTIMATORS[name]}")
-        _ESTIMATORS[name] = cls
+        _ESTIMATORS.register(name, cls)
         cls.name = name
         return cls
 
@@ -98,7 +108,7 @@ def register_estimator(name: str) -> Callable[[type[AdvantageEstimator]], type[A
 
 def list_estimators() -> list[str]:
     """Names accepted by :func:`get_estimator`, sorted."""
-    return sorted(_ESTIMATORS)
+    return _ESTIMATORS.names()
 
 
 def get_estimator(name: str, **options: Any) -> AdvantageEstimator:
@@ -107,9 +117,7 @@ def get_estimator(name: str, **options: Any) -> AdvantageEstimator:
     Raises ValueError for an unknown name (listing the valid ones) and TypeError for options the
     estimator does not take (naming them and listing the ones it does).
     """
-    if name not in _ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {name!r}; valid names: {', '.join(list_estimators())}")
-    cls = _ESTIMATORS[name]
+    cls = _ESTIMATORS.get(name)
     params = inspect.signature(cls.__init__).parameters
     valid = [p for p in params if p != "self" and params[p].kind is inspect.Parameter.KEYWORD_ONLY]
     unknown = sorted(set(options) - set(valid))
@@ -269,14 +277,20 @@ def group_moments(rewards_N: torch.Tensor, group_N: torch.Tensor, num_groups: in
     return GroupStats(count_M, mean_M, var_M)
 
 
+def _batch_moments(adv_N: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a - mean(a), var(a)) over N >= 1 samples, var unbiased (0 when N < 2): what batch whitening needs."""
+    num = adv_N.numel()
+    centered_N = adv_N - adv_N.mean()
+    var = (centered_N * centered_N).sum() / (num - 1) if num > 1 else adv_N.new_zeros(())
+    return centered_N, var
+
+
 def batch_normalize(adv_N: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """A = (a - mean(a)) / (std(a) + eps), std unbiased over all N samples (0 when N < 2); SPEC §1 step 5."""
-    num = adv_N.numel()
-    if num == 0:
+    if adv_N.numel() == 0:
         return adv_N
-    centered_N = adv_N - adv_N.mean()
-    std = torch.sqrt((centered_N * centered_N).sum() / (num - 1)) if num > 1 else adv_N.new_zeros(())
-    return centered_N / (std + eps)
+    centered_N, var = _batch_moments(adv_N)
+    return centered_N / (torch.sqrt(var) + eps)
 
 
 def grpo_advantage(
@@ -328,10 +342,10 @@ def reinforce_pp_baseline_advantage(
     """
     stats = group_moments(rewards_N, group_N, num_groups)
     adv_N = rewards_N - stats.mean_M[group_N]
-    num = adv_N.numel()
-    centered_N = adv_N - adv_N.mean()
-    var = (centered_N * centered_N).sum() / (num - 1) if num > 1 else adv_N.new_zeros(())
-    return centered_N * torch.rsqrt(var + whiten_eps)
+    if adv_N.numel() == 0:
+        return adv_N
+    centered_N, var = _batch_moments(adv_N)
+    return centered_N * torch.rsqrt(var + whiten_eps)  # eps inside the square root (verl's)
 
 
 def jspo_advantage(
@@ -422,67 +436,17 @@ def ebpo_advantage(
         even when every group of the step fails (docs/theory.md, identity 5);
       - ``none``: A = a.
     """
+    check_choice("EBPO normalize", normalize, EBPO_CHOICES["normalize"])
     shrinkage, V_eb = shrinkage_baseline(stats.mean_M, stats.count_M, mu_glob_M, sigma2_M, tau2_M)
-    adv_N = rewards_N - V_eb[group_N]
-    adv_N = _NORMALIZERS[normalize](adv_N, group_N, stats, shrinkage, sigma2_M, eps)
+    adv_N = rewards_N - V_eb[group_N]  # raw advantage a = r - V^EB
+    if normalize == "batch":
+        adv_N = batch_normalize(adv_N, eps)
+    elif normalize == "group":
+        shrunk_var_M = (1.0 - shrinkage) * stats.var_M + shrinkage * sigma2_M
+        adv_N = adv_N / (torch.sqrt(shrunk_var_M.clamp_min(0.0))[group_N] + eps)
+    elif normalize == "prior":
+        adv_N = adv_N / (torch.sqrt(sigma2_M.clamp_min(0.0))[group_N] + eps)
     return adv_N, shrinkage, V_eb
-
-
-def _normalize_batch(
-    adv_N: torch.Tensor,
-    group_N: torch.Tensor,
-    stats: GroupStats,
-    shrinkage: torch.Tensor,
-    sigma2_M: torch.Tensor,
-    eps: float,
-) -> torch.Tensor:
-    """normalize="batch": the paper's batch normalisation."""
-    return batch_normalize(adv_N, eps)
-
-
-def _normalize_group(
-    adv_N: torch.Tensor,
-    group_N: torch.Tensor,
-    stats: GroupStats,
-    shrinkage: torch.Tensor,
-    sigma2_M: torch.Tensor,
-    eps: float,
-) -> torch.Tensor:
-    """normalize="group": a / (sqrt((1 - S_m) s_m^2 + S_m sigma2) + eps)."""
-    shrunk_var_M = (1.0 - shrinkage) * stats.var_M + shrinkage * sigma2_M
-    return adv_N / (torch.sqrt(shrunk_var_M.clamp_min(0.0))[group_N] + eps)
-
-
-def _normalize_prior(
-    adv_N: torch.Tensor,
-    group_N: torch.Tensor,
-    stats: GroupStats,
-    shrinkage: torch.Tensor,
-    sigma2_M: torch.Tensor,
-    eps: float,
-) -> torch.Tensor:
-    """normalize="prior": a / (sqrt(sigma2_m) + eps), sigma2_m the variance of the prior group m reads."""
-    return adv_N / (torch.sqrt(sigma2_M.clamp_min(0.0))[group_N] + eps)
-
-
-def _normalize_none(
-    adv_N: torch.Tensor,
-    group_N: torch.Tensor,
-    stats: GroupStats,
-    shrinkage: torch.Tensor,
-    sigma2_M: torch.Tensor,
-    eps: float,
-) -> torch.Tensor:
-    """normalize="none": the raw advantage a = r - V_eb."""
-    return adv_N
-
-
-_NORMALIZERS: dict[str, Callable[..., torch.Tensor]] = {
-    "batch": _normalize_batch,
-    "group": _normalize_group,
-    "prior": _normalize_prior,
-    "none": _normalize_none,
-}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -723,34 +687,6 @@ def _load_prior(half_life: float | None, state: dict[str, Any], key: str, where:
     return prior
 
 
-def _sigma2_total(prior: _Prior) -> float:
-    """Paper: sigma2 = Var(W_glob), the variance of every reward seen (within + between prompts)."""
-    return prior.W_glob.var
-
-
-def _sigma2_pooled(prior: _Prior) -> float:
-    """SPEC §2: running mean of per-group sample variances (groups with G >= 2), an estimate of the
-    within-group variance (the hierarchical model's sigma2)."""
-    return prior.W_within.mean
-
-
-_SIGMA2: dict[str, Callable[[_Prior], float]] = {"total": _sigma2_total, "pooled": _sigma2_pooled}
-
-
-def _tau2_raw(prior: _Prior, sigma2: float, floor: float) -> float:
-    """Paper (Remark on between-group variance): tau2 = Var(W_means), the raw variance of group means."""
-    return prior.W_means.var
-
-
-def _tau2_latent(prior: _Prior, sigma2: float, floor: float) -> float:
-    """SPEC §2: tau2 = max(Var(means) - sigma2 * E[1/G], floor), E[1/G] over the same groups as Var(means)."""
-    return max(prior.W_means.var - sigma2 * prior.W_inv_size.mean, floor)
-
-
-_TAU2: dict[str, Callable[[_Prior, float, float], float]] = {"raw": _tau2_raw, "latent": _tau2_latent}
-_PRIOR_SCOPES = ("global", "cluster")
-
-
 @register_estimator("ebpo")
 class EBPOEstimator(AdvantageEstimator):
     """EBPO (paper Section 3.2, Algorithm 1; SPEC §1-§2): GRPO's group mean shrunk toward a running prior.
@@ -793,25 +729,15 @@ class EBPOEstimator(AdvantageEstimator):
         eps: float = 1e-6,
     ) -> None:
         super().__init__()
-        _check_choice("prior_scope", prior_scope, _PRIOR_SCOPES)
-        _check_choice("tau2", tau2, tuple(_TAU2))
-        _check_choice("sigma2", sigma2, tuple(_SIGMA2))
-        _check_choice("normalize", normalize, tuple(_NORMALIZERS))
-        if prior_memory == "all":
-            self.half_life: float | None = None
-        else:
-            try:
-                self.half_life = float(prior_memory)
-            except (TypeError, ValueError):
-                raise ValueError(
-                    f"prior_memory must be 'all' or a positive half-life in steps, got {prior_memory!r}"
-                ) from None
-            if not (math.isfinite(self.half_life) and self.half_life > 0):
-                raise ValueError(
-                    f"prior_memory half-life must be a positive number of steps, got {prior_memory!r}"
-                )
-        if int(cluster_min_groups) < 1:
-            raise ValueError(f"cluster_min_groups must be >= 1, got {cluster_min_groups}")
+        chosen = {"prior_scope": prior_scope, "tau2": tau2, "sigma2": sigma2, "normalize": normalize}
+        for option, value in chosen.items():
+            check_choice(f"EBPO {option}", value, EBPO_CHOICES[option])
+        self.half_life: float | None = None if prior_memory == "all" else _half_life(prior_memory)
+        integral = isinstance(cluster_min_groups, numbers.Integral) and not isinstance(
+            cluster_min_groups, bool
+        )
+        if not integral or cluster_min_groups < 1:
+            raise ValueError(f"cluster_min_groups must be an integer >= 1, got {cluster_min_groups!r}")
         if not (math.isfinite(tau2_floor) and tau2_floor >= 0):
             raise ValueError(f"tau2_floor must be >= 0 and finite, got {tau2_floor!r}")
         eps = _check_eps("ebpo", eps)
@@ -829,10 +755,19 @@ class EBPOEstimator(AdvantageEstimator):
     # -- prior bookkeeping -------------------------------------------------------------------------
 
     def _read(self, prior: _Prior) -> tuple[float, float, float]:
-        """Algorithm 1, lines 8-10: (mu_glob, sigma2, tau2) of one prior."""
+        """Algorithm 1, lines 8-10: (mu_glob, sigma2, tau2) of one prior.
+
+        sigma2: ``total`` (paper) the variance of every reward seen, within + between prompts; ``pooled``
+        (SPEC §2) the running mean of per-group sample variances (groups with G >= 2), the hierarchical
+        model's within-group variance. tau2: ``raw`` (paper, Remark on between-group variance) the variance
+        of group means; ``latent`` (SPEC §2) max(Var(means) - sigma2 * E[1/G], tau2_floor), E[1/G] over the
+        same groups as Var(means).
+        """
         mu_glob = prior.W_glob.mean
-        sigma2 = _SIGMA2[self.sigma2_mode](prior)
-        tau2 = _TAU2[self.tau2_mode](prior, sigma2, self.tau2_floor)
+        sigma2 = prior.W_glob.var if self.sigma2_mode == "total" else prior.W_within.mean
+        tau2 = prior.W_means.var
+        if self.tau2_mode == "latent":
+            tau2 = max(tau2 - sigma2 * prior.W_inv_size.mean, self.tau2_floor)
         return mu_glob, sigma2, tau2
 
     def _group_clusters(self, batch: Batch) -> tuple[list[Hashable], torch.Tensor]:
@@ -982,6 +917,14 @@ class EBPOEstimator(AdvantageEstimator):
         return f"EBPOEstimator({options})"
 
 
-def _check_choice(field: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"EBPO option {field}={value!r} is not one of {list(choices)}")
+def _half_life(prior_memory: Any) -> float:
+    """``prior_memory`` other than ``"all"`` as a half-life in steps; ValueError unless finite and > 0."""
+    try:
+        half_life = float(prior_memory)
+    except (TypeError, ValueError):
+        half_life = math.nan
+    if not (math.isfinite(half_life) and half_life > 0):
+        raise ValueError(
+            f"prior_memory must be 'all' or a half-life in steps > 0 (e.g. 50), got {prior_memory!r}"
+        )
+    return half_life

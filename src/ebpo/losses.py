@@ -29,6 +29,8 @@ from typing import Protocol
 
 import torch
 
+from ebpo.registry import Registry
+
 LOG_RATIO_CLAMP = 20.0
 """``logp - old_logp`` is clamped to [-20, 20] before ``exp`` so the ratio never overflows (as verl)."""
 
@@ -107,32 +109,22 @@ class PolicyLossFn(Protocol):
     ) -> tuple[torch.Tensor, dict[str, float]]: ...
 
 
-_POLICY_LOSSES: dict[str, PolicyLossFn] = {}
+_POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
 
 
 def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator adding a policy loss to the registry under ``name``."""
-
-    def decorator(fn: PolicyLossFn) -> PolicyLossFn:
-        if name in _POLICY_LOSSES and _POLICY_LOSSES[name] is not fn:
-            raise ValueError(f"policy loss {name!r} is already registered")
-        _POLICY_LOSSES[name] = fn
-        return fn
-
-    return decorator
+    """Decorator adding a policy loss to the registry under ``name`` (a name registered twice raises)."""
+    return _POLICY_LOSSES.register(name)
 
 
 def get_policy_loss(name: str) -> PolicyLossFn:
     """The policy loss registered as ``name``; an unknown name raises ValueError listing the valid ones."""
-    try:
-        return _POLICY_LOSSES[name]
-    except KeyError:
-        raise ValueError(f"unknown policy loss {name!r}; valid: {list_policy_losses()}") from None
+    return _POLICY_LOSSES.get(name)
 
 
 def list_policy_losses() -> list[str]:
     """Names of the registered policy losses, sorted."""
-    return sorted(_POLICY_LOSSES)
+    return _POLICY_LOSSES.names()
 
 
 # --------------------------------------------------------------------------------------------------

@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from ebpo.registry import Registry
+
 __all__ = [
     "TOPICS",
     "LABEL_DESCRIPTIONS",
@@ -728,26 +730,22 @@ class _Watch:
 
 # -- registry and agreement -------------------------------------------------------------------------------
 
-_BACKENDS: dict[str, Callable[..., TopicBackend]] = {}
+_BACKENDS: Registry[Callable[..., TopicBackend]] = Registry("topic backend")
 
 
 def register_topic_backend(name: str, factory: Callable[..., TopicBackend]) -> None:
     """Add a backend ``factory(**options) -> object with label(texts)`` under ``name``."""
-    if name in _BACKENDS:
-        raise ValueError(f"topic backend {name!r} is already registered")
-    _BACKENDS[name] = factory
+    _BACKENDS.register(name, factory)
 
 
 def list_topic_backends() -> list[str]:
-    """Names accepted by :func:`get_topic_backend`."""
-    return sorted(_BACKENDS)
+    """Names accepted by :func:`get_topic_backend`, sorted."""
+    return _BACKENDS.names()
 
 
 def get_topic_backend(name: str, **options: Any) -> TopicBackend:
     """Build the topic backend ``name`` (``judge``, ``embedding``, ``keyword``) with ``options``."""
-    if name not in _BACKENDS:
-        raise ValueError(f"unknown topic backend {name!r}; valid choices: {', '.join(list_topic_backends())}")
-    return _BACKENDS[name](**options)
+    return _BACKENDS.get(name)(**options)
 
 
 register_topic_backend("keyword", KeywordTopicClassifier)

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ebpo.data.records import Record
+from ebpo.registry import Registry
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ class Schema:
     dedupe_by_prompt: bool = False
 
 
-_SCHEMAS: dict[str, Schema] = {}
+_SCHEMAS: Registry[Schema] = Registry("schema")
 
 
 def register_schema(
@@ -107,9 +108,7 @@ def register_schema(
     def decorate(
         fn: Callable[[Mapping[str, Any], int, str], Record],
     ) -> Callable[[Mapping[str, Any], int, str], Record]:
-        if name in _SCHEMAS:
-            raise ValueError(f"schema {name!r} is already registered")
-        _SCHEMAS[name] = Schema(name, fn, description, dedupe_by_prompt)
+        _SCHEMAS.register(name, Schema(name, fn, description, dedupe_by_prompt))
         return fn
 
     return decorate
@@ -117,17 +116,14 @@ def register_schema(
 
 def list_schemas() -> list[str]:
     """Registered schema names, sorted."""
-    return sorted(_SCHEMAS)
+    return _SCHEMAS.names()
 
 
 def get_schema(name: str | Schema) -> Schema:
     """A schema by name; unknown names raise ``ValueError`` listing the valid ones."""
     if isinstance(name, Schema):
         return name
-    try:
-        return _SCHEMAS[name]
-    except KeyError:
-        raise ValueError(f"unknown schema {name!r}; valid choices: {', '.join(list_schemas())}") from None
+    return _SCHEMAS.get(name)
 
 
 def _text(row: Mapping[str, Any], name: str, *, required: bool = True, numbers: bool = True) -> str | None:

@@ -25,8 +25,11 @@ What changes against ``GRPOTrainer`` (and nothing else does):
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,29 +37,30 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 
 import ebpo
-from ebpo.data.samplers import StreamSampler, get_sampler
+from ebpo.advantages import EBPOEstimator
+from ebpo.data.samplers import StreamSampler, get_sampler, list_samplers
 from ebpo.integrations import ESTIMATOR_STATE_FILE
+from ebpo.registry import check_choice
 
 __all__ = ["ESTIMATOR_STATE_FILE", "EBPOConfig", "EBPOTrainer"]
 
-PROMPT_SAMPLERS = ("random", "topic", "difficulty")
-# EBPO's own options (SPEC section 2): field -> allowed values (None: checked below)
-EBPO_CHOICES: dict[str, tuple[str, ...] | None] = {
-    "prior_scope": ("global", "cluster"),
-    "tau2": ("raw", "latent"),
-    "sigma2": ("total", "pooled"),
-    "normalize": ("batch", "group", "none"),
-    "prior_memory": None,
-    "cluster_min_groups": None,
+EBPO_OPTIONS = ("prior_scope", "cluster_min_groups", "prior_memory", "tau2", "sigma2", "normalize")
+"""The EBPOConfig fields that are options of the ``ebpo`` estimator, under the same names; the estimator
+validates them (:meth:`EBPOConfig._validate_ebpo_options`) and gives their defaults."""
+_ESTIMATOR_DEFAULTS: dict[str, Any] = {
+    name: parameter.default
+    for name, parameter in inspect.signature(EBPOEstimator.__init__).parameters.items()
+    if name in EBPO_OPTIONS
 }
-EBPO_DEFAULTS = {
-    "prior_scope": "global",
-    "tau2": "raw",
-    "sigma2": "total",
-    "normalize": "batch",
-    "prior_memory": "all",
-    "cluster_min_groups": 16,
-}
+
+
+@contextmanager
+def _blame(where: str) -> Iterator[None]:
+    """Re-raise a ValueError or TypeError from the block as one ValueError line starting with ``where``."""
+    try:
+        yield
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{where}: {error}") from None
 
 
 @dataclass
@@ -77,45 +81,46 @@ class EBPOConfig(GRPOConfig):
         },
     )
     prior_scope: str = field(
-        default="global",
+        default=_ESTIMATOR_DEFAULTS["prior_scope"],
         metadata={
             "help": "EBPO prior: `global` (paper: one Welford prior over all rewards) or `cluster` (one prior per "
             "value of `cluster_column`, falling back to the global one until a cluster has enough groups)."
         },
     )
     cluster_min_groups: int = field(
-        default=16,
+        default=_ESTIMATOR_DEFAULTS["cluster_min_groups"],
         metadata={
             "help": "With `prior_scope='cluster'`: groups a cluster must have seen before its own prior replaces "
             "the global one (default 16)."
         },
     )
     prior_memory: str = field(
-        default="all",
+        default=_ESTIMATOR_DEFAULTS["prior_memory"],
         metadata={
             "help": "EBPO prior memory: `all` (paper: every reward ever seen) or a half-life in steps (e.g. `50`) "
             "for exponentially weighted moments that follow the improving policy."
         },
     )
     tau2: str = field(
-        default="raw",
+        default=_ESTIMATOR_DEFAULTS["tau2"],
         metadata={
             "help": "Between-prompt variance: `raw` (paper: Var of group means) or `latent` "
             "(max(Var(means) - sigma2/G, floor), the textbook Empirical Bayes estimate)."
         },
     )
     sigma2: str = field(
-        default="total",
+        default=_ESTIMATOR_DEFAULTS["sigma2"],
         metadata={
             "help": "Within-prompt variance: `total` (paper: variance of all rewards) or `pooled` (running mean "
             "of per-group sample variances)."
         },
     )
     normalize: str = field(
-        default="batch",
+        default=_ESTIMATOR_DEFAULTS["normalize"],
         metadata={
-            "help": "Normalisation of EBPO's raw advantages: `batch` (paper: (a - mean)/(std + 1e-6) over the "
-            "step's batch), `group`, or `none`."
+            "help": "Normalisation of EBPO's raw advantages a = r - V: `batch` (paper: (a - mean)/(std + 1e-6) "
+            "over the step's batch), `group` (each group by its shrunk std), `prior` (a/(sqrt(sigma2) + 1e-6), "
+            "which keeps the prior mean mu_glob in the training advantage; docs/theory.md) or `none`."
         },
     )
     cluster_column: str | None = field(
@@ -150,61 +155,33 @@ class EBPOConfig(GRPOConfig):
             self.cluster_column = "topic"
 
     def _validate_ebpo_options(self) -> None:
-        """Reject bad EBPO options now, before any model loads; each message names the field and the fix."""
-        valid = ebpo.list_estimators()
-        if self.advantage_estimator not in valid:
-            raise ValueError(
-                f"advantage_estimator={self.advantage_estimator!r} is unknown; valid choices: {', '.join(valid)}"
-            )
-        if self.prompt_sampler not in PROMPT_SAMPLERS:
-            raise ValueError(
-                f"prompt_sampler={self.prompt_sampler!r} is unknown; valid choices: {', '.join(PROMPT_SAMPLERS)}"
-            )
-        for name, choices in EBPO_CHOICES.items():
-            value = getattr(self, name)
-            if choices is not None and value not in choices:
-                raise ValueError(f"{name}={value!r} is unknown; valid choices: {', '.join(choices)}")
-        if not isinstance(self.cluster_min_groups, int) or self.cluster_min_groups < 1:
-            raise ValueError(
-                f"cluster_min_groups={self.cluster_min_groups!r} must be an integer >= 1 (default 16)"
-            )
-        memory = str(self.prior_memory)
-        if memory != "all":
-            try:
-                half_life = float(memory)
-            except ValueError:
-                half_life = float("nan")
-            if not math.isfinite(half_life) or half_life <= 0:
-                raise ValueError(
-                    f"prior_memory={self.prior_memory!r} must be 'all' or a half-life in steps > 0 (e.g. '50')"
-                )
+        """Reject bad options now, before any model loads, by asking the code that will use them (the
+        registries and the estimator itself): one line naming the EBPOConfig field and the fix."""
+        with _blame("EBPOConfig.advantage_estimator"):
+            ebpo.get_estimator(self.advantage_estimator)
+        with _blame("EBPOConfig.prompt_sampler"):
+            check_choice("sampler", self.prompt_sampler, list_samplers())
+        for name in EBPO_OPTIONS:  # one at a time, so that the message names the field at fault
+            with _blame(f"EBPOConfig.{name}"):
+                ebpo.get_estimator("ebpo", **{name: getattr(self, name)})
         if self.advantage_estimator != "ebpo":
-            changed = [n for n, d in EBPO_DEFAULTS.items() if str(getattr(self, n)) != str(d)]
+            changed = [n for n in EBPO_OPTIONS if str(getattr(self, n)) != str(_ESTIMATOR_DEFAULTS[n])]
             if changed:
                 raise ValueError(
                     f"{', '.join(changed)} set, but they are EBPO's options and advantage_estimator="
                     f"{self.advantage_estimator!r} ignores them: set advantage_estimator='ebpo' or drop them"
                 )
-        try:  # anything else the estimator itself rejects, still before the model loads
+        with _blame("EBPOConfig"):  # anything the estimator rejects in the options taken together
             ebpo.get_estimator(self.advantage_estimator, **self.estimator_options())
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"EBPOConfig: {error}") from None
 
     def estimator_options(self) -> dict[str, Any]:
         """Keyword options for ``ebpo.get_estimator`` (EBPO's own options only for ``ebpo``)."""
         if self.advantage_estimator != "ebpo":
             return {}
-        memory: Any = self.prior_memory
-        if isinstance(memory, str) and memory != "all":
-            memory = float(memory)
-        return {
-            "prior_scope": self.prior_scope,
-            "cluster_min_groups": self.cluster_min_groups,
-            "prior_memory": memory,
-            "tau2": self.tau2,
-            "sigma2": self.sigma2,
-            "normalize": self.normalize,
-        }
+        options = {name: getattr(self, name) for name in EBPO_OPTIONS}
+        if isinstance(self.prior_memory, str) and self.prior_memory != "all":
+            options["prior_memory"] = float(self.prior_memory)
+        return options
 
 
 class EBPOTrainer(GRPOTrainer):
