@@ -37,10 +37,13 @@ DEFAULTS: dict[str, Any] = {
     "seeds": [0, 1, 2, 3, 4],
     "headline": 4,
     "sensitivity": [4, 16],
+    "sweep": ["grpo", "estimators/ebpo", "estimators/ebpo-best"],
     "threshold": 10.0,
 }
 """Matrix defaults not taken from configs/ebpo.yaml (steps, prompts per step, lr, validation size and
-cadence are). Set them once the testbed is known, from ``--plan`` (docs/benchmarks.md has the sizing)."""
+cadence are). ``sweep``: the methods run at every G and budget variant; sized so that the matrix fits 2 hours
+on 2 cores with the built-in base model at ebpo.yaml's sizes (docs/benchmarks.md): recheck them with
+``--plan`` once the testbed model is in configs/ebpo.yaml."""
 
 QUICK: dict[str, Any] = {
     "methods": ["grpo", "estimators/ebpo", "estimators/ebpo-prior", "published/entropymech-clip-cov"],
@@ -105,8 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--sweep",
         nargs="*",
         default=None,
-        help="methods that run at every G and budget variant (others: the headline cell only); default all, "
-        "no names = none",
+        help="methods that run at every G and budget variant (others: the headline cell only); 'all', or no "
+        f"names for none (default {' '.join(DEFAULTS['sweep'])})",
     )
     d.add_argument(
         "--groups", nargs="+", type=int, default=None, help=f"G of the sweep (default {DEFAULTS['groups']})"
@@ -222,7 +225,7 @@ def design_from(args: argparse.Namespace) -> matrix.Design:
             sweep=(),
             sensitivity=None,
         )
-    sweep = _pick(args, "sweep")
+    sweep = _pick(args, "sweep", DEFAULTS["sweep"])
     sensitivity = _pick(args, "sensitivity_groups", DEFAULTS["sensitivity"])
     return matrix.Design(
         arms=tuple(args.arms or ARMS),
@@ -231,7 +234,7 @@ def design_from(args: argparse.Namespace) -> matrix.Design:
         variants=tuple(args.budgets or VARIANTS),
         seeds=tuple(_pick(args, "seeds", DEFAULTS["seeds"])),
         headline=_pick(args, "headline_group", DEFAULTS["headline"]),
-        sweep=None if sweep is None else tuple(sweep),
+        sweep=None if "all" in sweep else tuple(sweep),
         sensitivity=None if args.no_sensitivity else tuple(sensitivity),
     )
 

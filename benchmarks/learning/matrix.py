@@ -6,13 +6,14 @@ method at every G of every budget variant, any other method at the headline cell
 headline G, the layout of the paper's Table 1). Cells that resolve to the same config share one run.
 
 Run. Runs without a finished result are executed ``jobs`` at a time, each in its own process
-(``concurrent.futures.ProcessPoolExecutor``, spawned: a forked torch process can hang in its thread pool);
-a failed run is reported and the others go on. Every invocation appends its wall time to
+(``concurrent.futures.ProcessPoolExecutor``, spawned: a forked torch process can hang in its thread pool),
+handed out one by one as workers free up, so that Ctrl-C stops the matrix after the runs in flight; a
+failed run is reported and the others go on. Every invocation appends its wall time to
 ``<runs-dir>/sessions.jsonl``: the matrix wall time is their sum, the sum of run times is not.
 
-Estimate. CPU seconds of finished runs are split into training (per training response, by cost class)
-and sampling (per validation or test answer); a planned run costs its responses and answers at those
-rates, and the wall time on an idle machine with ``jobs`` single-threaded workers is the makespan of
+Estimate. CPU seconds of finished runs are split into a fixed cost per run, training (per training
+response, by cost class) and sampling (per validation or test answer); a planned run costs its responses
+and answers at those rates, and the wall time on an idle machine with ``jobs`` single-threaded workers is the makespan of
 handing the runs, in plan order, to the first free worker.
 """
 
@@ -22,11 +23,13 @@ import json
 import multiprocessing
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from benchmarks.learning.methods import (
     ARM_METHODS,
@@ -240,15 +243,21 @@ def run_matrix(
         else:
             context = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-                futures = {
-                    pool.submit(worker, spec, str(root), keep_checkpoints, command): spec for spec in pending
-                }
-                for future in as_completed(futures):
-                    try:
-                        error = future.result()[1]
-                    except Exception as err:  # noqa: BLE001 - a worker that died (killed, out of memory)
-                        error = f"worker died: {type(err).__name__}: {err}"
-                    report(futures[future], error)
+                queue, running = list(pending), {}
+                while queue or running:
+                    while (
+                        queue and len(running) < jobs
+                    ):  # never more queued than running: a Ctrl-C stops here
+                        spec = queue.pop(0)
+                        running[pool.submit(worker, spec, str(root), keep_checkpoints, command)] = spec
+                    done, _ = wait(running, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        spec = running.pop(future)
+                        try:
+                            error = future.result()[1]
+                        except Exception as err:  # noqa: BLE001 - a worker that died (killed, out of memory)
+                            error = f"worker died: {type(err).__name__}: {err}"
+                        report(spec, error)
     finally:
         wall = time.perf_counter() - started
         session = {
@@ -303,10 +312,12 @@ def arith_test_size() -> int:
 
 @dataclass(frozen=True)
 class CostModel:
-    """CPU seconds per training response (by :func:`cost_class`) and per sampled validation or test answer."""
+    """CPU seconds of a run: a fixed cost (loading, first validation, ...), a rate per training response (by
+    :func:`cost_class`) and a rate per sampled validation or test answer."""
 
     train_rate: dict[str, float]
     sample_rate: float
+    fixed: float
     runs: int
 
     def cpu_seconds(self, spec: RunSpec) -> float:
@@ -314,29 +325,37 @@ class CostModel:
         rate = self.train_rate.get(cost_class(spec.config), overall)
         t = spec.test_settings
         test_answers = (t["size"] or arith_test_size()) * t["n"] * (2 if t["best"] else 1)
-        return rate * spec.train_responses + self.sample_rate * (spec.val_samples + test_answers)
+        return self.fixed + rate * spec.train_responses + self.sample_rate * (spec.val_samples + test_answers)
 
 
 def fit_costs(results: Iterable[dict[str, Any]]) -> CostModel:
-    """Rates from finished results trained in one go (a resumed run's times miss its first part)."""
-    train: dict[str, list[float]] = {}
+    """Fit :class:`CostModel` to finished results trained in one go (a resumed run's times miss its first
+    part): training CPU less validation = fixed + rate[class] x responses by least squares when the runs'
+    sizes tell the two apart (a non-negative fixed cost), else rate = the mean CPU per response;
+    sampling rate = validation and test CPU over their answers."""
+    rows: list[tuple[str, float, float]] = []
     sample_cpu = sample_count = 0.0
-    used = 0
     for r in results:
         t, c = r.get("timing", {}), r.get("counts", {})
         if t.get("resumed_from_step", 1) != 0 or not c.get("train_responses"):
             continue
         config = spec_from_dict(r["spec"]).config
-        train.setdefault(cost_class(config), []).append(
-            (t["train_cpu_s"] - t["val_cpu_s"]) / c["train_responses"]
-        )
+        rows.append((cost_class(config), float(c["train_responses"]), t["train_cpu_s"] - t["val_cpu_s"]))
         sample_cpu += t["val_cpu_s"] + t["test_cpu_s"]
         sample_count += c["val_samples"] + c["test_samples"]
-        used += 1
-    if not used:
+    if not rows:
         raise ValueError("no finished runs trained in one go to estimate from (run --quick first)")
-    rates = {name: sum(values) / len(values) for name, values in train.items()}
-    return CostModel(rates, sample_cpu / max(sample_count, 1.0), used)
+    classes = sorted({name for name, _, _ in rows})
+    x = np.array([[1.0] + [n if name == k else 0.0 for k in classes] for name, n, _ in rows])
+    y = np.array([cpu for _, _, cpu in rows])
+    fixed, rates = 0.0, {}
+    if np.linalg.matrix_rank(x) == x.shape[1]:
+        coef = np.linalg.lstsq(x, y, rcond=None)[0]
+        if coef[0] >= 0 and bool((coef[1:] > 0).all()):
+            fixed, rates = float(coef[0]), {k: float(v) for k, v in zip(classes, coef[1:])}
+    if not rates:  # too few distinct sizes to separate a fixed cost
+        rates = {k: float(np.mean([cpu / n for name, n, cpu in rows if name == k])) for k in classes}
+    return CostModel(rates, sample_cpu / max(sample_count, 1.0), fixed, len(rows))
 
 
 @dataclass(frozen=True)

@@ -137,8 +137,8 @@ def test_estimate_from_cpu_seconds_by_hand(configs_dir):
     # a finished GRPO run (fake timing): 10 steps x 8 prompts x G 4 = 320 responses, train CPU 8 - 2 (its
     # validations) = 6 s -> 6 / 320 s per response; validation 3 x 18 x 2 = 108 and test 9 x 8 = 72 answers
     # took 2 + 1 = 3 s -> 1/60 s per answer
-    costs = matrix.fit_costs([fake_result(grpo, 0.5)])
-    assert costs.train_rate == {"with reference model": pytest.approx(6 / 320)}
+    costs = matrix.fit_costs([fake_result(grpo, 0.5)])  # one run: no fixed cost can be told apart
+    assert costs.train_rate == {"with reference model": pytest.approx(6 / 320)} and costs.fixed == 0.0
     assert costs.sample_rate == pytest.approx(3 / 180)
     # each planned run: 320 x 6 / 320 + (108 + 72) / 60 = 9 s (DAPO has no class of its own: the mean rate)
     assert costs.cpu_seconds(grpo) == pytest.approx(9.0) and costs.cpu_seconds(dapo) == pytest.approx(9.0)
@@ -150,3 +150,27 @@ def test_estimate_from_cpu_seconds_by_hand(configs_dir):
     resumed["timing"]["resumed_from_step"] = 5  # its times miss the first part: not used
     with pytest.raises(ValueError, match="no finished runs trained in one go"):
         matrix.fit_costs([resumed])
+
+
+def test_estimate_separates_a_fixed_cost_per_run_when_run_sizes_differ(configs_dir):
+    plan = _plan(
+        configs_dir,
+        arms=(PUBLISHED,),
+        methods=("grpo",),
+        groups=(4, 16),
+        variants=(FIXED_PROMPTS,),
+        seeds=(0,),
+        sensitivity=None,
+    )
+    g4, g16 = plan.runs  # 10 steps x 8 prompts x G: 320 and 1280 training responses
+    small, large = fake_result(g4, 0.5), fake_result(g16, 0.5)
+    # training CPU less validation: 320 responses -> 4 s, 1280 -> 10 s: slope 6 / 960 = 1/160 s per
+    # response, fixed cost 4 - 320 / 160 = 2 s per run
+    small["timing"].update(train_cpu_s=4.0 + 2.0)
+    large["timing"].update(train_cpu_s=10.0 + 2.0)
+    costs = matrix.fit_costs([small, large])
+    assert costs.fixed == pytest.approx(2.0) and costs.train_rate["with reference model"] == pytest.approx(
+        1 / 160
+    )
+    # sampling: (2 + 1) s per run over 180 answers per run -> 1/60 s; G = 4: 2 + 2 + 180 / 60 = 7 s
+    assert costs.cpu_seconds(g4) == pytest.approx(7.0)
