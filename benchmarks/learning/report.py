@@ -171,7 +171,15 @@ def headline_table(rows: Sequence[Row], arm: str, G: int, threshold: float, step
                 for metric in ("pass1", "auc")
             ]
         )
-    header = ["method", "seeds", "test Pass@1", "test maj@n", "val AUC", f"steps to +{threshold * 100:g} pts"]
+    n = next((r.result["spec"]["test"]["n"] for r in rows if _match(r, where)), "n")
+    header = [
+        "method",
+        "seeds",
+        "test Pass@1",
+        f"test maj@{n}",
+        "val AUC",
+        f"steps to +{threshold * 100:g} pts",
+    ]
     header += ["Δ Pass@1 vs GRPO", "Δ AUC vs GRPO"]
     return markdown_table(header, out)
 

@@ -212,20 +212,18 @@ def execute(
     start, cpu_start = time.perf_counter(), time.process_time()
     checkpoints = directory / "checkpoints"
     test = evaluate_checkpoint(spec, checkpoints / "last" / "model", directory / "test_last.jsonl")
-    test_best = None
-    if spec.test_settings["best"]:
+    test_best, tests = None, 1
+    if spec.test_settings["best"]:  # the paper's rule: best validation maj@k (EBPO-diff: the last)
         rule = spec.checkpoint
         step = trained.best_step if rule == "best" else trained.step
-        same = rule == "last" or step == trained.step
-        test_best = {
-            "rule": rule,
-            "step": step,
-            **(
-                test
-                if same
-                else evaluate_checkpoint(spec, checkpoints / rule / "model", directory / f"test_{rule}.jsonl")
-            ),
-        }
+        if step == trained.step:
+            scores = test
+        else:
+            scores, tests = (
+                evaluate_checkpoint(spec, checkpoints / rule / "model", directory / "test_best.jsonl"),
+                2,
+            )
+        test_best = {"rule": rule, "step": step, **scores}
     test_s, test_cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
 
     result = {
@@ -253,9 +251,7 @@ def execute(
         "counts": {
             "train_responses": spec.train_responses,
             "val_samples": spec.val_samples,
-            "test_samples": int(test["num_problems"])
-            * int(spec.test_settings["n"])
-            * (1 + (test_best is not None)),
+            "test_samples": int(test["num_problems"]) * int(spec.test_settings["n"]) * tests,
         },
         "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

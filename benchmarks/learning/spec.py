@@ -113,7 +113,9 @@ class Budget:
 
     @property
     def resolved(self) -> bool:
-        return None not in (self.steps, self.prompts, self.responses, self.updates, self.eval_every)
+        """Every size a run needs is set (what :meth:`resolve` fills; ``test_size`` None means all)."""
+        sizes = (self.steps, self.prompts, self.responses, self.updates, self.lr, self.max_new_tokens)
+        return None not in sizes + (self.eval_every, self.save_every, self.val_size, self.eval_n)
 
     def prompts_per_step(self, variant: str, group_size: int) -> int:
         """P (fixed prompts) or R / G (equal responses; R must be a multiple of G)."""

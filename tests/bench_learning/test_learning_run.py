@@ -25,7 +25,7 @@ def _spec(tiny_model_dir, configs_dir, method=("estimators", "ebpo"), seed=0, **
 
 
 def test_tiny_model_run_writes_its_result_and_is_not_rerun(tiny_model_dir, configs_dir, tmp_path):
-    spec = _spec(tiny_model_dir, configs_dir)
+    spec = _spec(tiny_model_dir, configs_dir, test_best=True)
     result = execute(spec, tmp_path, command="python -m benchmarks.learning --unit")
     directory = run_dir(tmp_path, spec)
     assert json.loads((directory / RESULT_FILE).read_text())["key"] == spec.key
@@ -39,8 +39,14 @@ def test_tiny_model_run_writes_its_result_and_is_not_rerun(tiny_model_dir, confi
     assert all(math.isfinite(v) for _, v in result["curves"]["actor/step_kl"])
     t = result["timing"]
     assert t["resumed_from_step"] == 0 and 0 < t["val_cpu_s"] <= t["train_cpu_s"]
+    # --test-best: the best validation checkpoint is tested too, unless it is the final one
+    best = result["test_best"]
+    assert best["rule"] == "best" and best["step"] == result["val_best_step"]
+    tests = 1 if best["step"] == 2 else 2
+    if tests == 1:
+        assert {k: v for k, v in best.items() if k not in ("rule", "step")} == result["test"]
     # 2 steps x 2 prompts x G 2 responses; 3 validations x 4 problems x 2 samples; 9 test problems x 2
-    assert result["counts"] == {"train_responses": 8, "val_samples": 24, "test_samples": 18}
+    assert result["counts"] == {"train_responses": 8, "val_samples": 24, "test_samples": 18 * tests}
     mtime = (directory / RESULT_FILE).stat().st_mtime_ns
     assert execute(spec, tmp_path) == result  # finished: read back, not retrained
     assert (directory / RESULT_FILE).stat().st_mtime_ns == mtime
