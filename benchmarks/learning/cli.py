@@ -281,6 +281,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:  # ConfigError is a ValueError: one line, no traceback
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(
+            "interrupted: finished runs are kept, runs in flight continue from their last checkpoint; "
+            "run the same command again to go on",
+            file=sys.stderr,
+        )
+        return 130
 
 
 def _main(args: argparse.Namespace, command: str) -> int:

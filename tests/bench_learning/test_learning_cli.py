@@ -104,3 +104,13 @@ def test_selection_seeds_are_kept_apart_from_the_reported_seeds(configs_dir, tmp
     assert cli.main(_args(configs_dir, tmp_path, *matrix_args)) == 2
     assert "seeds [1] were used to select ebpo-best" in capsys.readouterr().err
     assert cli.main(_args(configs_dir, tmp_path, *matrix_args, "--seeds", "2", "3")) == 0
+
+
+def test_ctrl_c_is_one_line_and_exit_130(configs_dir, tmp_path, no_build, monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(matrix, "run_matrix", interrupted)
+    assert cli.main(_args(configs_dir, tmp_path, "--model-path", str(tmp_path))) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("interrupted: finished runs are kept") and len(err.strip().splitlines()) == 1
