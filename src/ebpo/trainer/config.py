@@ -158,7 +158,8 @@ class AlgorithmConfig:
     loss_options: dict[str, Any] = _help(
         "Further `ebpo.losses.PolicyLossConfig` fields by name: clip_eps_low (0.2), clip_eps_high (0.2; "
         "DAPO 0.28), dual_clip_c (3.0, null = off), clip_cov_ratio, clip_cov_lb, clip_cov_ub, kl_cov_ratio, "
-        "kl_cov_coef. Unknown names are rejected with the list of valid ones.",
+        "kl_cov_coef, cov_count (verl | stochastic: ratio x N tokens in expectation). Unknown names are "
+        "rejected with the list of valid ones.",
         default_factory=dict,
     )
     kl_coef: float = _help(
