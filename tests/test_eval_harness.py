@@ -363,7 +363,9 @@ def test_bad_input_errors():
             SamplingConfig(n=2),
             generate_fn=lambda p, n, s: [["x"]],
         )
-    with pytest.raises(ValueError, match="valid: aime24"):
+    with pytest.raises(
+        ValueError, match="valid choices: aime24, aime25, amc23, arith, math500, olympiadbench"
+    ):
         get_benchmark("aime2024")
     with pytest.raises(ValueError, match="top_p"):
         SamplingConfig(top_p=0)
@@ -456,8 +458,8 @@ def test_cli_unknown_benchmark_is_one_line_naming_the_flag(tmp_path, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [
-        "ebpo eval: --benchmarks: unknown benchmark 'aime2024'; valid: aime24, aime25, amc23, math500, "
-        "olympiadbench, arith"
+        "ebpo eval: --benchmarks: unknown benchmark 'aime2024'; valid choices: aime24, aime25, amc23, arith, "
+        "math500, olympiadbench"
     ]
     assert main(["eval", "builtin", "--limit", "-1", "--out-dir", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == "ebpo eval: --limit must be >= 0, got -1"

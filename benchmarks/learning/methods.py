@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ebpo.registry import Registry, unknown_choice
 from ebpo.trainer.config import merge_dicts, read_yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,7 +78,8 @@ def _published(name: str, preset: str, label: str, checkpoint: str = "best") -> 
     return Method(PUBLISHED, name, label, preset, (), checkpoint)
 
 
-_METHODS: dict[str, Method] = {}
+_METHODS: Registry[Method] = Registry("method")
+"""Every method of both arms, by ``<arm>/<name>``."""
 
 for _method in (
     _estimator("grpo", "grpo", "GRPO: (r - mean_g) / std_g"),
@@ -101,7 +103,7 @@ for _method in (
     _published("ebpo-topic", "ebpo_topic.yaml", "EBPO-topic: topic-coherent batches"),
     _published("ebpo-diff", "ebpo_diff.yaml", "EBPO-diff: easy-to-hard curriculum", checkpoint="last"),
 ):
-    _METHODS[_method.id] = _method
+    _METHODS.register(_method.id, _method)
 
 ARM_METHODS = {
     ESTIMATORS: ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "jspo", "ebpo", "ebpo-prior", BEST),
@@ -129,16 +131,15 @@ SELECTION_SEEDS = (100, 101, 102)
 
 def get_method(arm: str, name: str) -> Method:
     """The method ``name`` of ``arm`` (``ebpo-best`` is built by :func:`best_method`, not registered)."""
-    try:
-        return _METHODS[f"{arm}/{name}"]
-    except KeyError:
-        valid = [m.name for m in _METHODS.values() if m.arm == arm] + ([BEST] if arm == ESTIMATORS else [])
-        raise ValueError(f"unknown method {name!r} in arm {arm!r}; valid: {', '.join(valid)}") from None
+    if f"{arm}/{name}" not in _METHODS:
+        raise unknown_choice(f"{arm} method", name, list_methods(arm))
+    return _METHODS.get(f"{arm}/{name}")
 
 
 def list_methods(arm: str) -> list[str]:
     """Every registered name of ``arm`` (the table rows first, then the option candidates)."""
-    extra = [m.name for m in _METHODS.values() if m.arm == arm and m.name not in ARM_METHODS[arm]]
+    registered = [_METHODS.get(key) for key in _METHODS.names()]
+    extra = [m.name for m in registered if m.arm == arm and m.name not in ARM_METHODS[arm]]
     return list(ARM_METHODS[arm]) + extra
 
 

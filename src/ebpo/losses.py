@@ -29,7 +29,7 @@ from typing import Protocol
 
 import torch
 
-from ebpo.registry import Registry
+from ebpo.registry import Registry, check_choice, unknown_choice
 
 LOG_RATIO_CLAMP = 20.0
 """``logp - old_logp`` is clamped to [-20, 20] before ``exp`` so the ratio never overflows (as verl)."""
@@ -84,8 +84,7 @@ class PolicyLossConfig:
     global generator. Seed it for reproducible runs."""
 
     def __post_init__(self) -> None:
-        if self.loss_agg_mode not in AGG_MODES:
-            raise ValueError(f"loss_agg_mode={self.loss_agg_mode!r} is not one of {list(AGG_MODES)}")
+        check_choice("loss aggregation mode", self.loss_agg_mode, AGG_MODES)
         if not (0.0 <= self.clip_eps_low < 1.0) or self.clip_eps_high < 0.0:
             raise ValueError(
                 f"need 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got clip_eps_low={self.clip_eps_low}, "
@@ -108,8 +107,7 @@ class PolicyLossConfig:
             )
         if self.clip_cov_lb >= self.clip_cov_ub:
             raise ValueError(f"need clip_cov_lb < clip_cov_ub, got {self.clip_cov_lb} >= {self.clip_cov_ub}")
-        if self.cov_count not in COV_COUNT_RULES:
-            raise ValueError(f"cov_count={self.cov_count!r} is not one of {list(COV_COUNT_RULES)}")
+        check_choice("cov_count rule", self.cov_count, COV_COUNT_RULES)
 
 
 class PolicyLossFn(Protocol):
@@ -399,7 +397,7 @@ def agg_loss(
                 f"got {max_len!r}"
             )
         return masked_BT.sum() / (max_len * num_seqs)
-    raise ValueError(f"unknown loss aggregation mode {mode!r}; valid: {list(AGG_MODES)}")
+    raise unknown_choice("loss aggregation mode", mode, AGG_MODES)
 
 
 def _kl_k1(logp_BT: torch.Tensor, ref_logp_BT: torch.Tensor) -> torch.Tensor:
@@ -434,7 +432,7 @@ def kl_penalty(logp_BT: torch.Tensor, ref_logp_BT: torch.Tensor, kind: str = "k3
     try:
         estimator = KL_ESTIMATORS[kind]
     except KeyError:
-        raise ValueError(f"unknown KL estimator {kind!r}; valid: {sorted(KL_ESTIMATORS)}") from None
+        raise unknown_choice("KL estimator", kind, KL_ESTIMATORS) from None
     if logp_BT.shape != ref_logp_BT.shape:
         raise ValueError(
             f"logp {tuple(logp_BT.shape)} and ref_logp {tuple(ref_logp_BT.shape)} differ in shape"

@@ -205,7 +205,9 @@ def test_arm_b_presets_keep_their_own_loss_and_entropymech_selects_the_ratio(con
         configs["entropymech-clip-cov"]["algorithm"]["loss_options"]["clip_cov_ratio"] == 2e-4
     )  # the paper's
     assert M.get_method(M.PUBLISHED, "ebpo-diff").checkpoint == "last"
-    with pytest.raises(ValueError, match="unknown method 'ppo' in arm 'published'; valid: grpo, dr-grpo"):
+    with pytest.raises(
+        ValueError, match="unknown published method 'ppo'; valid choices: dapo, dr-grpo, ebpo-diff"
+    ):
         M.get_method(M.PUBLISHED, "ppo")
 
 

@@ -38,6 +38,7 @@ from typing import Any
 
 from ebpo.data.records import Record
 from ebpo.eval.metrics import ProblemScores, score_problem, summarize
+from ebpo.registry import Registry
 
 __all__ = [
     "PAPER_BENCHMARKS",
@@ -117,28 +118,22 @@ class BenchmarkSpec:
     max_new_tokens: int  # the CLI's default response budget for this set
 
 
-_BENCHMARKS: dict[str, BenchmarkSpec] = {}
+_BENCHMARKS: Registry[BenchmarkSpec] = Registry("benchmark")
 
 
 def register_benchmark(spec: BenchmarkSpec) -> BenchmarkSpec:
     """Add a benchmark to the registry (a second one with the same name raises)."""
-    if spec.name in _BENCHMARKS:
-        raise ValueError(f"benchmark {spec.name!r} is already registered")
-    _BENCHMARKS[spec.name] = spec
-    return spec
+    return _BENCHMARKS.register(spec.name, spec)
 
 
 def list_benchmarks() -> list[str]:
-    """Registered benchmark names, in registration order."""
-    return list(_BENCHMARKS)
+    """Registered benchmark names, sorted."""
+    return _BENCHMARKS.names()
 
 
 def get_benchmark(name: str) -> BenchmarkSpec:
     """The benchmark registered as ``name``; an unknown name lists the valid ones."""
-    try:
-        return _BENCHMARKS[name]
-    except KeyError:
-        raise ValueError(f"unknown benchmark {name!r}; valid: {', '.join(list_benchmarks())}") from None
+    return _BENCHMARKS.get(name)
 
 
 def _shared_loader(name: str) -> Callable[[], list[Record]]:
