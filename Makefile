@@ -49,6 +49,7 @@ test-verl: $(VERL_STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(VENV)/bin/ruff format --check src tests benchmarks examples
+	$(VENV)/bin/mypy src
 
 bench: $(STAMP) $(VERL_STAMP)
 	$(VERL_PY) benchmarks/bench_advantages.py  # compares against verl's own GRPO functions

@@ -471,6 +471,36 @@ def test_cli_topic_errors_are_one_line(tmp_path, monkeypatch, capsys):
         assert err.startswith(f"ebpo annotate topic: {bad}, line 2: not valid UTF-8") and "\n" not in err
 
 
+def test_judge_url_without_a_host_is_one_line(tmp_path, capsys):
+    """Found by mypy (``hostname`` is ``str | None``): ``--base-url http:///v1`` passed the scheme check, then
+    the first request died in http.client with ``AttributeError: 'NoneType' object has no attribute
+    'rfind'``, a traceback out of ``ebpo annotate topic``."""
+    with pytest.raises(ValueError, match=r"--base-url 'https:///v1' is not an http\(s\) URL with a host"):
+        JudgeTopicClassifier(base_url="https:///v1", model="m")
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"problem": "p", "answer": "1"}) + "\n")
+    assert main(_topic_argv(src, tmp_path / "o.jsonl", "http:///v1")) == 2
+    assert capsys.readouterr().err.strip() == (
+        "ebpo annotate topic: judge backend: --base-url 'http:///v1' is not an http(s) URL with a host, "
+        "e.g. https://api.openai.com/v1"
+    )
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_judge_proxy_without_a_host_fails_each_row_naming_the_variable(monkeypatch):
+    """Found by mypy, like the test above: a proxy variable with no host (``http_proxy=http://:3128``) reached
+    http.client as ``None`` (a TypeError traceback out of ``label``); now each row fails with a message naming
+    the variable, and no request leaves."""
+    for name in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("http_proxy", "http://:3128")
+    clf = JudgeTopicClassifier(base_url="http://judge.invalid/v1", model="m", max_retries=0, backoff_s=0.0)
+    assert clf.label(["p", "q"]) == [None, None]
+    assert clf.stats["requests"] == 2
+    for failure in clf.failures.values():
+        assert failure == "the http_proxy environment variable (http://:3128) names no host; fix or unset it"
+
+
 def test_cli_topic_ctrl_c_keeps_finished_labels_and_resumes(raw_judge, tmp_path):
     """Issue 13.10: Ctrl-C printed a traceback and dropped the batch's answers. A real SIGINT to a real
     `ebpo annotate topic` process: two problems are answered, two hang; the answered ones are in the cache,

@@ -308,6 +308,18 @@ def test_topic_sampler_drives_verl_dataloader(verl_parquet, tmp_path, tiny_model
     assert [batch_ids(b) for b in resumed] == second[2:]
 
 
+def test_sampler_class_name_that_is_no_class_is_named(tmp_path):
+    """verl types the loaded object as ``object``; a name that is not callable (here a string constant of the
+    package) fails with the config keys named, not ``'str' object is not callable``."""
+    cfg = data_config(tmp_path, "ESTIMATOR_STATE_FILE", batch_size=4)
+    with pytest.raises(ValueError) as err:
+        ev.create_sampler(cfg, dataset=None)
+    assert str(err.value) == (
+        "data.sampler.class_name='ESTIMATOR_STATE_FILE' in pkg://ebpo.integrations.verl is a str, not a "
+        "sampler class"
+    )
+
+
 def test_difficulty_sampler_is_easy_to_hard_and_resumes(verl_parquet, tmp_path, tiny_model_dir):
     path, records = verl_parquet
     cfg = data_config(tmp_path, "DifficultySampler", batch_size=6)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -70,7 +71,7 @@ class Rollouts:
 
     def to(self, device: torch.device | str) -> Rollouts:
         """A copy with every tensor on ``device``."""
-        moved = {
+        moved: dict[str, Any] = {  # tensors and the list of texts
             name: value.to(device) if isinstance(value, torch.Tensor) else value
             for name, value in self.__dict__.items()
         }
@@ -153,7 +154,7 @@ def sample_next_token(
     return token_B, logp_BV.gather(-1, token_B[:, None]).squeeze(-1)
 
 
-def _encode_prompts(tokenizer, prompts: Sequence[str] | Sequence[Sequence[int]]) -> list[list[int]]:
+def _encode_prompts(tokenizer, prompts: Sequence[str | Sequence[int]]) -> list[list[int]]:
     """Token ids of each prompt: strings go through ``tokenizer`` (its own special-token settings),
     lists of ints are taken as already tokenized."""
     encoded: list[list[int]] = []
@@ -356,6 +357,7 @@ def sample(
         raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
     if isinstance(prompts, str):
         raise TypeError("prompts must be a list of strings (or of token id lists), not one string")
+    prompt_generators: list[torch.Generator] | None = None
     if generators is not None:
         if generator is not None:
             raise ValueError("pass either generator= (one for the call) or generators= (one per prompt)")
@@ -363,7 +365,7 @@ def sample(
             raise ValueError(
                 f"generators: one generator per prompt: {len(prompts)} prompts, {len(generators)} generators"
             )
-        generators = [
+        prompt_generators = [
             torch.Generator(device="cpu").manual_seed(g) if isinstance(g, int) else g for g in generators
         ]
     if isinstance(generator, int):
@@ -394,8 +396,8 @@ def sample(
                     stop_ids=stop_ids,
                     pad_id=pad_id,
                     prompt_generators=None
-                    if generators is None
-                    else generators[start : start + prompts_per_chunk],
+                    if prompt_generators is None
+                    else prompt_generators[start : start + prompts_per_chunk],
                 )
             )
     finally:

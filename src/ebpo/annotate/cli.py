@@ -283,7 +283,7 @@ def run_topic(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         backend = state.get("backend")
         cache = getattr(getattr(backend, "config", None), "cache_path", None)
-        if cache is not None:
+        if backend is not None and cache is not None:
             kept = (
                 f"{backend.num_cached} labels are saved in {cache}; run the same command again to resume "
                 f"(cached problems cost no request)"
@@ -301,7 +301,7 @@ def _run_topic(args: argparse.Namespace, state: dict[str, Any]) -> int:
     from tqdm.auto import tqdm
 
     from ebpo.annotate import load_input, prompt_text, row_id, row_prompt, write_output
-    from ebpo.annotate.topic import TOPICS, get_topic_backend
+    from ebpo.annotate.topic import TOPICS, JudgeTopicClassifier, get_topic_backend
 
     if not args.evaluate:
         if not args.input or not args.output:
@@ -314,7 +314,7 @@ def _run_topic(args: argparse.Namespace, state: dict[str, Any]) -> int:
     todo = [i for i, row in enumerate(rows) if args.relabel or row.get("topic") not in TOPICS]
     texts = [prompt_text(row_prompt(rows[i], i, args.input)) for i in todo]
     with tqdm(total=len(texts), desc=f"topic ({args.backend})", unit="prompt") as bar:
-        if args.backend == "judge":
+        if isinstance(backend, JudgeTopicClassifier):  # the judge reports each label as it arrives
             labels = backend.label(texts, progress=bar.update)
         else:
             labels = backend.label(texts)

@@ -428,14 +428,17 @@ class JudgeConfig:
                 f"judge backend: --timeout must be a finite number > 0 and --backoff one >= 0, got "
                 f"{self.timeout_s} and {self.backoff_s}"
             )
-        if urllib.parse.urlsplit(self.endpoint).scheme not in ("http", "https"):
+        url = urllib.parse.urlsplit(self.endpoint)
+        if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(
-                f"judge backend: --base-url {self.base_url!r} is not an http(s) URL, e.g. "
+                f"judge backend: --base-url {self.base_url!r} is not an http(s) URL with a host, e.g. "
                 f"https://api.openai.com/v1"
             )
 
     @property
     def endpoint(self) -> str:
+        if self.base_url is None:  # set in __post_init__; None only if cleared afterwards
+            raise ValueError("judge backend: no endpoint; pass --base-url or set OPENAI_BASE_URL")
         base = self.base_url.rstrip("/")
         if base.endswith("/chat/completions"):
             return base
@@ -529,20 +532,26 @@ class JudgeTopicClassifier:
         """A connection (not yet open) to the endpoint, through the environment's proxy if one applies;
         the request target (a path, or the full URL for a plain-HTTP proxy) and any proxy headers."""
         url = urllib.parse.urlsplit(self.config.endpoint)
+        if not url.hostname:  # JudgeConfig checks this; the config may have been changed since
+            raise JudgeError(f"{self.config.endpoint} names no host; check --base-url")
         https = url.scheme == "https"
         target = url.path + (f"?{url.query}" if url.query else "")
         proxy = _proxy_for(url)
         if proxy is None:
             cls = http.client.HTTPSConnection if https else http.client.HTTPConnection
             return cls(url.hostname, url.port, timeout=timeout), target, {}
+        if not proxy.hostname:
+            raise JudgeError(
+                f"the {url.scheme}_proxy environment variable ({proxy.geturl()}) names no host; fix or unset it"
+            )
         auth = {}
         if proxy.username:
             user = f"{urllib.parse.unquote(proxy.username)}:{urllib.parse.unquote(proxy.password or '')}"
             auth["Proxy-Authorization"] = "Basic " + base64.b64encode(user.encode()).decode()
         if https:  # a CONNECT tunnel through the proxy, TLS inside it
-            conn = http.client.HTTPSConnection(proxy.hostname, proxy.port, timeout=timeout)
-            conn.set_tunnel(url.hostname, url.port, headers=auth)
-            return conn, target, {}
+            tunnel = http.client.HTTPSConnection(proxy.hostname, proxy.port, timeout=timeout)
+            tunnel.set_tunnel(url.hostname, url.port, headers=auth)
+            return tunnel, target, {}
         conn = http.client.HTTPConnection(proxy.hostname, proxy.port, timeout=timeout)
         return conn, self.config.endpoint, auth
 

@@ -33,7 +33,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from ebpo.data.records import Record
 from ebpo.registry import Registry
@@ -126,6 +126,12 @@ def get_schema(name: str | Schema) -> Schema:
     return _SCHEMAS.get(name)
 
 
+@overload
+def _text(
+    row: Mapping[str, Any], name: str, *, required: Literal[True] = True, numbers: bool = True
+) -> str: ...
+@overload
+def _text(row: Mapping[str, Any], name: str, *, required: bool, numbers: bool = True) -> str | None: ...
 def _text(row: Mapping[str, Any], name: str, *, required: bool = True, numbers: bool = True) -> str | None:
     """A non-empty string column. With ``numbers`` (answers, ids: AIME answers are often ints) a number is
     converted to its text; prompts and labels (``numbers=False``) must be strings, so a shifted column or a

@@ -172,12 +172,13 @@ def markdown_table(
     ]
     for model, per_bench in results.items():
         values = [per_bench.get(b, {}).get(metric) for b in benchmarks]
+        known = [v for v in values if v is not None]
         average = None
-        if values and all(v is not None for v in values):
+        if values and len(known) == len(values):
             if is_se:
-                average = sum(v * v for v in values) ** 0.5 / len(values)
+                average = sum(v * v for v in known) ** 0.5 / len(known)
             else:
-                average = sum(values) / len(values)
+                average = sum(known) / len(known)
         lines.append(f"| {model} | " + " | ".join(_percent(v) for v in values) + f" | {_percent(average)} |")
     return "\n".join(lines)
 
@@ -414,7 +415,7 @@ def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[st
                     f"[{name}] {spec.name}: {len(records_by_bench[spec.name][: args.limit])} problems x n={args.n}",
                     file=sys.stderr,
                 )
-            generate_fn = scripted or lazy_model.generate_fn(sampling)
+            generate_fn = scripted if lazy_model is None else lazy_model.generate_fn(sampling)
 
             result = evaluate(
                 None,

@@ -198,7 +198,8 @@ def load_model(path: str | Path, *, device: str | None = None, dtype: str = "aut
         )
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device).eval()
+    # transformers wraps PreTrainedModel.to in functools.wraps: mypy sees an unbound _Wrapped (self first)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device).eval()  # type: ignore[arg-type]
     return model, tokenizer
 
 
@@ -446,7 +447,7 @@ def evaluate(
             if str(rec.id) in done:  # already cached from an earlier run: keep the cached line
                 continue
             extra: dict[str, Any] = {}
-            if lengths is not None:
+            if lengths is not None and truncated is not None:  # both known (Rollouts) or neither
                 extra = {
                     "lengths": [int(x) for x in lengths[i]],
                     "truncated": [bool(x) for x in truncated[i]],

@@ -81,7 +81,7 @@ def avg_at_n(rewards: Sequence[float]) -> float:
     return float(np.mean(np.asarray(rewards, dtype=np.float64) > 0))
 
 
-def standard_error(values: Sequence[float]) -> float:
+def standard_error(values: Sequence[float] | np.ndarray) -> float:
     """Standard error of the mean: std(values, ddof=1) / sqrt(len(values)); 0 with fewer than 2 values."""
     arr = np.asarray(values, dtype=np.float64)
     if arr.size < 2:
@@ -330,10 +330,12 @@ def summarize(
         out[f"maj@{k}"] = float(maj_P.mean())
         out[f"maj@{k}/se_problems"] = standard_error(maj_P)
     out["reward/mean"] = float(np.mean([np.mean(p.rewards) for p in problems]))
-    if all(p.lengths is not None for p in problems):
-        out["response_length/mean"] = float(np.mean([np.mean(p.lengths) for p in problems]))
-    if all(p.truncated is not None for p in problems):
-        out["response/clip_ratio"] = float(np.mean([np.mean(p.truncated) for p in problems]))
+    lengths_P = [p.lengths for p in problems if p.lengths is not None]
+    if len(lengths_P) == len(problems):
+        out["response_length/mean"] = float(np.mean([np.mean(lengths) for lengths in lengths_P]))
+    truncated_P = [p.truncated for p in problems if p.truncated is not None]
+    if len(truncated_P) == len(problems):
+        out["response/clip_ratio"] = float(np.mean([np.mean(truncated) for truncated in truncated_P]))
     out["num_problems"] = float(len(problems))
     out["num_samples"] = float(n_min)
     return out

@@ -13,6 +13,7 @@ environment without TRL 1.x: ``ebpo[verl]`` and ``ebpo[trl]`` live in separate v
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import sys
 import warnings
@@ -27,21 +28,18 @@ TRL_CONFLICT_FIX = (
 
 
 def _has_value_head_class() -> bool:
-    """Whether verl's import of TRL's value-head model would succeed (the exact lookup verl performs)."""
+    """Whether verl's import of TRL's value-head model would succeed (the lookup verl performs, ``from
+    trl.experimental.ppo import ...`` then ``from trl import ...``, done through importlib: the class is
+    absent from the TRL we type-check against, which is the point of the probe)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # trl.experimental warns on import
-        try:
-            from trl.experimental.ppo import AutoModelForCausalLMWithValueHead  # noqa: F401
-
-            return True
-        except ImportError:
-            pass
-        try:
-            from trl import AutoModelForCausalLMWithValueHead  # noqa: F401,F811
-
-            return True
-        except ImportError:
-            return False
+        for module_name in ("trl.experimental.ppo", "trl"):
+            try:
+                if hasattr(importlib.import_module(module_name), "AutoModelForCausalLMWithValueHead"):
+                    return True
+            except ImportError:
+                pass
+        return False
 
 
 def trl_conflict() -> str | None:

@@ -31,14 +31,14 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
 import ebpo
 from ebpo.advantages import EBPOEstimator
-from ebpo.data.samplers import StreamSampler, get_sampler, list_samplers
+from ebpo.data.samplers import IndexStream, StreamSampler, get_sampler, list_samplers
 from ebpo.integrations import ESTIMATOR_STATE_FILE
 from ebpo.registry import check_choice
 
@@ -191,12 +191,16 @@ class EBPOTrainer(GRPOTrainer):
     ``self.estimator``; see the module docstring for what is overridden and why.
     """
 
+    args: EBPOConfig  # checked in __init__
+    model: torch.nn.Module  # GRPOTrainer always has one (its model argument is required)
+    num_generations: int  # GRPOConfig.__post_init__ fails on None (GRPO needs at least 2 per prompt)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if not isinstance(self.args, EBPOConfig):
             raise TypeError(f"EBPOTrainer needs args=EBPOConfig(...), got {type(self.args).__name__}")
         self.estimator = ebpo.get_estimator(self.args.advantage_estimator, **self.args.estimator_options())
-        self._prompt_stream = None
+        self._prompt_stream: IndexStream | None = None
         self._scored: tuple[torch.Tensor, list[dict[str, Any]]] | None = None
         # the estimator state before the current generation block's rewards (what a mid-block checkpoint saves)
         self._state_at_block_start: dict[str, Any] = copy.deepcopy(self.estimator.state_dict())
@@ -214,17 +218,20 @@ class EBPOTrainer(GRPOTrainer):
                 f"prompt_sampler={self.args.prompt_sampler!r} reads column {column!r}, which the training dataset "
                 f"lacks (columns: {dataset.column_names})"
             )
+        # both typed `int | None` (optional inputs); GRPOConfig.__post_init__ sets them
+        generation_batch_size = cast(int, self.args.generation_batch_size)
+        steps_per_generation = cast(int, self.args.steps_per_generation)
         if self._prompt_stream is None:
             self._prompt_stream = get_sampler(
                 self.args.prompt_sampler,
                 list(dataset[column]),
-                self.args.generation_batch_size // self.num_generations,
+                generation_batch_size // self.num_generations,
                 self.args.seed,
             )
         return StreamSampler(
             self._prompt_stream,
             mini_repeat_count=self.num_generations,
-            repeat_count=self.num_iterations * self.args.steps_per_generation,
+            repeat_count=self.num_iterations * steps_per_generation,
         )
 
     # -- advantages --------------------------------------------------------------------------------------
@@ -298,7 +305,8 @@ class EBPOTrainer(GRPOTrainer):
 
     def _at_block_boundary(self) -> bool:
         """True when the next training micro-step generates a new block (``GRPOTrainer._prepare_inputs``)."""
-        generate_every = self.args.steps_per_generation * self.num_iterations
+        # typed `int | None` (an optional input); GRPOConfig.__post_init__ sets it
+        generate_every = cast(int, self.args.steps_per_generation) * self.num_iterations
         return self._step % generate_every == 0
 
     def _estimator_state_to_save(self) -> dict[str, Any]:

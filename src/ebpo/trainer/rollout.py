@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -145,7 +145,8 @@ def forward_logp(
     return logp_BT, entropy_BT
 
 
-class RewardFailure(NamedTuple):
+@dataclass(frozen=True)
+class RewardFailure:
     """A sample whose reward function raised or returned a non-finite value."""
 
     index: int

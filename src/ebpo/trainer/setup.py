@@ -61,10 +61,12 @@ def load_prompts(cfg: TrainConfig) -> Prompts:
     if d.train_file is not None:
         train_records = load_records(d.train_file, d.schema)
     else:
+        assert task is not None  # loaded above: no train_file
         train_records = list(task.generate("train", d.train_size, cfg.run.seed, **subset))
     if d.val_file is not None:
         val_records = load_records(d.val_file, d.schema)
     else:
+        assert task is not None  # loaded above: no val_file
         val_records = list(task.generate("validation", d.val_size, cfg.run.seed, **subset))
     for split, records, source in (
         ("training", train_records, d.train_file or f"task {d.task!r}"),
@@ -111,7 +113,8 @@ def load_policy(cfg: TrainConfig, checkpoint: Path | None, device: torch.device)
     load_from = checkpoint / "model" if checkpoint is not None else base_path
     try:
         tokenizer = AutoTokenizer.from_pretrained(base_path)
-        model = AutoModelForCausalLM.from_pretrained(load_from, dtype=dtype).to(device)
+        # transformers wraps PreTrainedModel.to in functools.wraps: mypy sees an unbound _Wrapped (self first)
+        model = AutoModelForCausalLM.from_pretrained(load_from, dtype=dtype).to(device)  # type: ignore[arg-type]
     except OSError as err:
         raise ConfigError(f"model.path: cannot load a causal LM from {load_from}: {err}") from err
     # eval mode: no dropout in RL fine-tuning (gradients still flow). Hugging Face only checkpoints
@@ -121,7 +124,8 @@ def load_policy(cfg: TrainConfig, checkpoint: Path | None, device: torch.device)
         model.gradient_checkpointing_enable()
     ref_model = None
     if cfg.algorithm.kl_coef > 0:
-        ref_model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype).to(device)
+        # the same functools.wraps typing of PreTrainedModel.to as above
+        ref_model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype).to(device)  # type: ignore[arg-type]
         ref_model.eval().requires_grad_(False)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return Policy(model=model, ref_model=ref_model, tokenizer=tokenizer, base_path=base_path, pad_id=pad_id)
@@ -130,8 +134,9 @@ def load_policy(cfg: TrainConfig, checkpoint: Path | None, device: torch.device)
 def build_optimizer(model: torch.nn.Module, o: OptimConfig) -> tuple[torch.optim.Optimizer, Any]:
     """AdamW over the trainable parameters, with a linear warm-up over ``optim.warmup_steps`` steps."""
     params = [p for p in model.parameters() if p.requires_grad]
+    beta1, beta2 = o.betas  # two numbers (TrainConfig.validate)
     optimizer = torch.optim.AdamW(
-        params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
+        params, lr=o.lr, betas=(beta1, beta2), eps=o.eps, weight_decay=o.weight_decay
     )
     warmup = o.warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(

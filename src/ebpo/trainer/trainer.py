@@ -262,6 +262,7 @@ class Trainer:
         t0 = time.perf_counter()
         with torch.no_grad():
             old_logp_BT, entropy_BT = self._logp(self.model, batch, with_entropy=True)
+            assert entropy_BT is not None  # asked for with_entropy
             ref_logp_BT = self._logp(self.ref_model, batch)[0] if self.ref_model is not None else None
         update_metrics: dict[str, list[float]] = defaultdict(list)
         rows_per_update = o.mini_batch_size * G

@@ -175,6 +175,10 @@ class EstimatorHolder:
     """
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Drop every estimator, pending state and cluster (tests; a new run in the same process)."""
         self._estimators: dict[str, Any] = {}
         self._options: dict[str, dict[str, Any]] = {}
         self._pending_state: dict[str, Any] = {}
@@ -246,10 +250,6 @@ class EstimatorHolder:
         for est in self._estimators.values():
             out.update({k: float(v) for k, v in est.metrics().items()})
         return out
-
-    def reset(self) -> None:
-        """Drop every estimator, pending state and cluster (tests; a new run in the same process)."""
-        self.__init__()
 
 
 HOLDER = EstimatorHolder()
@@ -340,6 +340,7 @@ def make_verl_estimator(
 
     compute_outcome_advantage.__name__ = f"compute_{name}_outcome_advantage"
     compute_outcome_advantage.__qualname__ = compute_outcome_advantage.__name__
+    # a marker on the function object (register_with_verl reads it back); functions declare no such attribute
     compute_outcome_advantage.__ebpo_estimator__ = name  # type: ignore[attr-defined]
     return compute_outcome_advantage
 

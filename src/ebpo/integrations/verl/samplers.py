@@ -81,6 +81,11 @@ def create_sampler(data_config: Any, dataset: Any) -> Any:
         from verl.utils.import_utils import load_extern_object
 
         cls = load_extern_object(sampler_cfg.class_path, sampler_cfg.class_name)
+        if not callable(cls):
+            raise ValueError(
+                f"data.sampler.class_name={sampler_cfg.class_name!r} in {sampler_cfg.class_path} is a "
+                f"{type(cls).__name__}, not a sampler class"
+            )
         return cls(data_source=dataset, data_config=data_config)
     from verl.trainer.ppo.utils import create_rl_sampler
 

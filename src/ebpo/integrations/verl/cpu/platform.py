@@ -117,6 +117,7 @@ class PlatformCPU(PlatformBase):
 
     @property
     def device_module(self) -> ModuleType:
+        # verl annotates a ModuleType; it only reads attributes, which this stand-in for torch.cpu provides
         return CPU_DEVICE_MODULE  # type: ignore[return-value]
 
     def is_available(self) -> bool:
@@ -125,7 +126,9 @@ class PlatformCPU(PlatformBase):
     def is_platform_available(self, use_smi_check: bool = False) -> bool:
         return cpu_mode_enabled()  # never auto-detected: the CPU mode is opt-in
 
-    def current_device(self) -> str:  # type: ignore[override]
+    # verl annotates int, but 0 would mean cuda:0 (module docstring). unused-ignore: without verl
+    # installed (`make lint` runs in .venv) the base class is Any and there is nothing to ignore
+    def current_device(self) -> str:  # type: ignore[override, unused-ignore]
         return "cpu"
 
     def device_count(self) -> int:

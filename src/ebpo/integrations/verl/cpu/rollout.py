@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any
+from typing import Any, cast
 
 import ray
 import torch
+from ray.actor import ActorHandle
 from verl.workers.rollout import base as rollout_base
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry, TokenOutput
@@ -224,7 +225,7 @@ class CPURolloutReplica(RolloutReplica):
     async def launch_servers(self) -> None:
         model_path = getattr(self.model_config, "local_path", None) or self.model_config.path
         server_cls = ray.remote(num_cpus=0)(CPURolloutServer)
-        self._server_handle = server_cls.options(
+        server = server_cls.options(
             name=server_actor_name(self.replica_rank), max_concurrency=self.max_concurrency
         ).remote(
             model_path,
@@ -232,6 +233,8 @@ class CPURolloutReplica(RolloutReplica):
             seed=int(getattr(self.config, "seed", 0) or 0) + 1000 * self.replica_rank,
             trust_remote_code=bool(getattr(self.model_config, "trust_remote_code", False)),
         )
+        # an ActorHandle: ray types ActorClass.remote as `ActorHandle[T] | type[T]` so that method calls type-check
+        self._server_handle = cast(ActorHandle, server)
         await self._server_handle.info.remote()  # wait until the model is loaded
         self.servers = [self._server_handle]
         self._server_address = server_actor_name(self.replica_rank)
@@ -250,7 +253,7 @@ class CPURolloutAdapter(BaseRollout):
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         self.replica_rank, self.replica_local_rank = divmod(rank, world)
         self.is_leader_rank = self.replica_local_rank == 0
-        self._server = None
+        self._server: ActorHandle | None = None
 
     def _server_handle(self):
         if self._server is None:
