@@ -1,36 +1,60 @@
-# Two entry points: `make demo` and `make test`. Both create .venv if missing and install what is
-# missing, torch's local CPU build first (so no CUDA wheels are pulled), then the package with extras.
+# Two entry points: `make demo` and `make test`. Each creates the virtual environment(s) it needs if missing
+# and installs what is missing, torch's local CPU build first (so no CUDA wheels are pulled), then the package
+# with extras. Two environments, because verl 0.9's workers cannot run beside TRL 1.x (verl's FSDP engine
+# imports a TRL class that TRL 1.x removed; docs/integrations.md):
+#   .venv       core + TRL + embeddings  (`ebpo[dev,trl,embed]`): the demo, the whole suite
+#   .venv-verl  core + verl              (`ebpo[dev,verl]`): the verl adapter's tests, incl. the CPU end-to-end run
+# `make test` builds both and runs the suite in .venv, then the verl tests in .venv-verl (CI runs `make test`).
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.ebpo-installed
+VERL_VENV ?= .venv-verl
+VERL_PY := $(VERL_VENV)/bin/python
+VERL_STAMP := $(VERL_VENV)/.ebpo-installed
+VERL_TESTS := tests/test_integration_verl.py tests/test_integration_verl_e2e.py
 
-.PHONY: demo test install lint bench clean
+.PHONY: demo test test-main test-verl install verl-env lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[dev,trl,verl,embed]"
+	$(PIP) install -q -e ".[dev,trl,embed]"
 	touch $(STAMP)
 
-install: $(STAMP)
+$(VERL_STAMP): pyproject.toml
+	test -x $(VERL_PY) || python3 -m venv $(VERL_VENV)
+	$(VERL_PY) -m pip install -q --upgrade pip
+	$(VERL_PY) -m pip install -q torch==2.13.0
+	$(VERL_PY) -m pip install -q -e ".[dev,verl]"
+	touch $(VERL_STAMP)
+
+install: $(STAMP) $(VERL_STAMP)
+
+verl-env: $(VERL_STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/ebpo train
 
-test: $(STAMP)
+test: test-main test-verl
+
+test-main: $(STAMP)
 	$(PY) -m pytest -q
 
-lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+test-verl: $(VERL_STAMP)
+	$(VERL_PY) -m pytest -q $(VERL_TESTS)
 
-bench: $(STAMP)
-	$(PY) benchmarks/bench_advantages.py
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff format --check src tests benchmarks examples
+	$(VENV)/bin/mypy src
+
+bench: $(STAMP) $(VERL_STAMP)
+	$(VERL_PY) benchmarks/bench_advantages.py  # compares against verl's own GRPO functions
 	$(PY) benchmarks/bench_rewards.py
 	$(PY) benchmarks/bench_eval.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(VERL_VENV) build *.egg-info src/*.egg-info

@@ -6,6 +6,7 @@ import copy
 import io
 import math
 import random
+import re
 from collections import defaultdict
 
 import numpy as np
@@ -46,16 +47,24 @@ def _close(actual: torch.Tensor, expected: list[float], atol: float = 1e-5) -> N
 
 def test_registry_names_and_errors():
     assert ebpo.list_estimators() == ["dr_grpo", "ebpo", "grpo", "jspo", "reinforce_pp_baseline", "rloo"]
-    with pytest.raises(ValueError, match="valid names: dr_grpo, ebpo, grpo"):
+    with pytest.raises(
+        ValueError,
+        match=r"^unknown advantage estimator 'gpro'; valid choices: dr_grpo, ebpo, grpo, jspo, "
+        r"reinforce_pp_baseline, rloo$",
+    ):
         ebpo.get_estimator("gpro")
     with pytest.raises(TypeError, match=r"unknown option\(s\) \['shrink'\].*prior_scope"):
         ebpo.get_estimator("ebpo", shrink=0.5)
     with pytest.raises(TypeError, match="norm_by_std"):
         ebpo.get_estimator("rloo", norm_by_std=False)
-    with pytest.raises(ValueError, match=r"normalize='token' is not one of \['batch', 'group', 'none'\]"):
+    with pytest.raises(
+        ValueError, match=r"^unknown EBPO normalize 'token'; valid choices: batch, group, none, prior$"
+    ):
         ebpo.get_estimator("ebpo", normalize="token")
     with pytest.raises(ValueError, match="prior_memory"):
         ebpo.get_estimator("ebpo", prior_memory="forever")
+    with pytest.raises(ValueError, match=r"cluster_min_groups must be an integer >= 1, got 2.5"):
+        ebpo.get_estimator("ebpo", cluster_min_groups=2.5)  # was silently truncated to 2
 
 
 def test_register_custom_estimator():
@@ -68,7 +77,7 @@ def test_register_custom_estimator():
         assert "test_constant_one" in ebpo.list_estimators()
         _close(ebpo.get_estimator("test_constant_one")(REWARDS, INDEX), [1.0] * 12)
     finally:
-        ebpo.advantages._ESTIMATORS.pop("test_constant_one")
+        ebpo.advantages._ESTIMATORS.unregister("test_constant_one")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -330,11 +339,14 @@ class _LoopEBPO:
             V = (1 - S) * _mean(rs) + S * mu
             for i in members:
                 raw[i] = rewards[i] - V
-                scale[i] = math.sqrt((1 - S) * _svar(rs) + S * sigma2) + self.o["eps"]
+                if self.o["normalize"] == "prior":
+                    scale[i] = math.sqrt(sigma2) + self.o["eps"]
+                else:
+                    scale[i] = math.sqrt((1 - S) * _svar(rs) + S * sigma2) + self.o["eps"]
         self.t += 1
         if self.o["normalize"] == "none":
             return raw
-        if self.o["normalize"] == "group":
+        if self.o["normalize"] in ("group", "prior"):
             return [a / s for a, s in zip(raw, scale, strict=True)]
         m = _mean(raw)
         std = math.sqrt(_svar(raw))
@@ -404,6 +416,8 @@ EBPO_OPTIONS = [
     {},
     {"normalize": "none"},
     {"normalize": "group"},
+    {"normalize": "prior"},
+    {"normalize": "prior", "sigma2": "pooled", "prior_scope": "cluster", "cluster_min_groups": 2},
     {"sigma2": "pooled", "tau2": "latent", "tau2_floor": 1e-3},
     {"prior_memory": 2.5, "normalize": "none"},
     {"prior_scope": "cluster", "cluster_min_groups": 3, "normalize": "none"},
@@ -675,3 +689,154 @@ def test_output_follows_input_device_and_dtype():
     stats = group_moments(REWARDS.double(), group_ids(INDEX)[0], 3)
     assert isinstance(stats, GroupStats)
     torch.testing.assert_close(stats.var_M, torch.tensor([1 / 3, 0.0, 0.25], dtype=torch.float64))
+
+
+# ------------------------------------------------------------------------------------------------
+# huge finite rewards (issue 13, item 6): never emit or store a non-finite value
+# ------------------------------------------------------------------------------------------------
+
+ALL_ESTIMATORS = [
+    ("grpo", {}),
+    ("dr_grpo", {}),
+    ("rloo", {}),
+    ("reinforce_pp_baseline", {}),
+    ("jspo", {}),
+    ("ebpo", {}),
+    ("ebpo", {"normalize": "none"}),
+    ("ebpo", {"normalize": "group"}),
+    ("ebpo", {"normalize": "prior"}),
+    ("ebpo", {"prior_scope": "cluster", "cluster_min_groups": 1, "prior_memory": 3.0}),
+]
+
+
+@pytest.mark.parametrize("name,options", ALL_ESTIMATORS, ids=lambda x: str(x))
+@pytest.mark.parametrize("huge", [1e39, -1e39, 1e155, 1e300])
+def test_huge_rewards_are_rejected_naming_the_sample_and_leave_state_alone(name, options, huge):
+    # Before the fix: 1e39 overflowed the float32 output to +-inf (dr_grpo, rloo, jspo, ebpo none) and
+    # 1e155 overflowed the float64 variance (NaN everywhere, and EBPO's prior stayed NaN for good).
+    est = ebpo.get_estimator(name, **options)
+    history = ([1.0, 0.0, 0.0, 0.0, 1.0, 1.0], [0, 0, 0, 1, 1, 1], ["a"] * 3 + ["b"] * 3)
+    est(history[0], history[1], cluster=history[2])
+    before = copy.deepcopy(est.state_dict())
+    for rewards in (
+        torch.tensor([0.0, 1.0, huge, 0.0], dtype=torch.float64),
+        np.array([0.0, 1.0, huge, 0.0]),
+        [0.0, 1.0, huge, 0.0],  # a Python list must not go through float32 ("inf" in the message)
+    ):
+        with pytest.raises(
+            ValueError,
+            match=re.escape(f"position 2 is {huge:g}: rewards must be finite with |reward| <= 1e+30"),
+        ):
+            est(rewards, [0, 0, 1, 1], cluster=["a", "a", "b", "b"])
+        with pytest.raises(ValueError, match="position 2"):
+            est.observe(rewards, [0, 0, 1, 1], cluster=["a", "a", "b", "b"])
+        assert est.state_dict() == before  # a rejected batch does not touch the prior
+    # the estimator carries on as if the bad batches never came
+    fresh = ebpo.get_estimator(name, **options)
+    fresh(history[0], history[1], cluster=history[2])
+    batch = ([0.0, 1.0, 1.0, 1.0], [0, 0, 1, 1], ["a", "a", "b", "b"])
+    adv, expected = est(*batch[:2], cluster=batch[2]), fresh(*batch[:2], cluster=batch[2])
+    assert torch.isfinite(adv).all() and torch.equal(adv, expected)
+
+
+@pytest.mark.parametrize("name,options", ALL_ESTIMATORS, ids=lambda x: str(x))
+def test_largest_allowed_rewards_give_finite_advantages_and_state(name, options):
+    est = ebpo.get_estimator(name, **options)
+    for rewards in ([1e30, -1e30, 0.0, 1e30], [-1e30, -1e30, 1e30, 1e30], [1e30, 0.0, 0.0, 0.0]):
+        adv = est(rewards, [0, 0, 1, 1], cluster=["a", "a", "b", "b"])
+        assert torch.isfinite(adv).all()
+        assert all(math.isfinite(v) for v in est.metrics().values())
+    flat = [v for v in _floats(est.state_dict())]
+    assert all(math.isfinite(v) for v in flat)
+
+
+def _floats(tree):
+    """Every float or int leaf of a nested state dict."""
+    if isinstance(tree, dict):
+        for value in tree.values():
+            yield from _floats(value)
+    elif isinstance(tree, list | tuple):
+        for value in tree:
+            yield from _floats(value)
+    elif isinstance(tree, int | float) and not isinstance(tree, bool):
+        yield float(tree)
+
+
+def test_python_list_rewards_keep_float64_precision():
+    # float32 has a spacing of 8 at 1e8, so 100000001 became 1e8 on the way in and both advantages were 0.
+    # In float64: group mean 100000000.5, advantages +-0.5 (Dr. GRPO: r - mean).
+    _close(ebpo.get_estimator("dr_grpo")([100000001.0, 100000000.0], [0, 0]), [0.5, -0.5])
+    est = ebpo.get_estimator("ebpo", normalize="none")
+    est([100000001.0, 100000000.0], [0, 0])
+    assert est.prior_stats()["mu_glob"] == 100000000.5
+
+
+@pytest.mark.parametrize("name", ["grpo", "jspo", "ebpo"])
+def test_eps_must_be_positive(name):
+    # eps = 0 turned an all-equal group into 0 / 0 = NaN (GRPO's std, JSPO's lambda, EBPO's batch std).
+    with pytest.raises(ValueError, match="eps must be > 0"):
+        ebpo.get_estimator(name, eps=0.0)
+
+
+def test_output_that_float32_cannot_hold_is_rejected_and_state_restored():
+    # normalize="prior" divides by sqrt(sigma2) + eps. Rewards 0.1 everywhere: sigma2 = 0 exactly, but the
+    # group mean 0.3000..04 / 3 = 0.10000000000000002 leaves a = -1.4e-17; with eps = 1e-300 that is
+    # -1.4e283, far beyond float32. The call must raise, naming the sample, and keep the prior unchanged.
+    est = ebpo.get_estimator("ebpo", normalize="prior", eps=1e-300)
+    before = copy.deepcopy(est.state_dict())
+    with pytest.raises(ValueError, match=r"advantage of sample 0 is -1\.\d+e\+283.*float32"):
+        est([0.1, 0.1, 0.1], [0, 0, 0])
+    assert est.state_dict() == before
+
+
+def test_a_batch_rejected_midway_leaves_the_prior_unchanged():
+    # cluster keys that vary within a group are found after the global prior was already updated: the
+    # estimator must roll the update back.
+    est = ebpo.get_estimator("ebpo", prior_scope="cluster")
+    est([1.0, 0.0], [0, 0], cluster=["geo", "geo"])
+    before = copy.deepcopy(est.state_dict())
+    with pytest.raises(ValueError, match="constant within a group"):
+        est([1.0, 0.0], [0, 0], cluster=["geo", "alg"])
+    with pytest.raises(ValueError, match="constant within a group"):
+        est.observe([1.0, 0.0], [0, 0], cluster=["geo", "alg"])
+    assert est.state_dict() == before
+
+
+@pytest.mark.parametrize(
+    "path,value",
+    [
+        (("prior", "W_glob", "m2"), float("nan")),
+        (("prior", "W_means", "mean"), float("inf")),
+        (("prior", "W_glob", "count"), -3),
+        (("cluster_priors", 0, 1, "W_within", "m2"), float("-inf")),
+    ],
+)
+def test_load_state_dict_rejects_a_non_finite_or_negative_state(path, value):
+    est = ebpo.get_estimator("ebpo", prior_scope="cluster")
+    est([1.0, 0.0, 1.0, 1.0], [0, 0, 1, 1], cluster=["geo", "geo", "alg", "alg"])
+    good = copy.deepcopy(est.state_dict())
+    bad = copy.deepcopy(good)
+    node = bad
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    target = ebpo.get_estimator("ebpo", prior_scope="cluster")
+    target.load_state_dict(copy.deepcopy(good))
+    with pytest.raises(ValueError, match=rf"EBPO checkpoint .*{path[-2]}: .*{path[-1]}={value}"):
+        target.load_state_dict(bad)
+    assert target.state_dict() == good  # a rejected checkpoint changes nothing
+
+
+def test_normalize_prior_flows_through_the_trainer_config():
+    # the trainer passes algorithm.estimator_options to get_estimator unchanged; verl's
+    # +algorithm.ebpo.normalize and TRL's EBPOConfig.normalize do the same
+    from ebpo.trainer.config import ConfigError, load_config
+
+    cfg = load_config(None, ["algorithm.estimator_options.normalize=prior"])
+    est = ebpo.get_estimator(cfg.algorithm.estimator, **cfg.algorithm.estimator_options)
+    assert est.normalize == "prior"
+    with pytest.raises(
+        ConfigError,
+        match=r"estimator_options.*unknown EBPO normalize 'priors'; valid choices: batch, group, none, prior$",
+    ):
+        load_config(None, ["algorithm.estimator_options.normalize=priors"])

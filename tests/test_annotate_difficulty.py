@@ -143,3 +143,27 @@ def test_row_helpers_and_errors(tmp_path):
         annotate_difficulty(dup, dup, DifficultyConfig(model="unused"))
     with pytest.raises(ValueError, match="k must be >= 1"):
         DifficultyConfig(model="m", k=0)
+
+
+def test_cli_difficulty_errors_and_ctrl_c_are_one_line(arith_jsonl, tmp_path, monkeypatch, capsys):
+    """Issue 13.10 (the difficulty side): a missing input and Ctrl-C give one line and an exit code."""
+    import ebpo.annotate.difficulty as difficulty
+
+    out = tmp_path / "o.jsonl"
+    argv = ["annotate", "difficulty", "--model", "unused", "--output", str(out), "--no-progress"]
+    assert main(argv + ["--input", str(tmp_path / "none.jsonl")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"ebpo annotate difficulty: --input {tmp_path / 'none.jsonl'}: no such file"
+    )
+
+    def interrupted(input_path, output_path, cfg, **kw):  # two prompts finished, then Ctrl-C
+        partial_path(output_path).write_text('{"id": "a"}\n{"id": "b"}\n')
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(difficulty, "annotate_difficulty", interrupted)
+    assert main(argv + ["--input", str(arith_jsonl)]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"ebpo annotate difficulty: interrupted; 2 finished prompts are saved in {partial_path(out)}; "
+        "run the same command again (same --prompts-per-call and --seed) to resume"
+    ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -211,6 +212,14 @@ def test_judge_gives_up_on_4xx_and_after_retries(judge_server, tmp_path):
     assert down.stats["requests"] == 3 and "gave up after 3 tries" in next(iter(down.failures.values()))
 
 
+def test_judge_config_rejects_bad_timeouts_and_urls():
+    for timeout in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="--timeout must be a finite number > 0"):
+            JudgeTopicClassifier(base_url="http://127.0.0.1:9", model="m", timeout_s=timeout)
+    with pytest.raises(ValueError, match="--base-url 'ftp://x' is not an http"):
+        JudgeTopicClassifier(base_url="ftp://x", model="m")
+
+
 def test_judge_config_from_env_and_missing(monkeypatch):
     monkeypatch.setenv("OPENAI_BASE_URL", "http://example.invalid/v1")
     monkeypatch.setenv("OPENAI_MODEL", "gpt-4.1")
@@ -259,3 +268,282 @@ def test_cli_topic_on_a_benchmark_file_through_the_loaders(benchmark_dir, tmp_pa
     records = load_records(out, "records")  # our record format: `ebpo train` reads it as data.train_file
     assert len(records) == 30 and all(r.topic in TOPICS for r in records)
     assert records[0].prompt == read_rows(benchmark_dir / "aime24.jsonl")[0]["problem"]
+
+
+# -- issue 13.7 / 13.10: a misbehaving endpoint, a torn cache, CLI errors and Ctrl-C ---------------------
+
+
+class RawJudge:
+    """A raw TCP server on loopback that speaks just enough HTTP/1.1 to misbehave on purpose.
+
+    The problem text (the last user message) picks the behaviour; ``bad_tries[problem]`` is how many
+    requests misbehave before it answers properly (default: all of them). Behaviours: ``BADUTF8`` (a body
+    that is not UTF-8), ``BADSTATUS`` (a garbage status line), ``TRUNCATED`` (Content-Length larger than the
+    body, then close), ``TRICKLE`` (one body byte every 0.2 s: each socket read is quick, the whole body
+    of 87 bytes takes 17 s), ``HANG`` (holds the connection until ``release`` is set); anything else
+    answers "Algebra & Number Theory".
+    """
+
+    def __init__(self, bad_tries=None):
+        self.bad_tries = dict(bad_tries or {})
+        self.requests: list[str] = []
+        self.lock = threading.Lock()
+        self.release = threading.Event()
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}/v1"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn):
+        with conn:
+            try:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, body = data.split(b"\r\n\r\n", 1)
+                length = int(
+                    next(
+                        h.split(b":")[1]
+                        for h in head.split(b"\r\n")
+                        if h.lower().startswith(b"content-length")
+                    )
+                )
+                while len(body) < length:
+                    body += conn.recv(65536)
+                problem = json.loads(body)["messages"][-1]["content"]
+                with self.lock:
+                    self.requests.append(problem)
+                    tries = self.requests.count(problem)
+                self._reply(conn, problem, tries <= self.bad_tries.get(problem, 10**9))
+            except OSError:
+                pass
+
+    @staticmethod
+    def _ok(content: str) -> bytes:
+        body = json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]}).encode()
+        return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+            len(body),
+            body,
+        )
+
+    def _reply(self, conn, problem, misbehave):
+        kind = problem.split(":")[0]
+        if not misbehave or kind not in ("BADUTF8", "BADSTATUS", "TRUNCATED", "TRICKLE", "HANG"):
+            conn.sendall(self._ok("Algebra & Number Theory"))
+        elif kind == "BADUTF8":
+            body = b'{"choices": [{"message": {"content": "Alg\xe8bre"}}]}'
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        elif kind == "BADSTATUS":
+            conn.sendall(b"I am not HTTP\r\n\r\n")
+        elif kind == "TRUNCATED":
+            conn.sendall(self._ok("Algebra & Number Theory")[:-15])
+        elif kind == "TRICKLE":
+            reply = self._ok("Algebra & Number Theory")
+            head, body = reply.split(b"\r\n\r\n", 1)
+            conn.sendall(head + b"\r\n\r\n")
+            for i in range(len(body)):
+                conn.sendall(body[i : i + 1])
+                time.sleep(0.2)
+        elif kind == "HANG":
+            self.release.wait(30)
+            conn.sendall(self._ok("Geometry & Trigonometry"))
+
+    def close(self):
+        self.release.set()
+        self.server.close()
+
+
+@pytest.fixture
+def raw_judge():
+    servers = []
+
+    def make(**kw):
+        servers.append(RawJudge(**kw))
+        return servers[-1]
+
+    yield make
+    for server in servers:
+        server.close()
+
+
+def test_judge_transport_errors_are_retried_then_reported_per_row(raw_judge, tmp_path):
+    """Issue 13.7: a non-UTF-8 body, a bad status line or a truncated body used to abort label() with a
+    traceback and lose the batch. Each is now retried, then reported for its own row; the rest are labelled
+    and cached."""
+    texts = ["BADUTF8: a", "BADSTATUS: b", "TRUNCATED: c", "plain: d", "BADSTATUS: e", "TRUNCATED: f"]
+    judge = raw_judge(bad_tries={"BADSTATUS: e": 1, "TRUNCATED: f": 2})  # these two recover
+    cache = tmp_path / "cache.jsonl"
+    clf = JudgeTopicClassifier(
+        base_url=judge.url, model="m", cache_path=cache, max_retries=2, backoff_s=0.0, concurrency=3
+    )
+    algebra = "Algebra & Number Theory"
+    assert clf.label(texts) == [None, None, None, algebra, algebra, algebra]
+    failures = {t: clf.failures[clf.cache_key(t)] for t in texts[:3]}
+    assert "not valid UTF-8" in failures["BADUTF8: a"]
+    assert "BadStatusLine" in failures["BADSTATUS: b"]
+    assert "IncompleteRead" in failures["TRUNCATED: c"]
+    assert all("gave up after 3 tries" in f for f in failures.values())
+    per_problem = {t: judge.requests.count(t) for t in texts}
+    assert per_problem == {texts[0]: 3, texts[1]: 3, texts[2]: 3, texts[3]: 1, texts[4]: 2, texts[5]: 3}
+    assert clf.stats["retries"] == 2 + 2 + 2 + 1 + 2
+    assert sorted(json.loads(line)["label"] for line in cache.read_text().splitlines()) == [algebra] * 3
+
+
+def test_judge_timeout_is_a_wall_clock_per_request(raw_judge):
+    """Issue 13.7: urllib's timeout applies to each socket read, so a body trickled one byte at a time
+    (each read well under the limit) took 49.5 s under --timeout 2. Now the whole request has 1 s."""
+    judge = raw_judge()
+    clf = JudgeTopicClassifier(base_url=judge.url, model="m", max_retries=1, backoff_s=0.0, timeout_s=1.0)
+    start = time.monotonic()
+    assert clf.label(["TRICKLE: slow"]) == [None]
+    elapsed = time.monotonic() - start
+    # two tries of at most ~1 s each; the trickled body alone takes 17 s per try
+    assert elapsed < 6.0, elapsed
+    assert judge.requests.count("TRICKLE: slow") == 2
+    assert "timed out after 1 s" in next(iter(clf.failures.values()))
+
+
+def test_judge_cache_torn_line_does_not_poison_the_next_append(raw_judge, tmp_path):
+    """Issue 13.7: a torn last line was skipped on read, but the next append landed on the same line, so the
+    new label was lost and the cache could no longer be read."""
+    judge = raw_judge()
+    cache = tmp_path / "cache.jsonl"
+    first = JudgeTopicClassifier(base_url=judge.url, model="m", cache_path=cache)
+    assert first.label(["plain: one"]) == ["Algebra & Number Theory"]
+    with open(cache, "a", encoding="utf-8") as fh:
+        fh.write('{"key": "abc", "lab')  # killed mid-append
+    second = JudgeTopicClassifier(base_url=judge.url, model="m", cache_path=cache)
+    assert second.label(["plain: two"]) == ["Algebra & Number Theory"]
+    assert judge.requests == ["plain: one", "plain: two"]
+    lines = cache.read_text().splitlines()
+    assert len(lines) == 2 and all(json.loads(line)["label"] for line in lines)  # every line parses
+    third = JudgeTopicClassifier(base_url=judge.url, model="m", cache_path=cache)
+    assert third.label(["plain: one", "plain: two"]) == ["Algebra & Number Theory"] * 2
+    assert len(judge.requests) == 2 and third.stats["cache_hits"] == 2
+
+
+def test_judge_cache_append_starts_on_a_fresh_line(raw_judge, tmp_path):
+    """Even when the file is torn after it was read (another writer killed mid-line), an append starts on
+    a new line, and unreadable lines are skipped on load with a warning (a cache miss, not an error)."""
+    judge = raw_judge()
+    cache = tmp_path / "cache.jsonl"
+    clf = JudgeTopicClassifier(base_url=judge.url, model="m", cache_path=cache)
+    cache.write_bytes(b'{"key": "x", "label": "Linear Algebra"}\n{"key": "torn\xff')
+    assert clf.label(["plain: three"]) == ["Algebra & Number Theory"]
+    raw = cache.read_bytes().split(b"\n")
+    assert raw[1] == b'{"key": "torn\xff' and json.loads(raw[2])["label"] == "Algebra & Number Theory"
+    reread = JudgeTopicClassifier(base_url=judge.url, model="m", cache_path=cache)
+    assert reread.label(["plain: three"]) == ["Algebra & Number Theory"] and len(judge.requests) == 1
+
+
+def _topic_argv(src, out, url, *extra):
+    return ["annotate", "topic", "--input", str(src), "--output", str(out), "--backend", "judge"] + (
+        ["--base-url", url, "--judge-model", "m", "--backoff", "0", *extra] if url else list(extra)
+    )
+
+
+def test_cli_topic_errors_are_one_line(tmp_path, monkeypatch, capsys):
+    """Issue 13.10: a missing --base-url, a missing input file and a bad byte ended in tracebacks."""
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.setenv("OPENAI_MODEL", "m")
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"problem": "p", "answer": "1"}) + "\n")
+    assert main(_topic_argv(src, tmp_path / "o.jsonl", None)) == 2
+    assert capsys.readouterr().err.strip() == (
+        "ebpo annotate topic: judge backend: no endpoint; pass --base-url or set OPENAI_BASE_URL"
+    )
+    assert main(_topic_argv(tmp_path / "missing.jsonl", tmp_path / "o.jsonl", "http://127.0.0.1:9")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"ebpo annotate topic: --input {tmp_path / 'missing.jsonl'}: no such file"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"problem": "ok", "answer": "1"}\n{"problem": "caf\xe9", "answer": "1"}\n')
+    for schema in ([], ["--schema", "shared"]):
+        argv = ["annotate", "topic", "--input", str(bad), "--output", str(tmp_path / "o.jsonl"), *schema]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"ebpo annotate topic: {bad}, line 2: not valid UTF-8") and "\n" not in err
+
+
+def test_judge_url_without_a_host_is_one_line(tmp_path, capsys):
+    """Found by mypy (``hostname`` is ``str | None``): ``--base-url http:///v1`` passed the scheme check, then
+    the first request died in http.client with ``AttributeError: 'NoneType' object has no attribute
+    'rfind'``, a traceback out of ``ebpo annotate topic``."""
+    with pytest.raises(ValueError, match=r"--base-url 'https:///v1' is not an http\(s\) URL with a host"):
+        JudgeTopicClassifier(base_url="https:///v1", model="m")
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"problem": "p", "answer": "1"}) + "\n")
+    assert main(_topic_argv(src, tmp_path / "o.jsonl", "http:///v1")) == 2
+    assert capsys.readouterr().err.strip() == (
+        "ebpo annotate topic: judge backend: --base-url 'http:///v1' is not an http(s) URL with a host, "
+        "e.g. https://api.openai.com/v1"
+    )
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_judge_proxy_without_a_host_fails_each_row_naming_the_variable(monkeypatch):
+    """Found by mypy, like the test above: a proxy variable with no host (``http_proxy=http://:3128``) reached
+    http.client as ``None`` (a TypeError traceback out of ``label``); now each row fails with a message naming
+    the variable, and no request leaves."""
+    for name in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("http_proxy", "http://:3128")
+    clf = JudgeTopicClassifier(base_url="http://judge.invalid/v1", model="m", max_retries=0, backoff_s=0.0)
+    assert clf.label(["p", "q"]) == [None, None]
+    assert clf.stats["requests"] == 2
+    for failure in clf.failures.values():
+        assert failure == "the http_proxy environment variable (http://:3128) names no host; fix or unset it"
+
+
+def test_cli_topic_ctrl_c_keeps_finished_labels_and_resumes(raw_judge, tmp_path):
+    """Issue 13.10: Ctrl-C printed a traceback and dropped the batch's answers. A real SIGINT to a real
+    `ebpo annotate topic` process: two problems are answered, two hang; the answered ones are in the cache,
+    the message says how to resume, and the rerun asks only for the two that were missing."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    judge = raw_judge()
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    problems = ["plain: 1", "HANG: 2", "plain: 3", "HANG: 4"]
+    src.write_text(
+        "".join(json.dumps({"id": i, "problem": p, "answer": "0"}) + "\n" for i, p in enumerate(problems))
+    )
+    cache = tmp_path / "out.jsonl.judge_cache.jsonl"
+    code = "import sys; from ebpo.cli import main; sys.exit(main(sys.argv[1:]))"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    argv = [sys.executable, "-c", code, *_topic_argv(src, out, judge.url, "--concurrency", "4")]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (cache.is_file() and len(cache.read_text().splitlines()) == 2):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    while judge.requests.count("HANG: 2") + judge.requests.count("HANG: 4") < 2:
+        time.sleep(0.05)  # both hanging requests are in flight
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("ebpo annotate topic: interrupted; 2 labels are saved in ")
+    assert "run the same command again to resume" in last
+    assert not out.exists()
+
+    judge.release.set()  # now the hanging problems are answered
+    before = len(judge.requests)
+    resumed = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert resumed.returncode == 0, resumed.stderr
+    assert sorted(judge.requests[before:]) == ["HANG: 2", "HANG: 4"]
+    assert [r["topic"] for r in read_rows(out)] == [
+        "Algebra & Number Theory",
+        "Geometry & Trigonometry",
+        "Algebra & Number Theory",
+        "Geometry & Trigonometry",
+    ]

@@ -11,7 +11,7 @@ import torch
 
 from ebpo.data.records import Record
 from ebpo.eval import cli as eval_cli
-from ebpo.eval.harness import SamplingConfig, cache_file, chunk_seed, evaluate, get_benchmark
+from ebpo.eval.harness import SamplingConfig, cache_file, evaluate, get_benchmark, problem_seed
 
 PAPER_SETS = ["aime24", "aime25", "amc23", "math500", "olympiadbench"]
 
@@ -47,21 +47,23 @@ def synthetic_records(num: int) -> list[Record]:
 
 
 class SeededGenerator:
-    """(prompts, n, seed) -> texts; answers drawn from the seed, so responses depend on the chunk seed only.
-    Counts calls and can raise after ``fail_after`` calls (a simulated crash)."""
+    """(prompts, n, seeds) -> texts; each prompt's answers drawn from its own seed. Counts calls and can
+    raise ``error`` after ``fail_after`` calls (a simulated crash or Ctrl-C)."""
 
-    def __init__(self, fail_after: int | None = None):
+    def __init__(self, fail_after: int | None = None, error: BaseException | None = None):
         self.calls: list[list[str]] = []
         self.fail_after = fail_after
+        self.error = error or RuntimeError("simulated crash")
 
-    def __call__(self, prompts, n, seed):
+    def __call__(self, prompts, n, seeds):
         if self.fail_after is not None and len(self.calls) >= self.fail_after:
-            raise RuntimeError("simulated crash")
+            raise self.error
         self.calls.append(list(prompts))
-        gen = torch.Generator().manual_seed(seed)
+        assert len(seeds) == len(prompts)
         out = []
-        for prompt in prompts:
+        for prompt, seed in zip(prompts, seeds):
             gold = prompt.split()[-1]
+            gen = torch.Generator().manual_seed(seed)
             draws = torch.randint(0, 3, (n,), generator=gen).tolist()  # 0: correct, 1: "x", 2: no answer
             out.append([f"ans={gold}" if d == 0 else ("ans=x" if d == 1 else "no idea") for d in draws])
         return out
@@ -88,7 +90,8 @@ def test_cli_on_real_benchmarks_with_scripted_generator(benchmark_dir, tmp_path)
         records = get_benchmark(name).load()
         rows = (benchmark_dir / f"{name}.jsonl").read_text().splitlines()
         assert len(records) == len(rows)  # the loader read the whole real file
-        for i, rec in enumerate(records[:8]):
+        # --limit 8 with 3 problems per chunk: the third chunk (problems 6, 7, 8) is sampled whole
+        for i, rec in enumerate(records[:9]):
             assert rec.answer == json.loads(rows[i])["answer"]
             prompt_index[rec.prompt] = (i, rec.answer)
 
@@ -145,7 +148,8 @@ def test_cli_on_real_benchmarks_with_scripted_generator(benchmark_dir, tmp_path)
 
 
 def test_tiny_model_on_arith_matches_direct_sampling(tiny_model_dir):
-    """The harness's numbers equal sampling each chunk by hand with its chunk seed and verifying."""
+    """The harness's numbers equal sampling each problem alone, by hand, with its problem seed (whatever
+    chunk it was sampled in) and verifying."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ebpo.generation import sample
@@ -159,24 +163,13 @@ def test_tiny_model_on_arith_matches_direct_sampling(tiny_model_dir):
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    per_chunk = sampling.problems_per_chunk  # 6 // 3 = 2 problems per chunk
+    assert sampling.problems_per_chunk == 2  # 6 // 3: the harness samples problems two at a time
     expected_rewards = []
-    for c, start in enumerate(range(0, 5, per_chunk)):
-        chunk = records[start : start + per_chunk]
-        gen = torch.Generator().manual_seed(chunk_seed(4, c))
-        out = sample(
-            model,
-            tok,
-            [r.prompt for r in chunk],
-            n=3,
-            temperature=1.0,
-            max_new_tokens=6,
-            generator=gen,
-            batch_size=6,
-        )
-        for i, rec in enumerate(chunk):
-            expected_rewards.append([task.verify(t, rec.answer) for t in out.texts[i * 3 : (i + 1) * 3]])
-            assert result.problems[start + i].lengths == out.lengths[i * 3 : (i + 1) * 3].tolist()
+    for i, rec in enumerate(records):
+        gen = torch.Generator().manual_seed(problem_seed(4, rec.id))
+        out = sample(model, tok, [rec.prompt], n=3, temperature=1.0, max_new_tokens=6, generator=gen)
+        expected_rewards.append([task.verify(t, rec.answer) for t in out.texts])
+        assert result.problems[i].lengths == out.lengths.tolist()
     assert [p.rewards for p in result.problems] == expected_rewards
     flat = [r for rs in expected_rewards for r in rs]
     assert result.summary["pass@1"] == pytest.approx(sum(flat) / len(flat))
@@ -216,7 +209,8 @@ def test_cli_tiny_model_dir_on_arith(tiny_model_dir, tmp_path, monkeypatch):
     summary = out["results"][str(tiny_model_dir)]["arith"]
     assert summary["num_problems"] == 3 and summary["num_samples"] == 2
     cached = list((tmp_path / "c").rglob("arith-*.jsonl"))
-    assert len(cached) == 1 and len(cached[0].read_text().splitlines()) == 3
+    # --limit 3 reports 3 problems; the chunk holding them (64 // 2 = 32 problems) is sampled and cached
+    assert len(cached) == 1 and len(cached[0].read_text().splitlines()) == 32
 
     # a second run is answered from the cache: the model is never loaded, the numbers are the same
     import ebpo.eval.harness as harness
@@ -284,6 +278,38 @@ def test_limit_does_not_change_responses():
     assert [p.to_dict() for p in head.problems] == [p.to_dict() for p in full.problems[:3]]
 
 
+def test_limit_batch_size_and_cache_mixing_do_not_change_real_samples(tiny_model_dir, tmp_path):
+    """Issue 13.12, with the real sampler (a scripted generator that draws row by row cannot see it): one
+    multinomial call used to sample a whole chunk, so the last partial chunk of --limit 5 (problems 3, 4
+    with 3 per chunk) sampled differently from --limit 16. Now each problem has its own generator and a
+    chunk is always the same records of the full list."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ebpo.tasks import get_task
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    records = get_task("arith").generate("test", 16, seed=0)
+
+    def run(limit, batch_size, cache=None):
+        sampling = SamplingConfig(n=4, temperature=1.0, top_p=0.95, max_new_tokens=8, batch_size=batch_size)
+        result = evaluate(
+            model, records, "arith", sampling, tokenizer=tok, limit=limit, cache_path=cache, keep_texts=True
+        )
+        return [p.texts for p in result.problems]
+
+    full = run(16, 12)  # 3 problems per chunk
+    assert len({t for texts in full for t in texts}) > 40  # 64 random responses, nearly all distinct
+    assert run(5, 12) == full[:5]  # failed before the fix on problems 3 and 4
+    assert run(5, 4) == full[:5]  # one problem per chunk
+    assert run(7, 40) == full[:7]  # ten problems per chunk
+    # mixing limits against one cache gives what a fresh run gives
+    cache = tmp_path / "mixed.jsonl"
+    assert run(5, 12, cache) == full[:5]
+    assert len(cache.read_text().splitlines()) == 6  # the whole second chunk (problems 3, 4, 5) is kept
+    assert run(16, 12, cache) == full
+
+
 def test_scripted_summary_by_hand():
     # problem p0: answers ans=0 (right), ans=x, none -> pass@1 1/3; p1: all none -> 0
     def gen(prompts, n, seed):
@@ -337,7 +363,9 @@ def test_bad_input_errors():
             SamplingConfig(n=2),
             generate_fn=lambda p, n, s: [["x"]],
         )
-    with pytest.raises(ValueError, match="valid: aime24"):
+    with pytest.raises(
+        ValueError, match="valid choices: aime24, aime25, amc23, arith, math500, olympiadbench"
+    ):
         get_benchmark("aime2024")
     with pytest.raises(ValueError, match="top_p"):
         SamplingConfig(top_p=0)
@@ -404,4 +432,130 @@ def test_markdown_se_average_by_hand():
     results = {"A": {"b1": {"pass@1/se_problems": 0.03}, "b2": {"pass@1/se_problems": 0.04}}}
     assert "| A | 3.00 | 4.00 | 2.50 |" in eval_cli.markdown_table(
         results, ["b1", "b2"], "pass@1/se_problems"
+    )
+
+
+# --- issue 13: CLI errors, Ctrl-C, skipped metrics, truncation -------------------------------------------
+
+
+def _quick_args(tmp_path, *extra: str) -> argparse.Namespace:
+    return parse_eval_args(
+        ["scripted", "--benchmarks", "arith", "--limit", "6", "--n", "2", "--batch-size", "4", "--quiet"]
+        + ["--cache-dir", str(tmp_path / "cache"), "--out-dir", str(tmp_path / "out"), *extra]
+    )
+
+
+def arith_scripted(prompts, n, seeds):
+    """Every response answers 0 (the arith reward reads the first integer)."""
+    return [["0"] * n for _ in prompts]
+
+
+def test_cli_unknown_benchmark_is_one_line_naming_the_flag(tmp_path, capsys):
+    """Issue 13.10: an unknown benchmark name ended in a traceback."""
+    from ebpo.cli import main
+
+    argv = ["eval", "builtin", "--benchmarks", "aime2024", "--out-dir", str(tmp_path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "ebpo eval: --benchmarks: unknown benchmark 'aime2024'; valid choices: aime24, aime25, amc23, arith, "
+        "math500, olympiadbench"
+    ]
+    assert main(["eval", "builtin", "--limit", "-1", "--out-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == "ebpo eval: --limit must be >= 0, got -1"
+
+
+def test_cli_missing_benchmark_file_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("EBPO_SHARED_DATA", str(tmp_path))
+    args = parse_eval_args(
+        ["scripted", "--benchmarks", "aime24", "--out-dir", str(tmp_path / "o"), "--quiet"]
+    )
+    assert eval_cli.run(args, generate_fns={"scripted": arith_scripted}) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ebpo eval: benchmark file ") and "EBPO_SHARED_DATA" in err and "\n" not in err
+
+
+def test_cli_ctrl_c_keeps_finished_chunks_and_says_how_to_resume(tmp_path, capsys):
+    """Issue 13.10: Ctrl-C printed a traceback. The scripted generator raises KeyboardInterrupt (what SIGINT
+    raises in the main thread) while sampling the third chunk: the first two chunks stay cached."""
+    args = _quick_args(tmp_path, "--ks", "1,2", "--maj-ks", "2")
+    interrupted = SeededGenerator(fail_after=2, error=KeyboardInterrupt())
+    assert eval_cli.run(args, generate_fns={"scripted": interrupted}) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "interrupted" in err[0] and "run the same command again to resume" in err[0]
+    assert str(tmp_path / "cache") in err[0]
+    (cache,) = (tmp_path / "cache").rglob("arith-*.jsonl")
+    assert len(cache.read_text().splitlines()) == 4  # 2 chunks x 2 problems (4 // 2)
+
+    resumed = SeededGenerator()
+    assert eval_cli.run(args, generate_fns={"scripted": resumed}) == 0
+    assert len(resumed.calls) == 1  # only the third chunk
+    out = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert out["results"]["scripted"]["arith"]["num_problems"] == 6
+
+    no_cache = SeededGenerator(fail_after=1, error=KeyboardInterrupt())
+    assert eval_cli.run(_quick_args(tmp_path, "--no-cache"), generate_fns={"scripted": no_cache}) == 130
+    assert "--no-cache" in capsys.readouterr().err
+
+
+def test_cli_warns_when_n_is_below_k(tmp_path, capsys, recwarn):
+    """Issue 13.13: with --n below 16 the default pass@16 and maj@16 vanished silently."""
+    assert eval_cli.run(_quick_args(tmp_path), generate_fns={"scripted": arith_scripted}) == 0
+    err = capsys.readouterr().err
+    assert (
+        "ebpo eval: warning: --n 2 is below k, so pass@16, maj@16 are not reported; use --n 16 or more, "
+        "or drop them from --ks / --maj-ks" in err
+    )
+    assert len(recwarn) == 0  # said once, by the CLI, not again by summarize
+    out = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert out["settings"]["skipped_metrics"] == ["pass@16", "maj@16"]
+    assert (
+        "Not reported (n = 2 is below k): pass@16, maj@16." in (tmp_path / "out" / "results.md").read_text()
+    )
+    ok = _quick_args(tmp_path, "--ks", "1,2", "--maj-ks", "2")
+    assert eval_cli.run(ok, generate_fns={"scripted": arith_scripted}) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_cli_reports_truncation(tiny_model_dir, tmp_path, capsys):
+    """ebpo eval reports the fraction of responses cut at --max-new-tokens (response/clip_ratio) in
+    results.md and warns on stderr: with 2 new tokens the tiny model's responses are all cut."""
+    args = parse_eval_args(
+        [str(tiny_model_dir), "--benchmarks", "arith", "--limit", "2", "--n", "2", "--max-new-tokens", "2"]
+        + [
+            "--ks",
+            "1",
+            "--maj-ks",
+            "1",
+            "--no-cache",
+            "--out-dir",
+            str(tmp_path),
+            "--quiet",
+            "--device",
+            "cpu",
+        ]
+    )
+    assert eval_cli.run(args) == 0
+    summary = json.loads((tmp_path / "results.json").read_text())["results"][str(tiny_model_dir)]["arith"]
+    clip = summary["response/clip_ratio"]
+    table = (tmp_path / "results.md").read_text()
+    assert "Responses cut at max new tokens (response/clip_ratio, %):" in table
+    assert f"| {tiny_model_dir} | {100 * clip:.2f} | {100 * clip:.2f} |" in table
+    err = capsys.readouterr().err
+    if clip >= 0.01:
+        assert f"{100 * clip:.1f}% of the responses on arith hit --max-new-tokens 2" in err
+    assert clip > 0.5  # a random tiny model rarely emits EOS within 2 tokens
+
+
+def test_corrupt_cache_line_names_file_and_line(tmp_path, capsys):
+    args = _quick_args(tmp_path, "--ks", "1,2", "--maj-ks", "2")
+    assert eval_cli.run(args, generate_fns={"scripted": arith_scripted}) == 0
+    capsys.readouterr()
+    (cache,) = (tmp_path / "cache").rglob("arith-*.jsonl")
+    lines = cache.read_bytes().split(b"\n")
+    cache.write_bytes(b"\n".join([lines[0], b"\xff\xfe garbage", *lines[1:]]))
+    assert eval_cli.run(args, generate_fns={"scripted": arith_scripted}) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"ebpo eval: {cache}, line 2: not a cached problem") and err.endswith(
+        "delete the file to redo"
     )

@@ -154,7 +154,8 @@ def test_score_problem_and_summarize_by_hand():
     b = score_problem(
         "b", [0, 0, 0, 0], ["7", "7", "8", "9"], exact_eq, lengths=[2, 2, 2, 2], truncated=[0, 0, 0, 0]
     )
-    s = summarize([a, b], ks=(1, 2, 8), maj_ks=(4,))
+    with pytest.warns(UserWarning, match="n = 4 samples per problem is below k: pass@8 not reported"):
+        s = summarize([a, b], ks=(1, 2, 8), maj_ks=(4,))
     assert s["pass@1"] == pytest.approx(0.25)  # (0.5 + 0) / 2
     assert s["pass@1/se_problems"] == pytest.approx(0.25)  # std([0.5, 0]) = 0.3536, / sqrt 2
     # per-seed accuracies: sample 0 -> (1+0)/2, 1 -> 0, 2 -> 0.5, 3 -> 0: mean .25, std(ddof=1)=0.2887, /2
@@ -187,3 +188,17 @@ def test_summarize_pass_at_k_equals_brute_force_average():
         [np.mean([any(p.rewards[j] > 0 for j in sub) for sub in combinations(range(6), 3)]) for p in problems]
     )
     assert s["pass@3"] == pytest.approx(brute)
+
+
+def test_summarize_warns_which_metrics_n_is_too_small_for(recwarn):
+    """Issue 13.13: with n below k, pass@k and maj@k used to vanish without a word."""
+    problems = [score_problem("a", [1, 0, 0], ["1", "2", "2"], exact_eq)]
+    with pytest.warns(UserWarning) as caught:
+        s = summarize(problems, ks=(1, 2, 16), maj_ks=(3, 16))
+    (warning,) = caught
+    assert str(warning.message) == (
+        "n = 3 samples per problem is below k: pass@16, maj@16 not reported; sample n >= 16 to get them"
+    )
+    assert {"pass@2", "maj@3"} <= set(s) and not {"pass@16", "maj@16"} & set(s)
+    summarize(problems, ks=(1, 3), maj_ks=(3,))  # every k fits: no warning
+    assert len(recwarn) == 0

@@ -240,6 +240,59 @@ def test_training_mode_restored_and_bad_input(spiky):
         sample(model, tok, ["1", ""])
 
 
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.8, 0.9)])
+def test_per_prompt_generators_make_rows_independent_of_the_batch(spiky, temperature, top_p):
+    """Issue 13.12 (ebpo eval --limit): with ``generators`` (one per prompt), prompt b's rows equal sampling
+    prompt b alone with a generator seeded the same, whichever prompts share the call, in which order, and
+    however batch_size chunks them. Rows stop at different steps, so prompts drop rows mid-call."""
+    model, tok = spiky
+    stop_ids = frequent_tokens(model, tok, 2)
+    seeds = {p: 100 + i for i, p in enumerate(PROMPTS)}
+    kw = dict(n=3, temperature=temperature, top_p=top_p, max_new_tokens=12, eos_token_id=stop_ids)
+    # the reference: each prompt alone, the single-generator path (one draw over that prompt's rows)
+    alone = {
+        p: sample(model, tok, [p], generator=torch.Generator().manual_seed(seeds[p]), **kw) for p in PROMPTS
+    }
+    for prompts, batch_size in [
+        (PROMPTS, None),
+        (PROMPTS, 3),
+        (PROMPTS, 6),
+        (PROMPTS[::-1], None),
+        (PROMPTS[1:], 4),
+    ]:
+        generators = [torch.Generator().manual_seed(seeds[p]) for p in prompts]
+        together = sample(model, tok, prompts, generators=generators, batch_size=batch_size, **kw)
+        for b, p in enumerate(prompts):
+            rows = slice(3 * b, 3 * b + 3)
+            assert as_lists(together)[rows] == as_lists(alone[p]), (prompts, batch_size, p)
+            assert together.texts[rows] == alone[p].texts
+            width = int(alone[p].lengths.max())
+            assert torch.allclose(together.old_logp[rows, :width], alone[p].old_logp, atol=1e-5)
+    # the rows really differ between prompts and seeds, so the equalities above are not vacuous
+    assert len({tuple(t) for t in as_lists(alone[PROMPTS[0]])}) > 1
+    other = sample(model, tok, PROMPTS[:1], generators=[torch.Generator().manual_seed(999)], **kw)
+    assert as_lists(other) != as_lists(alone[PROMPTS[0]])
+    # int seeds work like generators seeded with them
+    by_int = sample(model, tok, PROMPTS, generators=[seeds[p] for p in PROMPTS], **kw)
+    assert by_int.texts == [t for p in PROMPTS for t in alone[p].texts]
+
+
+def test_generators_argument_errors(spiky):
+    model, tok = spiky
+    with pytest.raises(ValueError, match="one generator per prompt: 3 prompts, 2 generators"):
+        sample(model, tok, PROMPTS, generators=[1, 2])
+    with pytest.raises(ValueError, match=r"either generator= \(one for the call\) or generators="):
+        sample(model, tok, PROMPTS, generator=0, generators=[1, 2, 3])
+
+
+def test_non_text_prompt_names_the_prompt(spiky):
+    """A prompt that is neither a string nor token ids (issue 13.9: a number from a data file) fails with
+    its index, not inside the tokenizer."""
+    model, tok = spiky
+    with pytest.raises(TypeError, match="prompt 1 is a int, not a string or a list of token ids"):
+        sample(model, tok, ["1+1=", 7], max_new_tokens=2)
+
+
 @pytest.mark.gpu
 def test_cuda_matches_cpu_greedy(spiky):
     model, tok = spiky
@@ -263,10 +316,22 @@ def test_cuda_matches_cpu_greedy(spiky):
             max_new_tokens=12,
             generator=torch.Generator(device="cuda").manual_seed(0),
         )
+        per_prompt = [
+            sample(
+                cuda_model,
+                tok,
+                PROMPTS,
+                n=4,
+                max_new_tokens=12,
+                generators=[torch.Generator(device="cuda").manual_seed(s) for s in (1, 2, 3)],
+            )
+            for _ in range(2)
+        ]
     finally:
         model.to("cpu")
     assert torch.equal(cpu.response_ids, gpu.response_ids)
     assert torch.equal(sampled.response_ids, again.response_ids)
+    assert torch.equal(per_prompt[0].response_ids, per_prompt[1].response_ids)
 
 
 def test_sample_next_token_full_vocab_frequencies():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -9,6 +11,7 @@ pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
 
 import ebpo  # noqa: E402
+from ebpo.advantages import EBPO_CHOICES  # noqa: E402
 from ebpo.data.samplers import get_sampler  # noqa: E402
 from ebpo.integrations.trl import ESTIMATOR_STATE_FILE, EBPOConfig, EBPOTrainer  # noqa: E402
 
@@ -158,6 +161,32 @@ def test_checkpoint_resume_restores_estimator(tiny_model_dir, tmp_path):
     assert first.prompts + second.prompts == by_step
 
 
+def test_mid_block_resume_counts_each_block_once(tiny_model_dir, tmp_path):
+    # steps_per_generation=2: one generation (4 prompts x G = 16 rewards) serves optimizer steps 1 and 2.
+    # checkpoint-1 falls mid-block and TRL regenerates that block on resume (no buffered completions), so a
+    # prior saved after the block's rewards made the resumed prior hold 32 rewards where 16 belong. The prior
+    # is saved as of the block start instead; checkpoint-2 (a block boundary) holds the block.
+    out = tmp_path / "run"
+    common = dict(steps_per_generation=2, logging_steps=1)
+    first = make_trainer(
+        tiny_model_dir, make_config(out, max_steps=2, save_strategy="steps", save_steps=1, **common)
+    )
+    first.train()
+    assert len(first.seen) == 1  # one generation for two optimizer steps
+    mid_block = torch.load(out / "checkpoint-1" / ESTIMATOR_STATE_FILE, weights_only=False)["estimator"]
+    boundary = torch.load(out / "checkpoint-2" / ESTIMATOR_STATE_FILE, weights_only=False)["estimator"]
+    assert mid_block == ebpo.get_estimator("ebpo").state_dict()  # as of the block start: empty
+    assert boundary == first.estimator.state_dict() and boundary["prior"]["W_glob"]["count"] == 16
+
+    second = make_trainer(tiny_model_dir, make_config(out, max_steps=2, save_strategy="no", **common))
+    second.train(resume_from_checkpoint=str(out / "checkpoint-1"))
+    assert len(second.seen) == 1  # TRL regenerated the block it stopped in
+    assert second.estimator.state_dict()["prior"]["W_glob"]["count"] == 16  # 16 belong, not 32
+    expected = ebpo.get_estimator("ebpo")
+    expected(second.seen[0][0], torch.arange(16) // G)
+    assert second.estimator.state_dict() == expected.state_dict()
+
+
 def test_topic_sampler_keeps_repeat_structure(tiny_model_dir, tmp_path):
     args = make_config(
         tmp_path / "run", prompt_sampler="topic", prior_scope="cluster", cluster_min_groups=1, max_steps=2
@@ -182,9 +211,48 @@ def test_topic_sampler_keeps_repeat_structure(tiny_model_dir, tmp_path):
 
 
 def test_config_rejects_unknown_choices(tmp_path):
-    with pytest.raises(ValueError, match="valid choices"):
-        make_config(tmp_path, advantage_estimator="ppo")
-    with pytest.raises(ValueError, match="valid choices"):
-        make_config(tmp_path, prompt_sampler="alphabetical")
+    # every option is checked in __post_init__, before any model loads, by the estimator or registry that uses
+    # it: one line naming the EBPOConfig field, then the one wording of ebpo.registry with the valid choices
+    bad = {
+        "advantage_estimator": (
+            "ppo",
+            "unknown advantage estimator 'ppo'; valid choices: dr_grpo, ebpo, grpo, jspo, reinforce_pp_baseline, "
+            "rloo",
+        ),
+        "prompt_sampler": (
+            "alphabetical",
+            "unknown sampler 'alphabetical'; valid choices: difficulty, random, topic",
+        ),
+        "prior_scope": ("topic", "unknown EBPO prior_scope 'topic'; valid choices: cluster, global"),
+        "tau2": ("latnet", "unknown EBPO tau2 'latnet'; valid choices: latent, raw"),
+        "sigma2": ("pool", "unknown EBPO sigma2 'pool'; valid choices: pooled, total"),
+        "normalize": (
+            "batches",
+            "unknown EBPO normalize 'batches'; valid choices: batch, group, none, prior",
+        ),
+        "prior_memory": (
+            "forever",
+            "prior_memory must be 'all' or a half-life in steps > 0 (e.g. 50), got 'forever'",
+        ),
+        "cluster_min_groups": (0, "cluster_min_groups must be an integer >= 1, got 0"),
+    }
+    for name, (value, message) in bad.items():
+        with pytest.raises(ValueError, match=f"^{re.escape(f'EBPOConfig.{name}: {message}')}$"):
+            make_config(tmp_path, **{name: value})
+    with pytest.raises(ValueError, match=r"^EBPOConfig.prior_memory: .*got '-5'$"):
+        make_config(tmp_path, prior_memory="-5")
+    with pytest.raises(ValueError, match=r"^EBPOConfig.cluster_min_groups: .*got 2.5$"):
+        make_config(tmp_path, cluster_min_groups=2.5)
+    with pytest.raises(ValueError, match="set advantage_estimator='ebpo' or drop them"):
+        make_config(tmp_path, advantage_estimator="grpo", prior_scope="cluster")
+    # every value the estimator accepts is accepted here, from the estimator's own table (normalize="prior" too)
+    for name, choices in EBPO_CHOICES.items():
+        for value in choices:
+            assert make_config(tmp_path, **{name: value}).estimator_options()[name] == value
+    assert make_config(tmp_path, normalize="prior").estimator_options()["normalize"] == "prior"
+    # the defaults are the estimator's: EBPOConfig() builds the estimator get_estimator("ebpo") builds
+    default = make_config(tmp_path)
+    assert repr(ebpo.get_estimator("ebpo", **default.estimator_options())) == repr(ebpo.get_estimator("ebpo"))
+    assert make_config(tmp_path, advantage_estimator="grpo").estimator_options() == {}
     assert make_config(tmp_path, prior_scope="cluster").cluster_column == "topic"
     assert make_config(tmp_path, prior_memory="50").estimator_options()["prior_memory"] == 50.0

@@ -1,4 +1,6 @@
-"""ebpo.integrations.verl against verl 0.9's own code: compute_advantage, DataProto, RLHFDataset, dataloader."""
+"""ebpo.integrations.verl against verl 0.9's own code: compute_advantage, DataProto, RLHFDataset, dataloader,
+rollout-correction rejection, group filtering, the CPU mode's pieces. Runs in the ``ebpo[verl]`` environment
+(``.venv-verl``); in an environment with TRL 1.x it is skipped with the conflict's message."""
 
 from __future__ import annotations
 
@@ -8,6 +10,10 @@ import torch
 
 pytest.importorskip("verl")
 omegaconf = pytest.importorskip("omegaconf")
+from ebpo.integrations.compat import trl_conflict  # noqa: E402
+
+if trl_conflict():
+    pytest.skip(trl_conflict(), allow_module_level=True)
 
 from verl import DataProto  # noqa: E402
 from verl.trainer.ppo import core_algos  # noqa: E402
@@ -36,17 +42,15 @@ def algo_config(name: str, **options) -> omegaconf.DictConfig:
     return OmegaConf.create(cfg)
 
 
-def make_batch(rewards_N, lengths_N, uids, width: int, gen: torch.Generator, junk: bool = True) -> DataProto:
-    """A DataProto as verl's fit builds it: the reward on the last response token; ``junk`` puts noise on
-    the padded positions, which the sequence reward must ignore."""
+def make_batch(rewards_N, lengths_N, uids, width: int, gen: torch.Generator | None = None) -> DataProto:
+    """A DataProto as verl's fit builds it: the reward on the last response token, zeros elsewhere (verl's
+    reward managers write it there; its estimators and ours read ``token_level_rewards.sum(-1)``)."""
     n = len(rewards_N)
     mask_BT = (torch.arange(width).unsqueeze(0) < torch.as_tensor(lengths_N).unsqueeze(1)).float()
     token_BT = torch.zeros(n, width)
     token_BT[torch.arange(n), torch.as_tensor(lengths_N) - 1] = torch.as_tensor(
         rewards_N, dtype=torch.float32
     )
-    if junk:
-        token_BT = token_BT + (1.0 - mask_BT) * torch.rand(n, width, generator=gen) * 7.0
     return DataProto.from_dict(
         tensors={"token_level_rewards": token_BT, "response_mask": mask_BT},
         non_tensors={"uid": np.array(uids, dtype=object)},
@@ -71,7 +75,7 @@ def test_registers_only_what_verl_lacks():
 
 def test_dr_grpo_by_hand_through_compute_advantage():
     # one group, rewards [1, 0, 0, 1]: mean 0.5, so Dr. GRPO's advantage is r - 0.5 = [+.5, -.5, -.5, +.5],
-    # spread over each response's tokens (lengths 3, 1, 2, 4) and 0 on padding; junk on padding is ignored
+    # spread over each response's tokens (lengths 3, 1, 2, 4) and 0 on padding
     gen = torch.Generator().manual_seed(1)
     data = make_batch([1.0, 0.0, 0.0, 1.0], [3, 1, 2, 4], ["a"] * 4, width=4, gen=gen)
     out = compute_advantage(data, adv_estimator="dr_grpo", config=algo_config("dr_grpo"))
@@ -165,7 +169,7 @@ def test_estimator_state_round_trips_through_checkpoint_dir(tmp_path):
     # what EBPORayPPOTrainer._save_checkpoint writes beside verl's actor/ and data.pt, and verl's tracker file
     folder = tmp_path / "ckpts" / "global_step_2"
     path = ev.save_estimator_state(folder)
-    assert path.name == "ebpo_estimator.pt"
+    assert path.name == ev.ESTIMATOR_STATE_FILE == "ebpo_estimator.pt"
     (tmp_path / "ckpts" / "latest_checkpointed_iteration.txt").write_text("2")
     continued = [
         compute_advantage(d, adv_estimator="ebpo", config=cfg).batch["advantages"] for d in batches[2:]
@@ -304,6 +308,18 @@ def test_topic_sampler_drives_verl_dataloader(verl_parquet, tmp_path, tiny_model
     assert [batch_ids(b) for b in resumed] == second[2:]
 
 
+def test_sampler_class_name_that_is_no_class_is_named(tmp_path):
+    """verl types the loaded object as ``object``; a name that is not callable (here a string constant of the
+    package) fails with the config keys named, not ``'str' object is not callable``."""
+    cfg = data_config(tmp_path, "ESTIMATOR_STATE_FILE", batch_size=4)
+    with pytest.raises(ValueError) as err:
+        ev.create_sampler(cfg, dataset=None)
+    assert str(err.value) == (
+        "data.sampler.class_name='ESTIMATOR_STATE_FILE' in pkg://ebpo.integrations.verl is a str, not a "
+        "sampler class"
+    )
+
+
 def test_difficulty_sampler_is_easy_to_hard_and_resumes(verl_parquet, tmp_path, tiny_model_dir):
     path, records = verl_parquet
     cfg = data_config(tmp_path, "DifficultySampler", batch_size=6)
@@ -413,3 +429,294 @@ def test_prepare_data_script_writes_verl_parquet(tmp_path, benchmark_dir):
     assert {row["data_source"] for row in train + val} == {"math_dapo"}  # verl's DAPO math scorer
     amc = [line for line in (benchmark_dir / "amc23.jsonl").read_text().splitlines() if line.strip()]
     assert len(val) == len(amc)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# issue 10 section 4: rows rejected by rollout correction, filtered groups, trainer paths
+# ----------------------------------------------------------------------------------------------------------
+def test_rejected_rows_stay_out_of_the_prior_and_get_zero_advantage():
+    # two groups of 4; verl's rollout-correction rejection (seq_max_k2 > 0.5) rejects rows 1 and 6, which
+    # both scored 1. Kept rewards: a = [1, 0, 1] (rows 0, 2, 3), b = [0, 1, 0] (rows 4, 5, 7): mean 3/6 = 0.5.
+    # Reading rejected rows through their zeroed mask would have put them in as 0: mean 3/8 = 0.375.
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_rejection_mask
+
+    rewards_N = torch.tensor([1.0, 1, 0, 1, 0, 1, 1, 0])
+    uids = ["a"] * 4 + ["b"] * 4
+    data = make_batch(rewards_N, [3] * 8, uids, width=4)
+    log_ratio_BT = torch.zeros(8, 4)
+    log_ratio_BT[[1, 6]] = 2.0  # k2 = 0.5 * 2^2 = 2 > 0.5 on every token: the whole sequence is rejected
+    mask_BT, _ = compute_rollout_rejection_mask(
+        log_ratio_BT, data.batch["response_mask"], rollout_rs="seq_max_k2", rollout_rs_threshold=0.5
+    )
+    assert mask_BT.sum(-1).tolist() == [3, 0, 3, 3, 3, 3, 0, 3]
+    data.batch["response_mask"] = mask_BT
+    out = compute_advantage(data, adv_estimator="ebpo", config=algo_config("ebpo"))
+    adv_BT = out.batch["advantages"]
+    assert torch.equal(adv_BT[[1, 6]], torch.zeros(2, 4))
+    kept = [0, 2, 3, 4, 5, 7]
+    expected_N = ebpo.get_estimator("ebpo")(rewards_N[kept], [uids[i] for i in kept])
+    torch.testing.assert_close(adv_BT[kept, 0], expected_N)
+    prior = ev.HOLDER.get("ebpo").state_dict()["prior"]
+    assert int(prior["W_glob"]["count"]) == 6
+    assert float(prior["W_glob"]["mean"]) == pytest.approx(0.5)
+    # the batch normalisation ran over the six kept rows: their advantages have mean 0
+    assert adv_BT[kept, 0].mean().item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_filter_groups_feed_the_prior_and_leave_the_loss():
+    # algorithm.filter_groups (DAPO): groups s (all 1) and f (all 0) are saturated; they go to est.observe,
+    # get advantage 0 and are recorded for the trainer, which zeroes their response mask before the update
+    rewards_N = torch.tensor([1.0, 1, 1, 1, 0, 0, 0, 0, 1, 0, 0, 1])
+    uids = ["s"] * 4 + ["f"] * 4 + ["m"] * 4
+    config = algo_config("ebpo")
+    config.filter_groups = {"enable": True, "metric": "reward"}
+    out = compute_advantage(
+        make_batch(rewards_N, [2] * 12, uids, width=3), adv_estimator="ebpo", config=config
+    )
+    reference = ebpo.get_estimator("ebpo")
+    reference.observe(rewards_N[:8], uids[:8])
+    expected_N = reference(rewards_N[8:], uids[8:])
+    torch.testing.assert_close(out.batch["advantages"][8:, 0], expected_N)
+    assert torch.equal(out.batch["advantages"][:8], torch.zeros(8, 3))
+    assert ev.HOLDER.filtered_uids == {"s", "f"}
+    assert int(ev.HOLDER.get("ebpo").state_dict()["prior"]["W_glob"]["count"]) == 12  # the prior saw all
+    assert ev.HOLDER.get("ebpo").state_dict() == reference.state_dict()
+
+
+def test_trainer_drops_filtered_groups_from_the_update(monkeypatch):
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    seen = {}
+
+    def fake_update(self, batch):  # verl's _update_actor sends the batch to the workers
+        seen["mask"] = batch.batch["response_mask"].clone()
+        return DataProto.from_single_dict(data={}, meta_info={"metrics": {"actor/pg_loss": 0.0}})
+
+    monkeypatch.setattr(RayPPOTrainer, "_update_actor", fake_update)
+    trainer = object.__new__(ev.EBPORayPPOTrainer)
+    ev.HOLDER.filtered_uids = {"s"}
+    ev.HOLDER.get("ebpo")(torch.tensor([1.0, 0.0]), ["m", "m"])
+    batch = make_batch(torch.tensor([1.0, 1, 0, 1]), [2, 2, 2, 2], ["s", "s", "m", "m"], width=2)
+    output = ev.EBPORayPPOTrainer._update_actor(trainer, batch)
+    assert seen["mask"].sum(-1).tolist() == [0, 0, 2, 2]
+    assert "ebpo/mu_glob" in output.meta_info["metrics"] and "actor/pg_loss" in output.meta_info["metrics"]
+
+
+def test_filter_groups_on_another_metric_is_refused():
+    config = algo_config("ebpo")
+    config.filter_groups = {"enable": True, "metric": "acc"}
+    r, n, u = random_step(torch.Generator().manual_seed(0), 2, 4, 3, 0)
+    with pytest.raises(ValueError, match="filter_groups.metric=reward"):
+        compute_advantage(make_batch(r, n, u, 3), adv_estimator="ebpo", config=config)
+
+
+def test_observe_groups_is_the_hook_for_custom_filters():
+    ev.observe_groups(torch.tensor([1.0, 1.0, 0.0, 0.0]), ["x", "x", "y", "y"])
+    reference = ebpo.get_estimator("ebpo")
+    reference.observe(torch.tensor([1.0, 1.0, 0.0, 0.0]), ["x", "x", "y", "y"])
+    assert ev.HOLDER.get("ebpo").state_dict() == reference.state_dict()
+
+
+def test_outside_our_trainer_the_estimator_warns_once(capsys):
+    # verl's v1 trainer, its async modes and the experimental trainers call the registered function
+    # without EBPORayPPOTrainer: no checkpoint of the prior, possibly partial batches -> one loud warning
+    r, n, u = random_step(torch.Generator().manual_seed(0), 2, 4, 3, 0)
+    for _ in range(2):
+        compute_advantage(make_batch(r, n, u, 3), adv_estimator="ebpo", config=algo_config("ebpo"))
+    err = capsys.readouterr().err
+    assert err.count("running outside ebpo's verl trainer") == 1
+    assert "NOT checkpointed" in err and "python -m ebpo.integrations.verl" in err
+    ev.HOLDER.reset()
+    ev.HOLDER.managed = True  # what EBPORayPPOTrainer.__init__ sets
+    compute_advantage(make_batch(r, n, u, 3), adv_estimator="ebpo", config=algo_config("ebpo"))
+    assert "outside" not in capsys.readouterr().err
+
+
+def test_ignored_settings_are_named():
+    from ebpo.integrations.verl.trainer import ignored_settings
+
+    cfg = OmegaConf.create(
+        {
+            "trainer": {"v1": {"trainer_mode": "separate_async"}},
+            "actor_rollout_ref": {"rollout": {"multi_turn": {"enable": True}}},
+            "algorithm": {"filter_groups": {"enable": True, "max_num_gen_batches": 4}},
+        }
+    )
+    lines = ignored_settings(cfg)
+    assert len(lines) == 3 and "separate_async" in lines[0] and "multi_turn" in lines[1]
+    cfg.trainer.v1.trainer_mode = "sync"
+    cfg.actor_rollout_ref.rollout.multi_turn.enable = False
+    cfg.algorithm.filter_groups.max_num_gen_batches = 0
+    assert ignored_settings(cfg) == []
+
+
+# ----------------------------------------------------------------------------------------------------------
+# structure and environment
+# ----------------------------------------------------------------------------------------------------------
+def _python(code: str, env_extra: dict | None = None, pythonpath: str | None = None):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    env.update(env_extra or {})
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join([pythonpath, *filter(None, [env.get("PYTHONPATH")])])
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_registration_import_is_cheap():
+    # VERL_USE_EXTERNAL_MODULES imports the package in every verl process: no Ray trainer, no engines
+    result = _python(
+        "import sys, ebpo.integrations.verl as v; "
+        "heavy = [m for m in ('verl.trainer.ppo.ray_trainer', 'verl.workers.engine', 'verl.workers.engine_workers')"
+        " if m in sys.modules]; print(v.REGISTERED, heavy)"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "['dr_grpo', 'ebpo', 'jspo', 'reinforce_pp_baseline'] []"
+
+
+def test_trl_1x_is_detected_with_one_line(tmp_path):
+    # a `trl` without AutoModelForCausalLMWithValueHead (what TRL 1.x is to verl): import fails with one line;
+    # the CLI prints it and exits 2. A trl that has the class (verl's pinned 0.27) passes.
+    (tmp_path / "trl").mkdir()
+    (tmp_path / "trl" / "__init__.py").write_text("")
+    result = _python("import ebpo.integrations.verl", pythonpath=str(tmp_path))
+    assert result.returncode != 0 and "ImportError: verl 0.9's FSDP workers import TRL's" in result.stderr
+    assert "make verl-env" in result.stderr
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    cli = subprocess.run(
+        [sys.executable, "-m", "ebpo.integrations.verl", "trainer.device=cpu"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert cli.returncode == 2
+    lines = cli.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ebpo.integrations.verl: verl 0.9's FSDP workers")
+    (tmp_path / "trl" / "__init__.py").write_text("class AutoModelForCausalLMWithValueHead: pass\n")
+    assert _python("import ebpo.integrations.verl", pythonpath=str(tmp_path)).returncode == 0
+
+
+def test_public_names_stay_importable():
+    for name in ev.__all__:
+        assert getattr(ev, name) is not None, name
+    from ebpo.integrations import ESTIMATOR_STATE_FILE
+    from ebpo.integrations.verl.checkpoint import ESTIMATOR_STATE_FILE as verl_name
+
+    assert ev.ESTIMATOR_STATE_FILE is ESTIMATOR_STATE_FILE is verl_name
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the CPU mode's pieces (the end-to-end run is tests/test_integration_verl_e2e.py)
+# ----------------------------------------------------------------------------------------------------------
+def test_cpu_platform_is_opt_in(monkeypatch):
+    from verl.plugin.platform import PlatformRegistry
+
+    from ebpo.integrations.verl.cpu.platform import CPU_SLOT_RESOURCE, PlatformCPU
+
+    assert PlatformRegistry.get("cpu") is PlatformCPU
+    monkeypatch.delenv("VERL_PLATFORM", raising=False)
+    assert not PlatformCPU().is_platform_available(use_smi_check=True)  # never auto-detected
+    monkeypatch.setenv("VERL_PLATFORM", "cpu")
+    platform = PlatformCPU()
+    assert platform.is_platform_available(use_smi_check=True)
+    assert platform.device_name == "cpu" and platform.communication_backend_name() == "gloo"
+    assert torch.zeros(1).to(platform.current_device()).device.type == "cpu"
+    assert platform.ray_resource_options(1) == {"resources": {CPU_SLOT_RESOURCE: 1}}
+    assert platform.device_module.max_memory_allocated() == 0
+
+
+def test_cpu_mode_config_respects_user_overrides(monkeypatch):
+    from hydra import compose, initialize_config_dir
+
+    from ebpo.integrations.verl.cpu.config import CPU_DEFAULTS, CPU_ENV, apply_cpu_mode, overridden_keys
+    from ebpo.integrations.verl.cpu.platform import CPU_SLOT_RESOURCE
+    from ebpo.integrations.verl.main import _config_dir
+
+    for key in [*CPU_ENV, "VERL_USE_EXTERNAL_MODULES"]:
+        monkeypatch.delenv(key, raising=False)  # restored after the test
+    overrides = [
+        "trainer.device=cpu",
+        "++actor_rollout_ref.rollout.agent.num_workers=2",
+        "trainer.n_gpus_per_node=2",
+    ]
+    with initialize_config_dir(config_dir=_config_dir(), version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=overrides)
+    applied = apply_cpu_mode(cfg, overridden_keys(overrides))
+    assert (
+        "actor_rollout_ref.rollout.agent.num_workers" not in applied
+        and "trainer.n_gpus_per_node" not in applied
+    )
+    assert cfg.actor_rollout_ref.rollout.agent.num_workers == 2 and cfg.trainer.n_gpus_per_node == 2
+    assert (
+        cfg.actor_rollout_ref.rollout.name == "ebpo_cpu" and cfg.actor_rollout_ref.actor.strategy == "fsdp2"
+    )
+    assert cfg.ray_kwargs.ray_init.resources[CPU_SLOT_RESOURCE] == 2  # one slot per training process
+    assert set(applied) <= set(CPU_DEFAULTS)
+    env = cfg.ray_kwargs.ray_init.runtime_env.env_vars
+    assert env["VERL_PLATFORM"] == "cpu" and env["VERL_USE_EXTERNAL_MODULES"] == "ebpo.integrations.verl"
+    import os
+
+    assert os.environ["VERL_PLATFORM"] == "cpu"
+
+
+def test_cpu_rollout_server_samples_with_the_weights_it_was_sent(tmp_path):
+    # greedy decoding from the server = greedy decoding (tokens and log-probs) from the model whose weights
+    # were pushed last
+    import asyncio
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ebpo.generation import sample
+    from ebpo.integrations.verl.cpu.rollout import CPURolloutServer
+    from ebpo.models.tiny import build_tiny_model
+
+    path_a = build_tiny_model(tmp_path / "a", seed=1)
+    path_b = build_tiny_model(tmp_path / "b", seed=2)
+    tokenizer = AutoTokenizer.from_pretrained(path_a)
+    model_b = AutoModelForCausalLM.from_pretrained(path_b)
+    prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in ["1+2=", "max(3,9)=", "7*7="]]
+    greedy = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+    server = CPURolloutServer(str(path_a), response_length=6)
+
+    async def ask():  # the agent loop's concurrent requests; the server decodes them as one batch
+        return await asyncio.gather(
+            *[server.generate(f"r{i}", prompt_ids=p, sampling_params=greedy) for i, p in enumerate(prompts)]
+        )
+
+    before = [o.log_probs for o in asyncio.run(ask())]
+    assert server.update_weights(dict(model_b.state_dict()), global_steps=7) == len(model_b.state_dict())
+    outputs = asyncio.run(ask())
+    expected = sample(model_b, tokenizer, prompts, n=1, temperature=0.0, max_new_tokens=6)
+    for row, output in enumerate(outputs):
+        length = int(expected.lengths[row])
+        assert output.token_ids == expected.response_ids[row, :length].tolist()
+        torch.testing.assert_close(torch.tensor(output.log_probs), expected.old_logp[row, :length])
+        assert output.extra_fields["global_steps"] == 7
+    assert [o.log_probs for o in outputs] != before  # the two models score their answers differently
+    with pytest.raises(ValueError, match="top_k"):
+        asyncio.run(server.generate("x", prompt_ids=prompts[0], sampling_params={"top_k": 5}))
+    with pytest.raises(ValueError, match="does not have"):
+        server.update_weights({"no.such.weight": torch.zeros(1)})
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_saturated_rows_matches_a_loop(seed):
+    from ebpo.integrations.verl.estimators import saturated_rows
+
+    gen = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(1, 40, (1,), generator=gen))
+    rewards_B = torch.randint(0, 3, (n,), generator=gen).float() / 2
+    uids = [f"g{int(i)}" for i in torch.randint(0, 6, (n,), generator=gen)]
+    keep_B = torch.rand(n, generator=gen) > 0.2
+    expected = []
+    for i in range(n):  # a group is saturated when >= 2 kept members share one reward
+        kept = [rewards_B[j].item() for j in range(n) if uids[j] == uids[i] and keep_B[j]]
+        expected.append(bool(keep_B[i]) and len(kept) >= 2 and len(set(kept)) == 1)
+    assert saturated_rows(rewards_B, uids, keep_B).tolist() == expected

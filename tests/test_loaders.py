@@ -313,3 +313,102 @@ def test_apply_chat_template_renders_through_the_tokenizer():
     assert apply_chat_template([dapo], tokenizer, system_prompt="ignored") == [
         "<|system|>S\n<|user|>Q\n<|assistant|>"
     ]
+
+
+# -- issue 13: duplicate ids, bad bytes, non-text prompts -------------------------------------------
+
+
+def test_duplicate_ids_are_rejected_naming_both_lines(tmp_path):
+    """Issue 13.1: the trainer groups responses by record id, so two rows with one id would share a
+    baseline. Before the fix both rows loaded; now the second is refused, naming both lines."""
+    path = _write_lines(
+        tmp_path / "train.jsonl",
+        [
+            json.dumps({"id": "p1", "prompt": "1+1=", "answer": "2"}),
+            json.dumps({"id": "p2", "prompt": "2+2=", "answer": "4"}),
+            "",
+            json.dumps({"id": "p1", "prompt": "3+3=", "answer": "6"}),  # line 4 repeats line 1's id
+        ],
+    )
+    with pytest.raises(RowError) as info:
+        load_jsonl(path, "records")
+    message = str(info.value)
+    assert message.startswith(f"{path}, line 4, field 'id': duplicate id 'p1'")
+    assert f"first used at {path}, line 1" in message and "unique" in message
+    # skip_invalid keeps the first row and reports the second
+    result = load_jsonl(path, "records", skip_invalid=True)
+    assert [r.prompt for r in result.records] == ["1+1=", "2+2="]
+    assert [e.position for e in result.skipped] == ["line 4"]
+
+
+def test_duplicate_ids_in_parquet_and_rows_name_both_rows(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"problem": f"q{i}", "answer": "1", "unique_id": uid} for i, uid in enumerate("abca")]
+    path = tmp_path / "m.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    with pytest.raises(RowError, match=r"m\.parquet, row 3, field 'id': duplicate id 'a'.*m\.parquet, row 0"):
+        load_parquet(path, "math500")
+    with pytest.raises(RowError, match=r"hub:x, row 3, field 'id': duplicate id 'a'.*hub:x, row 0"):
+        records_from_rows(rows, "math500", source="x", file="hub:x")
+    # an explicit id equal to another row's default id collides too
+    mixed = [{"problem": "a", "answer": "1"}, {"problem": "b", "answer": "2", "id": "set-0000"}]
+    with pytest.raises(RowError, match="row 1, field 'id': duplicate id 'set-0000'"):
+        records_from_rows(mixed, "shared", source="set")
+
+
+def test_non_utf8_byte_names_file_and_line_and_can_be_skipped(tmp_path):
+    """Issue 13.8: a bad byte used to raise UnicodeDecodeError with a buffer offset, even with
+    skip_invalid=True. Now it is a RowError for that line like any other bad row."""
+    path = tmp_path / "latin1.jsonl"
+    good = json.dumps({"problem": "1+1?", "answer": "2"}).encode()
+    bad = '{"problem": "caf\u00e9?", "answer": "1"}'.encode("latin-1")  # \xe9 alone is not UTF-8
+    path.write_bytes(good + b"\n" + good + b"\n\n" + bad + b"\n" + good + b"\n")
+    with pytest.raises(RowError) as info:
+        load_jsonl(path)
+    # '{"problem": "caf' is 16 bytes, so the \xe9 is byte 17 of line 4 (line 3 is blank)
+    assert str(info.value).startswith(f"{path}, line 4: not valid UTF-8 (byte 0xe9 at byte 17)")
+    assert "UTF-8" in str(info.value) and "re-save" in str(info.value)
+    result = load_jsonl(path, skip_invalid=True)
+    assert len(result.records) == 3 and [e.position for e in result.skipped] == ["line 4"]
+    # ids still count non-blank rows: the bad row is row 2, the last good one row 3
+    assert [r.id for r in result.records] == ["latin1-0000", "latin1-0001", "latin1-0003"]
+
+
+def test_utf8_bom_and_crlf_are_read(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(
+        b"\xef\xbb\xbf" + b'{"problem": "p", "answer": "1"}\r\n{"problem": "q", "answer": "2"}\r\n'
+    )
+    assert [r.prompt for r in load_jsonl(path).records] == ["p", "q"]
+
+
+@pytest.mark.parametrize(
+    ("schema", "row"),
+    [
+        ("records", {"id": "a", "prompt": 7, "answer": "1"}),
+        ("shared", {"problem": 3.5, "answer": "1"}),
+        ("math500", {"problem": 12, "answer": "1"}),
+        ("aime24", {"problem": True, "answer": "1"}),
+        ("olympiadbench", {"question": 5, "final_answer": ["1"]}),
+    ],
+)
+def test_numeric_prompt_is_rejected_at_load(tmp_path, schema, row):
+    """Issue 13.9: a number where the prompt belongs used to load (records schema: as an int) and fail
+    later inside the tokenizer with no file, line or record. Numbers stay fine as answers (AIME)."""
+    path = _write_lines(tmp_path / "n.jsonl", [json.dumps(row)])
+    field = {"records": "prompt", "olympiadbench": "question"}.get(schema, "problem")
+    with pytest.raises(RowError, match=rf"n\.jsonl, line 1, field '{field}': expected a string"):
+        load_jsonl(path, schema)
+
+
+def test_records_schema_checks_text_fields(tmp_path):
+    path = _write_lines(
+        tmp_path / "r.jsonl", [json.dumps({"id": "a", "prompt": "p", "answer": 3, "topic": 4})]
+    )
+    with pytest.raises(RowError, match="line 1, field 'topic': expected a string, got int"):
+        load_jsonl(path, "records")
+    ok = _write_lines(tmp_path / "ok.jsonl", [json.dumps({"id": 5, "prompt": "p", "answer": 3})])
+    (record,) = load_records(ok, "records")
+    assert (record.id, record.prompt, record.answer) == ("5", "p", "3")

@@ -39,7 +39,10 @@ def test_registry_lists_the_three_losses_and_rejects_unknown_names():
 @pytest.mark.parametrize(
     "bad, match",
     [
-        ({"loss_agg_mode": "mean"}, "not one of"),
+        (
+            {"loss_agg_mode": "mean"},
+            "^unknown loss aggregation mode 'mean'; valid choices: seq-mean-token-mean, ",
+        ),
         ({"dual_clip_c": 1.0}, "dual_clip_c must be > 1"),
         ({"loss_agg_mode": "seq-mean-token-sum-norm", "max_response_len": None}, "set max_response_len"),
         ({"clip_cov_lb": 5.0, "clip_cov_ub": 1.0}, "clip_cov_lb < clip_cov_ub"),
@@ -146,7 +149,10 @@ def test_agg_loss_hand_values_every_mode():
 
 def test_agg_loss_errors_and_empty_mask():
     loss_BT = torch.ones(2, 3)
-    with pytest.raises(ValueError, match="valid:"):
+    with pytest.raises(
+        ValueError,
+        match=r"^unknown loss aggregation mode .*; valid choices: seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm, token-mean$",
+    ):
         agg_loss(loss_BT, torch.ones(2, 3), "sum")
     with pytest.raises(ValueError, match="needs max_len"):
         agg_loss(loss_BT, torch.ones(2, 3), "seq-mean-token-sum-norm")
@@ -414,6 +420,90 @@ def test_clip_cov_random_choice_depends_on_the_generator():
     assert sets[0] != sets[1]
 
 
+def _band_batch(num_tokens: int):
+    # one sequence of num_tokens (even) tokens: A = +3 with logp -0.5, A = -3 with logp -1.5 (alternating).
+    # mean A = 0, mean logp = -1, so Cov_t = (+-3)(+-0.5) = 1.5 for every token: all inside Clip-Cov's
+    # band (1, 5); ratio 1 (old = logp) clips nothing, and the dual clip bound 3 * 3 = 9 > loss 3.
+    adv_BT = torch.tensor([[3.0, -3.0] * (num_tokens // 2)], dtype=torch.float64)
+    logp_BT = torch.tensor([[-0.5, -1.5] * (num_tokens // 2)], dtype=torch.float64)
+    return logp_BT, adv_BT, torch.ones_like(logp_BT, dtype=torch.bool)
+
+
+@pytest.mark.parametrize("name, ratio_key", [("clip_cov", "clip_cov_ratio"), ("kl_cov", "kl_cov_ratio")])
+@pytest.mark.parametrize("seed", range(6))
+def test_stochastic_cov_count_rounds_ratio_times_n_with_one_uniform(name, ratio_key, seed):
+    # N = 100 tokens, ratio 0.025: x = 2.5, so 2 tokens plus a third when u < 0.5, u the generator's first
+    # uniform (float64). The verl rule gives max(1, floor(2.5)) = 2 whatever the generator.
+    logp_BT, adv_BT, mask_BT = _band_batch(100)
+    u = float(torch.rand((), generator=torch.Generator().manual_seed(seed), dtype=torch.float64))
+    expected = 2 + int(u < 0.5)
+    for rule, count in (("stochastic", expected), ("verl", 2)):
+        cfg = _cfg(
+            loss_agg_mode="token-mean",
+            cov_count=rule,
+            generator=torch.Generator().manual_seed(seed),
+            **{ratio_key: 0.025},
+        )
+        _, metrics = get_policy_loss(name)(logp_BT, logp_BT.clone(), adv_BT, mask_BT, cfg)
+        frac = metrics["actor/clip_cov_frac" if name == "clip_cov" else "actor/kl_cov_frac"]
+        assert frac * 100 == pytest.approx(count), (rule, u)
+
+
+@pytest.mark.parametrize("name, ratio_key", [("clip_cov", "clip_cov_ratio"), ("kl_cov", "kl_cov_ratio")])
+def test_stochastic_cov_count_selects_the_ratio_in_expectation_where_verl_selects_one_per_call(
+    name, ratio_key
+):
+    # 100-token calls at ratio 2e-3 (x = 0.2): the verl rule selects max(1, 0) = 1 token per call, a fraction
+    # 1 / 100 = 5x the ratio; the stochastic rule selects 1 token with probability 0.2, else none, so over
+    # 2000 calls the count is Binomial(2000, 0.2): mean 400, sd sqrt(2000 * 0.2 * 0.8) = 17.9.
+    logp_BT, adv_BT, mask_BT = _band_batch(100)
+    key = "actor/clip_cov_frac" if name == "clip_cov" else "actor/kl_cov_frac"
+    totals = {}
+    for rule in ("verl", "stochastic"):
+        cfg = _cfg(
+            loss_agg_mode="token-mean",
+            cov_count=rule,
+            generator=torch.Generator().manual_seed(7),
+            **{ratio_key: 2e-3},
+        )
+        counts = [
+            round(100 * get_policy_loss(name)(logp_BT, logp_BT.clone(), adv_BT, mask_BT, cfg)[1][key])
+            for _ in range(2000)
+        ]
+        assert set(counts) <= {0, 1}
+        totals[rule] = sum(counts)
+    assert totals["verl"] == 2000  # one token every call
+    assert abs(totals["stochastic"] - 400) < 4 * 17.9  # fraction 2e-3 of the 200000 tokens, +- 4 sd
+
+
+def test_stochastic_cov_count_with_no_valid_token_selects_none_and_draws_nothing():
+    gen = torch.Generator().manual_seed(3)
+    state = gen.get_state()
+    logp_BT, adv_BT, _ = _band_batch(4)
+    mask_BT = torch.zeros_like(logp_BT, dtype=torch.bool)
+    for name in ("clip_cov", "kl_cov"):
+        cfg = _cfg(cov_count="stochastic", generator=gen, clip_cov_ratio=0.5, kl_cov_ratio=0.5)
+        loss, metrics = get_policy_loss(name)(logp_BT, logp_BT.clone(), adv_BT, mask_BT, cfg)
+        assert loss.item() == 0.0 and metrics[f"actor/{name}_frac"] == 0.0
+    assert torch.equal(gen.get_state(), state)
+
+
+def test_default_cov_count_is_verls_and_kl_cov_draws_no_randomness():
+    # the default keeps verl's rule for every user, and KL-Cov (top-k, deterministic) leaves the generator
+    # untouched under it, so runs that existed before the option are bit-identical
+    assert PolicyLossConfig().cov_count == "verl"
+    gen = torch.Generator().manual_seed(5)
+    state = gen.get_state()
+    logp_BT, adv_BT, mask_BT = _band_batch(100)
+    cfg = _cfg(generator=gen, kl_cov_ratio=2e-3)
+    _, metrics = get_policy_loss("kl_cov")(logp_BT, logp_BT.clone(), adv_BT, mask_BT, cfg)
+    assert metrics["actor/kl_cov_frac"] == pytest.approx(1 / 100) and torch.equal(gen.get_state(), state)
+    with pytest.raises(
+        ValueError, match=r"^unknown cov_count rule 'floor'; valid choices: stochastic, verl$"
+    ):
+        PolicyLossConfig(cov_count="floor")
+
+
 # ----------------------------------------------------------------------------------------------
 # KL, entropy, overlong penalty
 
@@ -429,7 +519,7 @@ def test_kl_estimators_hand_values():
     # d = 30 is clamped to 20, e^20 - 21 is then clamped to 10; d = -30 -> -20: e^-20 + 19 -> 10
     far_BT = kl_penalty(torch.tensor([[-30.0, 0.0]]), torch.tensor([[0.0, -30.0]]), "k3")
     assert far_BT.tolist() == [[10.0, 10.0]]
-    with pytest.raises(ValueError, match=r"valid: \['k1', 'k2', 'k3'\]"):
+    with pytest.raises(ValueError, match=r"^unknown KL estimator .*; valid choices: k1, k2, k3$"):
         kl_penalty(logp_BT, ref_BT, "k4")
 
 

@@ -172,3 +172,71 @@ def test_presets_load_and_validate(path):
 def test_ebpo_preset_is_the_builtin_default():
     """`ebpo train` with no arguments and `--config configs/ebpo.yaml` run the same thing."""
     assert load_config(REPO / "configs" / "ebpo.yaml").to_dict() == load_config().to_dict()
+
+
+# ---------------------------------------------------------------------------------------------------
+# issue 13, item 11: bad values end in one line that names the key and the fix, never a traceback
+
+
+@pytest.mark.parametrize(
+    ("override", "pattern"),
+    [
+        ("run.threads=-1", r"run.threads must be >= 1 \(or null for torch's choice\), got -1"),
+        ("run.threads=0", r"run.threads must be >= 1"),
+        ("optim.lr=inf", r"optim.lr must be a finite number, got inf"),
+        ("optim.lr=.nan", r"optim.lr must be a finite number, got nan"),
+        ("rollout.temperature=inf", r"rollout.temperature must be a finite number, got inf"),
+        ("optim.betas=[0.9, .inf]", r"optim.betas\[1\] must be a finite number, got inf"),
+        ("optim.warmup_steps=-3", r"optim.warmup_steps must be >= 0 \(0 = constant lr\), got -3"),
+        ("model.path=", r"model.path is empty; set a value, or model.path=null for the default"),
+        ("data.train_file=", r"data.train_file is empty"),
+        ("run.out_dir=", r"run.out_dir is empty; set a value \(default 'runs'\)"),
+        ("optim.weight_decay=-1", r"optim.weight_decay must be >= 0, got -1.0"),
+        ("optim.betas=[1.5, 0.9]", r"optim.betas must be two numbers in \[0, 1\) like \[0.9, 0.999\]"),
+        ("optim.betas=[0.9]", r"optim.betas must be two numbers in \[0, 1\)"),
+        ("optim.eps=0", r"optim.eps must be > 0 \(AdamW divides by sqrt\(v\) \+ eps\), got 0.0"),
+        ("optim.eps=-1", r"optim.eps must be > 0"),
+        ("run.seed=-1", r"run.seed must be in \[0, 4294967295\], got -1"),
+        ("run.seed=4294967296", r"run.seed must be in \[0, 4294967295\]"),
+    ],
+)
+def test_bad_values_name_the_key_and_the_fix(override, pattern):
+    with pytest.raises(ConfigError, match=pattern) as err:
+        load_config(None, [override])
+    assert "\n" not in str(err.value)  # one line
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"])
+def test_group_size_one_with_a_group_relative_estimator_is_refused(estimator):
+    # G = 1: each group's baseline is its only reward, so r - baseline = 0 for every sample
+    with pytest.raises(ConfigError, match=rf"data.group_size=1.*'{estimator}'.*all-zero advantages") as err:
+        load_config(
+            None, [f"algorithm.estimator={estimator}", "data.group_size=1", "optim.micro_batch_size=null"]
+        )
+    assert "data.group_size >= 2" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("estimator", ["ebpo", "jspo"])
+def test_group_size_one_is_fine_where_the_baseline_pools_groups(estimator):
+    # EBPO shrinks toward the global prior and JSPO toward the batch mean: a group of one still has a signal
+    cfg = load_config(None, [f"algorithm.estimator={estimator}", "data.group_size=1"])
+    assert cfg.data.group_size == 1
+
+
+def test_help_of_micro_batch_size_says_when_the_loss_changes():
+    (text,) = [text for key, _, text in describe() if key == "optim.micro_batch_size"]
+    assert "identical" not in text
+    assert "clip_cov" in text and "kl_cov" in text
+
+
+def test_aggregation_modes_and_kl_names_come_from_the_losses_module():
+    import ebpo.losses as losses
+    from ebpo.trainer import config
+
+    assert not hasattr(config, "AGG_MODES") and not hasattr(config, "KL_ESTIMATORS")  # one source of truth
+    for mode in losses.AGG_MODES:
+        assert load_config(None, [f"algorithm.loss_agg_mode={mode}"]).algorithm.loss_agg_mode == mode
+    for kind in losses.KL_ESTIMATORS:
+        assert load_config(None, [f"algorithm.kl_estimator={kind}"]).algorithm.kl_estimator == kind
+    with pytest.raises(ConfigError, match=r"unknown KL estimator 'k4'.*valid choices: k1, k2, k3"):
+        load_config(None, ["algorithm.kl_estimator=k4"])

@@ -169,3 +169,52 @@ def test_ewwelford_merge_and_state_dict():
     assert clone.state_dict() == both.state_dict()
     with pytest.raises(ValueError, match="half_life"):
         EWWelford(5.0).load_state_dict(both.state_dict())
+
+
+@pytest.mark.parametrize("make", [Welford, lambda: EWWelford(3.0)], ids=["Welford", "EWWelford"])
+def test_non_finite_and_overflowing_values_are_rejected_and_state_kept(make):
+    acc = make().update([1.0, 2.0, 4.0])
+    before = copy.deepcopy(acc.state_dict())
+    with pytest.raises(ValueError, match="position 1 is nan"):
+        acc.update([0.0, float("nan")])
+    # 1e200 is finite, but its square is not: M2 would be inf and every later variance inf or NaN
+    with pytest.raises(ValueError, match="position 2 is 1e\\+200.*overflow"):
+        acc.update(torch.tensor([0.0, 1.0, 1e200], dtype=torch.float64))
+    assert acc.state_dict() == before
+
+
+def test_merge_that_would_overflow_is_rejected_and_state_kept():
+    # two finite accumulators whose means differ by 2e300: delta^2 * n_a * n_b / n = 4e600 overflows
+    left, right = Welford().update([1e300, 1e300]), Welford().update([-1e300, -1e300])
+    before = copy.deepcopy(left.state_dict())
+    with pytest.raises(ValueError, match="overflow"):
+        left.merge(right)
+    assert left.state_dict() == before
+
+
+def test_list_values_are_read_as_float64():
+    # torch.as_tensor([...]) makes float32, whose spacing at 1e8 is 8: the mean was 1e8, not 1e8 + 0.5
+    assert Welford().update([100000001.0, 100000000.0]).mean == 100000000.5
+    assert batch_moments([100000001.0, 100000000.0]) == (2, 100000000.5, 0.5)
+
+
+@pytest.mark.parametrize(
+    "make,key,value",
+    [
+        (Welford, "m2", float("nan")),
+        (Welford, "mean", float("inf")),
+        (Welford, "count", -1),
+        (lambda: EWWelford(2.0), "weight", float("nan")),
+        (lambda: EWWelford(2.0), "weight_sq", -1.0),
+        (lambda: EWWelford(2.0), "m2", float("inf")),
+    ],
+)
+def test_load_state_dict_rejects_non_finite_or_negative_values(make, key, value):
+    acc = make().update([1.0, 3.0])
+    state = copy.deepcopy(acc.state_dict())
+    state[key] = value
+    fresh = make()
+    before = copy.deepcopy(fresh.state_dict())
+    with pytest.raises(ValueError, match=rf"{key}.*{value}"):
+        fresh.load_state_dict(state)
+    assert fresh.state_dict() == before

@@ -9,8 +9,11 @@ Contract (docs/design.md, "Advantage estimators")::
 
 ``rewards`` are N sequence rewards, ``index`` N group ids (any hashable; groups need not be contiguous and
 may differ in size), ``cluster`` optional N cluster keys, constant within a group. Computation is float64
-inside; the result is float32 on the rewards' device. Non-finite rewards raise ``ValueError`` naming the
-first bad position; an empty batch returns an empty tensor and leaves the state alone.
+inside (Python lists and arrays are read straight into float64); the result is float32 on the rewards'
+device. A reward that is NaN, inf or larger in magnitude than ``MAX_ABS_REWARD`` (1e30) raises
+``ValueError`` naming the first bad position; so does an advantage that float32 cannot hold. A batch that
+raises leaves the estimator's state exactly as it was; an empty batch returns an empty tensor and leaves
+the state alone. Nothing non-finite is ever returned or stored.
 
 The math lives in pure tensor functions (``grpo_advantage``, ``rloo_advantage``, ``jspo_advantage``,
 ``shrinkage_baseline``, ``ebpo_advantage``...) over per-sample group ids, vectorised with ``index_add`` /
@@ -35,15 +38,18 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
+from ebpo.registry import Registry, check_choice
 from ebpo.welford import EWWelford, Welford
 
 __all__ = [
+    "EBPO_CHOICES",
     "AdvantageEstimator",
     "Batch",
     "EBPOEstimator",
@@ -65,20 +71,35 @@ __all__ = [
 
 ZERO_ADV_TOL = 1e-8  # |A| below this counts as "no signal" in adv/zero_frac
 
+MAX_ABS_REWARD = 1e30
+"""Largest |reward| accepted. Far above any reward in practice, and small enough that every intermediate
+value stays finite: an unnormalised advantage is at most 2e30 (float32 holds 3.4e38) and a running M2 grows
+like n * (2e30)^2, finite for any n below 1e247. Rewards beyond it are rejected, never rescaled: rescaling
+one batch would put it on another scale than the prior's history."""
+
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+EBPO_CHOICES: dict[str, tuple[str, ...]] = {
+    "prior_scope": ("global", "cluster"),
+    "tau2": ("raw", "latent"),
+    "sigma2": ("total", "pooled"),
+    "normalize": ("batch", "group", "prior", "none"),
+}
+"""The values each of EBPO's choice options accepts, the paper's default first (meanings:
+:class:`EBPOEstimator`). The estimator and :func:`ebpo_advantage` check against this table alone."""
+
 # ----------------------------------------------------------------------------------------------------
 # Registry
 # ----------------------------------------------------------------------------------------------------
 
-_ESTIMATORS: dict[str, type[AdvantageEstimator]] = {}
+_ESTIMATORS: Registry[type[AdvantageEstimator]] = Registry("advantage estimator")
 
 
 def register_estimator(name: str) -> Callable[[type[AdvantageEstimator]], type[AdvantageEstimator]]:
     """Class decorator: make ``get_estimator(name, **options)`` build ``cls(**options)``."""
 
     def decorator(cls: type[AdvantageEstimator]) -> type[AdvantageEstimator]:
-        if name in _ESTIMATORS and _ESTIMATORS[name] is not cls:
-            raise ValueError(f"advantage estimator {name!r} is already registered to {_ESTIMATORS[name]}")
-        _ESTIMATORS[name] = cls
+        _ESTIMATORS.register(name, cls)
         cls.name = name
         return cls
 
@@ -87,7 +108,7 @@ def register_estimator(name: str) -> Callable[[type[AdvantageEstimator]], type[A
 
 def list_estimators() -> list[str]:
     """Names accepted by :func:`get_estimator`, sorted."""
-    return sorted(_ESTIMATORS)
+    return _ESTIMATORS.names()
 
 
 def get_estimator(name: str, **options: Any) -> AdvantageEstimator:
@@ -96,9 +117,7 @@ def get_estimator(name: str, **options: Any) -> AdvantageEstimator:
     Raises ValueError for an unknown name (listing the valid ones) and TypeError for options the
     estimator does not take (naming them and listing the ones it does).
     """
-    if name not in _ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {name!r}; valid names: {', '.join(list_estimators())}")
-    cls = _ESTIMATORS[name]
+    cls = _ESTIMATORS.get(name)
     params = inspect.signature(cls.__init__).parameters
     valid = [p for p in params if p != "self" and params[p].kind is inspect.Parameter.KEYWORD_ONLY]
     unknown = sorted(set(options) - set(valid))
@@ -197,19 +216,23 @@ class Batch(NamedTuple):
 
 def _prepare(rewards: Any, index: Any, cluster: Any) -> Batch:
     """Validate the contract's inputs (see module docstring) and compute group ids."""
-    rewards_t = torch.as_tensor(rewards)
+    if isinstance(rewards, torch.Tensor):
+        rewards_t = rewards
+    else:  # torch.as_tensor of a list would make float32: 1e39 -> inf, 100000001.0 -> 1e8
+        rewards_t = torch.as_tensor(rewards, dtype=torch.float64)
     if rewards_t.ndim != 1:
         raise ValueError(
             f"rewards must be a 1-D tensor of N sequence rewards, got shape {tuple(rewards_t.shape)}"
         )
     rewards_N = rewards_t.detach().to(torch.float64)
     num = rewards_N.numel()
-    finite_N = torch.isfinite(rewards_N)
-    if not bool(finite_N.all()):
-        position = int((~finite_N).nonzero()[0, 0])
+    bad_N = ~(rewards_N.abs() <= MAX_ABS_REWARD)  # true for NaN, +-inf and huge values
+    if bool(bad_N.any()):
+        position = int(bad_N.nonzero()[0, 0])
         raise ValueError(
-            f"reward at position {position} is {rewards_N[position].item()}: rewards must be finite "
-            "(check the reward function for this sample)"
+            f"reward at position {position} is {rewards_N[position].item():g}: rewards must be finite with "
+            f"|reward| <= {MAX_ABS_REWARD:g} (check the reward function for this sample; rescale rewards "
+            "that are meant to be this large)"
         )
     if len(index) != num:
         raise ValueError(f"index has {len(index)} entries but rewards has {num}; they must match")
@@ -254,14 +277,20 @@ def group_moments(rewards_N: torch.Tensor, group_N: torch.Tensor, num_groups: in
     return GroupStats(count_M, mean_M, var_M)
 
 
+def _batch_moments(adv_N: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a - mean(a), var(a)) over N >= 1 samples, var unbiased (0 when N < 2): what batch whitening needs."""
+    num = adv_N.numel()
+    centered_N = adv_N - adv_N.mean()
+    var = (centered_N * centered_N).sum() / (num - 1) if num > 1 else adv_N.new_zeros(())
+    return centered_N, var
+
+
 def batch_normalize(adv_N: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """A = (a - mean(a)) / (std(a) + eps), std unbiased over all N samples (0 when N < 2); SPEC §1 step 5."""
-    num = adv_N.numel()
-    if num == 0:
+    if adv_N.numel() == 0:
         return adv_N
-    centered_N = adv_N - adv_N.mean()
-    std = torch.sqrt((centered_N * centered_N).sum() / (num - 1)) if num > 1 else adv_N.new_zeros(())
-    return centered_N / (std + eps)
+    centered_N, var = _batch_moments(adv_N)
+    return centered_N / (torch.sqrt(var) + eps)
 
 
 def grpo_advantage(
@@ -313,10 +342,10 @@ def reinforce_pp_baseline_advantage(
     """
     stats = group_moments(rewards_N, group_N, num_groups)
     adv_N = rewards_N - stats.mean_M[group_N]
-    num = adv_N.numel()
-    centered_N = adv_N - adv_N.mean()
-    var = (centered_N * centered_N).sum() / (num - 1) if num > 1 else adv_N.new_zeros(())
-    return centered_N * torch.rsqrt(var + whiten_eps)
+    if adv_N.numel() == 0:
+        return adv_N
+    centered_N, var = _batch_moments(adv_N)
+    return centered_N * torch.rsqrt(var + whiten_eps)  # eps inside the square root (verl's)
 
 
 def jspo_advantage(
@@ -395,60 +424,29 @@ def ebpo_advantage(
     """EBPO advantage given the prior (SPEC §1 steps 3-5; paper Algorithm 1), returning (A_N, S_M, V_eb_M).
 
     a_mi = r_mi - V_m (raw advantage), then per ``normalize``:
-      - ``batch`` (paper): A = (a - mean(a)) / (std(a) + eps) over all N samples;
+      - ``batch`` (paper): A = (a - mean(a)) / (std(a) + eps) over all N samples. With equal group sizes
+        and one prior, a - mean(a) = r - (1 - S) r̄_m - S r̄_batch: mu_glob cancels and the prior acts
+        only through S (docs/theory.md, identity 1);
       - ``group``: A = a / (sqrt((1 - S_m) s_m^2 + S_m sigma2) + eps), each group scaled by its shrunk
         standard deviation (GRPO's per-group scale when S = 0; an all-fail group keeps a finite scale).
         No group mean is subtracted: that would cancel the shrinkage and give back GRPO;
+      - ``prior`` (ours, opt-in): A = a / (sqrt(sigma2_m) + eps), the raw advantage in units of the
+        prior's own spread. Nothing is estimated from the batch, so the baseline V_m, mu_glob included,
+        reaches the training advantage unchanged: an all-fail group gets -S_m mu_m / (sqrt(sigma2_m) + eps)
+        even when every group of the step fails (docs/theory.md, identity 5);
       - ``none``: A = a.
     """
+    check_choice("EBPO normalize", normalize, EBPO_CHOICES["normalize"])
     shrinkage, V_eb = shrinkage_baseline(stats.mean_M, stats.count_M, mu_glob_M, sigma2_M, tau2_M)
-    adv_N = rewards_N - V_eb[group_N]
-    adv_N = _NORMALIZERS[normalize](adv_N, group_N, stats, shrinkage, sigma2_M, eps)
+    adv_N = rewards_N - V_eb[group_N]  # raw advantage a = r - V^EB
+    if normalize == "batch":
+        adv_N = batch_normalize(adv_N, eps)
+    elif normalize == "group":
+        shrunk_var_M = (1.0 - shrinkage) * stats.var_M + shrinkage * sigma2_M
+        adv_N = adv_N / (torch.sqrt(shrunk_var_M.clamp_min(0.0))[group_N] + eps)
+    elif normalize == "prior":
+        adv_N = adv_N / (torch.sqrt(sigma2_M.clamp_min(0.0))[group_N] + eps)
     return adv_N, shrinkage, V_eb
-
-
-def _normalize_batch(
-    adv_N: torch.Tensor,
-    group_N: torch.Tensor,
-    stats: GroupStats,
-    shrinkage: torch.Tensor,
-    sigma2_M: torch.Tensor,
-    eps: float,
-) -> torch.Tensor:
-    """normalize="batch": the paper's batch normalisation."""
-    return batch_normalize(adv_N, eps)
-
-
-def _normalize_group(
-    adv_N: torch.Tensor,
-    group_N: torch.Tensor,
-    stats: GroupStats,
-    shrinkage: torch.Tensor,
-    sigma2_M: torch.Tensor,
-    eps: float,
-) -> torch.Tensor:
-    """normalize="group": a / (sqrt((1 - S_m) s_m^2 + S_m sigma2) + eps)."""
-    shrunk_var_M = (1.0 - shrinkage) * stats.var_M + shrinkage * sigma2_M
-    return adv_N / (torch.sqrt(shrunk_var_M.clamp_min(0.0))[group_N] + eps)
-
-
-def _normalize_none(
-    adv_N: torch.Tensor,
-    group_N: torch.Tensor,
-    stats: GroupStats,
-    shrinkage: torch.Tensor,
-    sigma2_M: torch.Tensor,
-    eps: float,
-) -> torch.Tensor:
-    """normalize="none": the raw advantage a = r - V_eb."""
-    return adv_N
-
-
-_NORMALIZERS: dict[str, Callable[..., torch.Tensor]] = {
-    "batch": _normalize_batch,
-    "group": _normalize_group,
-    "none": _normalize_none,
-}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -496,6 +494,29 @@ _EMPTY_METRICS = {
 # ----------------------------------------------------------------------------------------------------
 
 
+def _check_advantages(name: str, adv_N: torch.Tensor, rewards_N: torch.Tensor) -> None:
+    """ValueError naming the first sample whose advantage is not finite or beyond float32's range."""
+    bad_N = ~(adv_N.abs() <= FLOAT32_MAX)  # true for NaN, +-inf and values float32 turns into inf
+    if bool(bad_N.any()):
+        position = int(bad_N.nonzero()[0, 0])
+        largest = int(rewards_N.abs().argmax())
+        raise ValueError(
+            f"{name}: advantage of sample {position} is {adv_N[position].item():g}, which float32 cannot hold "
+            f"(largest |reward| {rewards_N[largest].item():g} at position {largest}); rescale the rewards or "
+            "use a larger eps"
+        )
+
+
+def _check_eps(name: str, eps: float) -> float:
+    eps = float(eps)
+    if not (math.isfinite(eps) and eps > 0):
+        raise ValueError(
+            f"{name}: eps must be > 0 and finite, got {eps!r} (it keeps 0 / 0 out of groups whose rewards "
+            "are all equal)"
+        )
+    return eps
+
+
 class AdvantageEstimator:
     """Base class: validation, metrics, and the call contract. Subclasses implement :meth:`_advantages`.
 
@@ -508,12 +529,21 @@ class AdvantageEstimator:
         self._metrics: dict[str, float] = dict(_EMPTY_METRICS)
 
     def __call__(self, rewards: Any, index: Any, cluster: Any = None) -> torch.Tensor:
-        """Advantages (float32, shape (N,)) of N sequence rewards grouped by ``index``."""
+        """Advantages (float32, shape (N,)) of N sequence rewards grouped by ``index``.
+
+        Raises ValueError (state unchanged) for bad input and for an advantage float32 cannot hold.
+        """
         batch = _prepare(rewards, index, cluster)
         if batch.rewards_N.numel() == 0:
             self._metrics = dict(_EMPTY_METRICS)
             return torch.zeros(0, dtype=torch.float32, device=batch.rewards_N.device)
-        adv_N, extra = self._advantages(batch)
+        saved = self.state_dict()  # a batch that raises must leave no trace in the state
+        try:
+            adv_N, extra = self._advantages(batch)
+            _check_advantages(self.name, adv_N, batch.rewards_N)
+        except Exception:
+            self.load_state_dict(saved)
+            raise
         metrics_t = {**_common_metrics(batch.rewards_N, batch.group_N, batch.num_groups, adv_N), **extra}
         values = torch.stack([value.to(torch.float64).reshape(()) for value in metrics_t.values()]).tolist()
         self._metrics = dict(zip(metrics_t, values, strict=True))
@@ -548,7 +578,7 @@ class GRPOEstimator(AdvantageEstimator):
     def __init__(self, *, norm_by_std: bool = True, eps: float = 1e-6) -> None:
         super().__init__()
         self.norm_by_std = bool(norm_by_std)
-        self.eps = float(eps)
+        self.eps = _check_eps("grpo", eps)
 
     def _advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         adv_N = grpo_advantage(
@@ -588,7 +618,7 @@ class JSPOEstimator(AdvantageEstimator):
 
     def __init__(self, *, eps: float = 1e-6) -> None:
         super().__init__()
-        self.eps = float(eps)
+        self.eps = _check_eps("jspo", eps)
 
     def _advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         adv_N, js_lambda_M = jspo_advantage(batch.rewards_N, batch.group_N, batch.num_groups, eps=self.eps)
@@ -640,31 +670,21 @@ class _Prior:
             acc.load_state_dict(state[name])
 
 
-def _sigma2_total(prior: _Prior) -> float:
-    """Paper: sigma2 = Var(W_glob), the variance of every reward seen (within + between prompts)."""
-    return prior.W_glob.var
-
-
-def _sigma2_pooled(prior: _Prior) -> float:
-    """SPEC §2: running mean of per-group sample variances (groups with G >= 2), the within-group variance."""
-    return prior.W_within.mean
-
-
-_SIGMA2: dict[str, Callable[[_Prior], float]] = {"total": _sigma2_total, "pooled": _sigma2_pooled}
-
-
-def _tau2_raw(prior: _Prior, sigma2: float, floor: float) -> float:
-    """Paper (Remark on between-group variance): tau2 = Var(W_means), the raw variance of group means."""
-    return prior.W_means.var
-
-
-def _tau2_latent(prior: _Prior, sigma2: float, floor: float) -> float:
-    """SPEC §2: tau2 = max(Var(means) - sigma2 * E[1/G], floor), E[1/G] over the same groups as Var(means)."""
-    return max(prior.W_means.var - sigma2 * prior.W_inv_size.mean, floor)
-
-
-_TAU2: dict[str, Callable[[_Prior, float, float], float]] = {"raw": _tau2_raw, "latent": _tau2_latent}
-_PRIOR_SCOPES = ("global", "cluster")
+def _load_prior(half_life: float | None, state: dict[str, Any], key: str, where: str) -> _Prior:
+    """A fresh :class:`_Prior` holding ``state[key]``; ValueError naming ``where`` if it is missing or bad."""
+    if key not in state:
+        raise ValueError(f"EBPO checkpoint has no {where!r} entry (keys: {sorted(state)})")
+    prior = _Prior(half_life)
+    accumulators = prior.accumulators()
+    missing = sorted(set(accumulators) - set(state[key]))
+    if missing:
+        raise ValueError(f"EBPO checkpoint {where} lacks {missing}: it was not written by this estimator")
+    for name, acc in accumulators.items():
+        try:
+            acc.load_state_dict(state[key][name])
+        except ValueError as err:
+            raise ValueError(f"EBPO checkpoint {where}.{name}: {err}") from None
+    return prior
 
 
 @register_estimator("ebpo")
@@ -688,8 +708,11 @@ class EBPOEstimator(AdvantageEstimator):
       tau2: ``"raw"`` (Var of group means) or ``"latent"`` (max(Var(means) - sigma2 * E[1/G], tau2_floor)).
       tau2_floor: floor for latent tau2 (default 1e-4), so S < 1 unless sigma2 dwarfs it.
       sigma2: ``"total"`` (Var of all rewards) or ``"pooled"`` (running mean of group variances).
-      normalize: ``"batch"``, ``"group"`` or ``"none"`` (see :func:`ebpo_advantage`).
-      eps: added to the normalising standard deviation (1e-6).
+      normalize: ``"batch"`` (paper), ``"group"``, ``"prior"`` or ``"none"`` (see :func:`ebpo_advantage`).
+        Under ``"batch"`` with equal group sizes and one prior, mu_glob cancels exactly and the prior acts
+        only through S; ``"prior"`` (A = (r - V_m) / (sqrt(sigma2) + eps)) keeps the paper's baseline,
+        mu_glob included, in the training advantage. Derivations: docs/theory.md.
+      eps: added to the normalising standard deviation (1e-6); must be > 0.
     Call :meth:`observe` for a step's dropped groups before that step's ``__call__``.
     """
 
@@ -706,27 +729,18 @@ class EBPOEstimator(AdvantageEstimator):
         eps: float = 1e-6,
     ) -> None:
         super().__init__()
-        _check_choice("prior_scope", prior_scope, _PRIOR_SCOPES)
-        _check_choice("tau2", tau2, tuple(_TAU2))
-        _check_choice("sigma2", sigma2, tuple(_SIGMA2))
-        _check_choice("normalize", normalize, tuple(_NORMALIZERS))
-        if prior_memory == "all":
-            self.half_life: float | None = None
-        else:
-            try:
-                self.half_life = float(prior_memory)
-            except (TypeError, ValueError):
-                raise ValueError(
-                    f"prior_memory must be 'all' or a positive half-life in steps, got {prior_memory!r}"
-                ) from None
-            if not (math.isfinite(self.half_life) and self.half_life > 0):
-                raise ValueError(
-                    f"prior_memory half-life must be a positive number of steps, got {prior_memory!r}"
-                )
-        if int(cluster_min_groups) < 1:
-            raise ValueError(f"cluster_min_groups must be >= 1, got {cluster_min_groups}")
-        if tau2_floor < 0 or eps < 0:
-            raise ValueError(f"tau2_floor and eps must be >= 0, got tau2_floor={tau2_floor}, eps={eps}")
+        chosen = {"prior_scope": prior_scope, "tau2": tau2, "sigma2": sigma2, "normalize": normalize}
+        for option, value in chosen.items():
+            check_choice(f"EBPO {option}", value, EBPO_CHOICES[option])
+        self.half_life: float | None = None if prior_memory == "all" else _half_life(prior_memory)
+        integral = isinstance(cluster_min_groups, numbers.Integral) and not isinstance(
+            cluster_min_groups, bool
+        )
+        if not integral or cluster_min_groups < 1:
+            raise ValueError(f"cluster_min_groups must be an integer >= 1, got {cluster_min_groups!r}")
+        if not (math.isfinite(tau2_floor) and tau2_floor >= 0):
+            raise ValueError(f"tau2_floor must be >= 0 and finite, got {tau2_floor!r}")
+        eps = _check_eps("ebpo", eps)
         self.prior_scope = prior_scope
         self.cluster_min_groups = int(cluster_min_groups)
         self.prior_memory = prior_memory
@@ -741,10 +755,19 @@ class EBPOEstimator(AdvantageEstimator):
     # -- prior bookkeeping -------------------------------------------------------------------------
 
     def _read(self, prior: _Prior) -> tuple[float, float, float]:
-        """Algorithm 1, lines 8-10: (mu_glob, sigma2, tau2) of one prior."""
+        """Algorithm 1, lines 8-10: (mu_glob, sigma2, tau2) of one prior.
+
+        sigma2: ``total`` (paper) the variance of every reward seen, within + between prompts; ``pooled``
+        (SPEC §2) the running mean of per-group sample variances (groups with G >= 2), the hierarchical
+        model's within-group variance. tau2: ``raw`` (paper, Remark on between-group variance) the variance
+        of group means; ``latent`` (SPEC §2) max(Var(means) - sigma2 * E[1/G], tau2_floor), E[1/G] over the
+        same groups as Var(means).
+        """
         mu_glob = prior.W_glob.mean
-        sigma2 = _SIGMA2[self.sigma2_mode](prior)
-        tau2 = _TAU2[self.tau2_mode](prior, sigma2, self.tau2_floor)
+        sigma2 = prior.W_glob.var if self.sigma2_mode == "total" else prior.W_within.mean
+        tau2 = prior.W_means.var
+        if self.tau2_mode == "latent":
+            tau2 = max(tau2 - sigma2 * prior.W_inv_size.mean, self.tau2_floor)
         return mu_glob, sigma2, tau2
 
     def _group_clusters(self, batch: Batch) -> tuple[list[Hashable], torch.Tensor]:
@@ -800,7 +823,12 @@ class EBPOEstimator(AdvantageEstimator):
         batch = _prepare(rewards, index, cluster)
         if batch.rewards_N.numel() == 0:
             return
-        self._update(batch, group_moments(batch.rewards_N, batch.group_N, batch.num_groups))
+        saved = self.state_dict()
+        try:
+            self._update(batch, group_moments(batch.rewards_N, batch.group_N, batch.num_groups))
+        except Exception:
+            self.load_state_dict(saved)
+            raise
 
     def _advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         stats = group_moments(batch.rewards_N, batch.group_N, batch.num_groups)
@@ -864,12 +892,13 @@ class EBPOEstimator(AdvantageEstimator):
                 f"EBPO checkpoint has prior_memory={saved_memory!r} but this estimator has "
                 f"{self._options()['prior_memory']!r}; build the estimator with the checkpoint's prior_memory"
             )
-        self.prior.load_state_dict(state["prior"])
-        self.cluster_priors = {}
-        for key, prior_state in state["cluster_priors"]:
-            prior = _Prior(self.half_life)
-            prior.load_state_dict(prior_state)
-            self.cluster_priors[key] = prior
+        prior = _load_prior(self.half_life, state, "prior", "prior")
+        cluster_priors = {}
+        for key, prior_state in state.get("cluster_priors", []):
+            cluster_priors[key] = _load_prior(
+                self.half_life, {"p": prior_state}, "p", f"cluster_priors[{key!r}]"
+            )
+        self.prior, self.cluster_priors = prior, cluster_priors  # only a fully valid state is taken
 
     def _options(self) -> dict[str, Any]:
         return {
@@ -888,6 +917,14 @@ class EBPOEstimator(AdvantageEstimator):
         return f"EBPOEstimator({options})"
 
 
-def _check_choice(field: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"EBPO option {field}={value!r} is not one of {list(choices)}")
+def _half_life(prior_memory: Any) -> float:
+    """``prior_memory`` other than ``"all"`` as a half-life in steps; ValueError unless finite and > 0."""
+    try:
+        half_life = float(prior_memory)
+    except (TypeError, ValueError):
+        half_life = math.nan
+    if not (math.isfinite(half_life) and half_life > 0):
+        raise ValueError(
+            f"prior_memory must be 'all' or a half-life in steps > 0 (e.g. 50), got {prior_memory!r}"
+        )
+    return half_life

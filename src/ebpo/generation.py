@@ -8,7 +8,11 @@ One call of :func:`sample` turns B prompts into B*n responses:
    encoded once per group rather than once per response;
 3. incremental decoding feeds one token per step through the cache; each step draws the next token with
    temperature and nucleus (top-p) sampling from a seeded ``torch.Generator``, or takes the argmax when
-   ``temperature == 0``;
+   ``temperature == 0``. With one generator for the whole call, the rows are drawn together, so a row's
+   draws depend on every other row in its chunk; with ``generators`` (one per prompt, used by ``ebpo
+   eval``) each prompt's rows are drawn from its own generator, so a prompt's responses do not depend on
+   the other prompts in the call, their order or ``batch_size`` (up to the float rounding of a batched
+   forward pass, which can differ with the batch's shape);
 4. a row stops after it emits an end-of-sequence token; rows that are done are dropped from the batch
    (and from the cache), and the loop stops when every row is done or ``max_new_tokens`` is reached.
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -66,7 +71,7 @@ class Rollouts:
 
     def to(self, device: torch.device | str) -> Rollouts:
         """A copy with every tensor on ``device``."""
-        moved = {
+        moved: dict[str, Any] = {  # tensors and the list of texts
             name: value.to(device) if isinstance(value, torch.Tensor) else value
             for name, value in self.__dict__.items()
         }
@@ -149,15 +154,20 @@ def sample_next_token(
     return token_B, logp_BV.gather(-1, token_B[:, None]).squeeze(-1)
 
 
-def _encode_prompts(tokenizer, prompts: Sequence[str] | Sequence[Sequence[int]]) -> list[list[int]]:
+def _encode_prompts(tokenizer, prompts: Sequence[str | Sequence[int]]) -> list[list[int]]:
     """Token ids of each prompt: strings go through ``tokenizer`` (its own special-token settings),
     lists of ints are taken as already tokenized."""
     encoded: list[list[int]] = []
     for i, prompt in enumerate(prompts):
         if isinstance(prompt, str):
             encoded.append(list(tokenizer(prompt)["input_ids"]))
-        else:
+        elif isinstance(prompt, Sequence) and all(isinstance(t, int) for t in prompt):
             encoded.append([int(t) for t in prompt])
+        else:
+            raise TypeError(
+                f"prompt {i} is a {type(prompt).__name__}, not a string or a list of token ids; check the "
+                f"data that produced it (ebpo.data.loaders names the file and line of a non-string prompt)"
+            )
         if not encoded[-1]:
             raise ValueError(f"prompt {i} is empty after tokenization")
     return encoded
@@ -175,6 +185,33 @@ def _last_logits_only(model) -> dict[str, int]:
     return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
 
+def _sample_per_prompt(
+    logits_AV: torch.Tensor,
+    prompt_A: torch.Tensor,
+    generators: Sequence[torch.Generator],
+    *,
+    temperature: float,
+    top_p: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`sample_next_token` with each prompt's rows drawn from that prompt's own generator.
+
+    ``prompt_A`` (A,) gives the prompt of each active row, in ascending order (a prompt's rows are
+    contiguous); prompt b's rows are drawn in one call with ``generators[b]``, so the draw depends only on
+    that prompt's rows, never on which other prompts share the batch.
+    """
+    token_A = torch.empty(prompt_A.shape[0], dtype=torch.long, device=logits_AV.device)
+    logp_A = torch.empty(prompt_A.shape[0], dtype=torch.float32, device=logits_AV.device)
+    prompts_U, counts_U = torch.unique_consecutive(prompt_A, return_counts=True)
+    start = 0
+    for prompt, count in zip(prompts_U.tolist(), counts_U.tolist()):
+        rows = slice(start, start + count)
+        token_A[rows], logp_A[rows] = sample_next_token(
+            logits_AV[rows], temperature=temperature, top_p=top_p, generator=generators[prompt]
+        )
+        start += count
+    return token_A, logp_A
+
+
 @torch.no_grad()
 def _generate_chunk(
     model,
@@ -188,9 +225,11 @@ def _generate_chunk(
     generator: torch.Generator | None,
     stop_ids: list[int],
     pad_id: int,
+    prompt_generators: Sequence[torch.Generator] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample n responses for each of B prompts: returns ``(response_ids_NT, old_logp_NT)`` on the CPU,
-    N = B*n, right-padded with ``pad_id`` / 0. A row's tokens stop after its first stop token."""
+    N = B*n, right-padded with ``pad_id`` / 0. A row's tokens stop after its first stop token.
+    ``prompt_generators`` (B,), when given, replaces ``generator``: prompt b's rows draw from entry b."""
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
@@ -222,9 +261,14 @@ def _generate_chunk(
     del out
 
     for step in range(max_new_tokens):
-        token_A, logp_A = sample_next_token(
-            logits_AV, temperature=temperature, top_p=top_p, generator=generator
-        )
+        if prompt_generators is None:
+            token_A, logp_A = sample_next_token(
+                logits_AV, temperature=temperature, top_p=top_p, generator=generator
+            )
+        else:  # rows b*n .. b*n+n-1 answer prompt b, and active rows stay in ascending order
+            token_A, logp_A = _sample_per_prompt(
+                logits_AV, active_rows_A // n, prompt_generators, temperature=temperature, top_p=top_p
+            )
         response_ids_NT[active_rows_A, step] = token_A
         old_logp_NT[active_rows_A, step] = logp_A
         if step == max_new_tokens - 1:
@@ -271,6 +315,7 @@ def sample(
     generator: torch.Generator | int | None = None,
     batch_size: int | None = None,
     eos_token_id: int | Sequence[int] | None = None,
+    generators: Sequence[torch.Generator | int] | None = None,
 ) -> Rollouts:
     """Sample ``n`` responses per prompt with a KV cache; see the module docstring for the algorithm.
 
@@ -291,6 +336,11 @@ def sample(
         batch_size: the most rows (prompts x n) decoded together; prompts are chunked so each chunk holds
             ``max(1, batch_size // n)`` prompts. ``None``: all at once.
         eos_token_id: stop token id(s); default :func:`stop_token_ids`.
+        generators: instead of ``generator``, one generator (or int seed) per prompt: prompt b's n rows
+            are drawn from ``generators[b]`` alone, so its responses are the same whichever prompts share
+            the call, in any order and any ``batch_size`` (up to the float rounding of a batched forward
+            pass, which can differ with the batch's shape). One draw call per prompt and step instead of
+            one per step. ``ebpo eval`` seeds one per problem.
 
     Returns:
         :class:`Rollouts` with N = B*n rows, on the CPU.
@@ -307,6 +357,17 @@ def sample(
         raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
     if isinstance(prompts, str):
         raise TypeError("prompts must be a list of strings (or of token id lists), not one string")
+    prompt_generators: list[torch.Generator] | None = None
+    if generators is not None:
+        if generator is not None:
+            raise ValueError("pass either generator= (one for the call) or generators= (one per prompt)")
+        if len(generators) != len(prompts):
+            raise ValueError(
+                f"generators: one generator per prompt: {len(prompts)} prompts, {len(generators)} generators"
+            )
+        prompt_generators = [
+            torch.Generator(device="cpu").manual_seed(g) if isinstance(g, int) else g for g in generators
+        ]
     if isinstance(generator, int):
         generator = torch.Generator(device="cpu").manual_seed(generator)
 
@@ -334,6 +395,9 @@ def sample(
                     generator=generator,
                     stop_ids=stop_ids,
                     pad_id=pad_id,
+                    prompt_generators=None
+                    if prompt_generators is None
+                    else prompt_generators[start : start + prompts_per_chunk],
                 )
             )
     finally:

@@ -12,7 +12,7 @@ Policy losses are found through a registry (``get_policy_loss(name)``) and share
   Yu et al. 2025 for clip-higher).
 - ``clip_cov`` and ``kl_cov``: the two covariance-based entropy controls of Cui et al. 2025,
   "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models" (SPEC section 3,
-  EntropyMech).
+  EntropyMech). How many tokens they select per call: ``PolicyLossConfig.cov_count``.
 
 Metrics (floats): ``actor/pg_loss``, ``actor/pg_clipfrac`` (fraction of valid tokens where the PPO clip
 is active), ``actor/pg_clipfrac_lower`` (fraction where the dual clip is active), ``actor/ppo_kl``
@@ -29,6 +29,8 @@ from typing import Protocol
 
 import torch
 
+from ebpo.registry import Registry, check_choice, unknown_choice
+
 LOG_RATIO_CLAMP = 20.0
 """``logp - old_logp`` is clamped to [-20, 20] before ``exp`` so the ratio never overflows (as verl)."""
 
@@ -36,6 +38,9 @@ K3_CLAMP = 10.0
 """The k3 KL estimate is clamped to [-10, 10] (as verl's ``low_var_kl``)."""
 
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+COV_COUNT_RULES = ("verl", "stochastic")
+"""How Clip-Cov / KL-Cov turn ``ratio * N`` into a token count (``PolicyLossConfig.cov_count``)."""
 
 
 @dataclass
@@ -65,13 +70,21 @@ class PolicyLossConfig:
     """KL-Cov (Cui et al. 2025): fraction of valid tokens, those of largest covariance, that get the KL term."""
     kl_cov_coef: float = 1.0
     """KL-Cov: coefficient k of ``|logp - old_logp|`` on the selected tokens."""
+    cov_count: str = "verl"
+    """How many of the N valid tokens of one loss call Clip-Cov / KL-Cov select, x = ratio * N:
+
+    - ``"verl"`` (default; verl's and Cui et al.'s rule): ``max(1, floor(x))``. At verl's sizes (N ~ 1e4-1e6
+      tokens per call) the selected fraction is about the ratio; with a few hundred tokens per call it is
+      ``1 / N``, far above it (a 100-token call at ratio 2e-4 selects 1 token: 1%, 50x the ratio).
+    - ``"stochastic"``: ``floor(x)`` plus one more token with probability ``x - floor(x)`` (one uniform draw
+      from ``generator``), so the expected count is exactly ``x`` and may be 0: the selected fraction equals
+      the ratio at any batch size (Clip-Cov: at most, as it picks only among candidates in its band)."""
     generator: torch.Generator | None = None
     """Random source for Clip-Cov's choice of tokens (a CPU ``torch.Generator``); ``None`` uses torch's
     global generator. Seed it for reproducible runs."""
 
     def __post_init__(self) -> None:
-        if self.loss_agg_mode not in AGG_MODES:
-            raise ValueError(f"loss_agg_mode={self.loss_agg_mode!r} is not one of {list(AGG_MODES)}")
+        check_choice("loss aggregation mode", self.loss_agg_mode, AGG_MODES)
         if not (0.0 <= self.clip_eps_low < 1.0) or self.clip_eps_high < 0.0:
             raise ValueError(
                 f"need 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got clip_eps_low={self.clip_eps_low}, "
@@ -94,6 +107,7 @@ class PolicyLossConfig:
             )
         if self.clip_cov_lb >= self.clip_cov_ub:
             raise ValueError(f"need clip_cov_lb < clip_cov_ub, got {self.clip_cov_lb} >= {self.clip_cov_ub}")
+        check_choice("cov_count rule", self.cov_count, COV_COUNT_RULES)
 
 
 class PolicyLossFn(Protocol):
@@ -107,32 +121,22 @@ class PolicyLossFn(Protocol):
     ) -> tuple[torch.Tensor, dict[str, float]]: ...
 
 
-_POLICY_LOSSES: dict[str, PolicyLossFn] = {}
+_POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
 
 
 def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator adding a policy loss to the registry under ``name``."""
-
-    def decorator(fn: PolicyLossFn) -> PolicyLossFn:
-        if name in _POLICY_LOSSES and _POLICY_LOSSES[name] is not fn:
-            raise ValueError(f"policy loss {name!r} is already registered")
-        _POLICY_LOSSES[name] = fn
-        return fn
-
-    return decorator
+    """Decorator adding a policy loss to the registry under ``name`` (a name registered twice raises)."""
+    return _POLICY_LOSSES.register(name)
 
 
 def get_policy_loss(name: str) -> PolicyLossFn:
     """The policy loss registered as ``name``; an unknown name raises ValueError listing the valid ones."""
-    try:
-        return _POLICY_LOSSES[name]
-    except KeyError:
-        raise ValueError(f"unknown policy loss {name!r}; valid: {list_policy_losses()}") from None
+    return _POLICY_LOSSES.get(name)
 
 
 def list_policy_losses() -> list[str]:
     """Names of the registered policy losses, sorted."""
-    return sorted(_POLICY_LOSSES)
+    return _POLICY_LOSSES.names()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -251,6 +255,20 @@ def vanilla_policy_loss(
     return _finish(loss_BT, valid_BT, log_ratio_BT, is_clipped_BT, is_dual_clipped_BT, cfg)
 
 
+def _cov_count(ratio: float, num_valid: int, cfg: PolicyLossConfig) -> int:
+    """Tokens Clip-Cov / KL-Cov select from ``num_valid`` (``cfg.cov_count``): ``max(1, floor(x))`` (verl) or
+    ``floor(x) + [u < x - floor(x)]`` with u uniform from ``cfg.generator`` (stochastic), x = ratio * N.
+    The stochastic rule draws nothing when there is no valid token (and then selects none)."""
+    expected = ratio * num_valid
+    if cfg.cov_count == "verl":
+        return max(1, math.floor(expected))
+    if num_valid == 0:
+        return 0
+    whole = math.floor(expected)
+    u = float(torch.rand((), generator=cfg.generator, dtype=torch.float64))
+    return whole + int(u < expected - whole)
+
+
 def _random_choice(candidates_N: torch.Tensor, k: int, generator: torch.Generator | None) -> torch.Tensor:
     """``min(k, len)`` entries of ``candidates_N`` drawn uniformly without replacement (seeded)."""
     perm_N = torch.randperm(candidates_N.numel(), generator=generator)
@@ -269,7 +287,8 @@ def clip_cov_policy_loss(
 
     Cov_t = (A_t - mean A)(logp_t - mean logp), means over the N valid tokens of the batch.
     Among the valid tokens with ``clip_cov_lb < Cov_t < clip_cov_ub`` whose PPO clip (or dual clip) is
-    not already active, ``max(1, floor(clip_cov_ratio * N))`` are drawn uniformly at random (``cfg.generator``) and
+    not already active, ``max(1, floor(clip_cov_ratio * N))`` (``cfg.cov_count="verl"``; ``"stochastic"``:
+    ``clip_cov_ratio * N`` in expectation) are drawn uniformly at random (``cfg.generator``) and
     their loss is multiplied by 0, which drops their gradient (as the reference implementation).
     All other tokens get the PPO loss of ``vanilla`` (same clip and dual clip settings).
     """
@@ -286,7 +305,7 @@ def clip_cov_policy_loss(
         & (cov_BT < cfg.clip_cov_ub)
     )
     num_valid = int(valid_BT.sum())
-    num_drop = max(1, math.floor(cfg.clip_cov_ratio * num_valid))
+    num_drop = _cov_count(cfg.clip_cov_ratio, num_valid, cfg)
     candidates_N = torch.nonzero(is_candidate_BT.reshape(-1)).squeeze(1)
     dropped_N = _random_choice(candidates_N, num_drop, cfg.generator)
     keep_BT = torch.ones(valid_BT.numel(), dtype=loss_BT.dtype, device=loss_BT.device)
@@ -309,7 +328,8 @@ def kl_cov_policy_loss(
     """KL-Cov (Cui et al. 2025; SPEC section 3, EntropyMech).
 
     Cov_t = (A_t - mean A)(logp_t - mean logp), means over the N valid tokens of the batch.
-    The ``max(1, floor(kl_cov_ratio * N))`` valid tokens of largest Cov_t get
+    The ``max(1, floor(kl_cov_ratio * N))`` (``cfg.cov_count="verl"``; ``"stochastic"``: ``kl_cov_ratio * N``
+    in expectation) valid tokens of largest Cov_t get
     L_t = -A_t ratio_t + k |logp_t - old_logp_t| (k = ``kl_cov_coef``); every other token gets
     L_t = -A_t ratio_t. No clipping (``pg_clipfrac`` and ``pg_clipfrac_lower`` are 0). The ratio uses the
     same clamped log-ratio as ``vanilla``.
@@ -322,8 +342,8 @@ def kl_cov_policy_loss(
     cov_BT = _centered_covariance(adv_BT, logp_BT, valid_BT)
     num_valid = int(valid_BT.sum())
     is_selected_BT = torch.zeros_like(valid_BT)
-    if num_valid > 0:
-        num_select = min(max(1, math.floor(cfg.kl_cov_ratio * num_valid)), num_valid)
+    num_select = min(_cov_count(cfg.kl_cov_ratio, num_valid, cfg), num_valid)
+    if num_select > 0:
         cov_valid_BT = cov_BT.masked_fill(~valid_BT, -math.inf)
         top_N = torch.topk(cov_valid_BT.reshape(-1), num_select).indices
         is_selected_BT.view(-1)[top_N] = True
@@ -377,7 +397,7 @@ def agg_loss(
                 f"got {max_len!r}"
             )
         return masked_BT.sum() / (max_len * num_seqs)
-    raise ValueError(f"unknown loss aggregation mode {mode!r}; valid: {list(AGG_MODES)}")
+    raise unknown_choice("loss aggregation mode", mode, AGG_MODES)
 
 
 def _kl_k1(logp_BT: torch.Tensor, ref_logp_BT: torch.Tensor) -> torch.Tensor:
@@ -412,7 +432,7 @@ def kl_penalty(logp_BT: torch.Tensor, ref_logp_BT: torch.Tensor, kind: str = "k3
     try:
         estimator = KL_ESTIMATORS[kind]
     except KeyError:
-        raise ValueError(f"unknown KL estimator {kind!r}; valid: {sorted(KL_ESTIMATORS)}") from None
+        raise unknown_choice("KL estimator", kind, KL_ESTIMATORS) from None
     if logp_BT.shape != ref_logp_BT.shape:
         raise ValueError(
             f"logp {tuple(logp_BT.shape)} and ref_logp {tuple(ref_logp_BT.shape)} differ in shape"

@@ -5,8 +5,8 @@ Two studies, both through the public estimator registry (``ebpo.get_estimator``)
 1. **Theorem 2** (paper, "Stability via MSE Reduction"). Gaussian model: latent rate
    theta_m ~ N(mu, tau2), rewards r_mi = theta_m + N(0, sigma2), G per group. The Bayes-optimal
    shrinkage S = (sigma2/G) / (sigma2/G + tau2) gives a baseline with MSE (1 - S) sigma2 / G against
-   theta, below GRPO's sigma2 / G. EBPO reaches the closed form when its prior estimates the *true*
-   within-group variance and latent between-prompt variance (``sigma2="pooled"``, ``tau2="latent"``,
+   theta, below GRPO's sigma2 / G. EBPO reaches the closed form when its prior estimates the model's two
+   variances, within-group and latent between-prompt (``sigma2="pooled"``, ``tau2="latent"``,
    SPEC section 2). The paper-faithful defaults (``sigma2="total"``, ``tau2="raw"``) estimate
    sigma2 + tau2 and tau2 + sigma2/G instead: their weight w is not the optimal S and their MSE is
    (1 - w)^2 sigma2/G + w^2 tau2 (printed beside it).
@@ -17,7 +17,8 @@ Two studies, both through the public estimator registry (``ebpo.get_estimator``)
    ``topic`` (blocks of ``topic_block`` consecutive steps from one topic, topic order shuffled by seed).
    Policy: ``stationary`` or ``improving`` (every latent logit rises by ``drift`` over the run).
    For each estimator: the MSE of its baseline against the true latent rate, the fraction of samples with
-   zero advantage, and the mean |advantage| in all-fail groups. For EBPO variants (``prior_scope`` global /
+   zero advantage, and the mean |advantage| in all-fail groups (a count, not a measure of signal: a
+   group-constant advantage has zero expected gradient, docs/theory.md). For EBPO variants (``prior_scope`` global /
    cluster x ``prior_memory`` all / half-life) also the MSE of the prior mean against theta, the quantity
    of the paper's Proposition "Advantage of Clustered Sampling", beside the proposition's two idealised
    values (the per-step oracle global mean and oracle topic mean).

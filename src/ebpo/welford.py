@@ -15,6 +15,11 @@ the running state by Chan, Golub and LeVeque's pairwise formula
     mean = mean_a + delta * n_b / n,   M2 = M2_a + M2_b + delta^2 * n_a * n_b / n,
 
 so there is never a Python loop over values, and shards merged in any order equal one pass.
+
+Nothing non-finite is ever stored: :meth:`Welford.update` rejects NaN, inf and values whose moments
+overflow float64 (|x| around 1e154 and above), :meth:`Welford.merge` rejects a combination that overflows,
+and ``load_state_dict`` rejects a non-finite or negative state; each raises ``ValueError`` and leaves the
+accumulator as it was.
 """
 
 from __future__ import annotations
@@ -28,9 +33,29 @@ __all__ = ["EWWelford", "Welford", "batch_moments"]
 
 
 def _as_float64_1d(values: Any) -> torch.Tensor:
-    """``values`` (tensor, array, list, scalar) as a flat float64 tensor on its own device."""
-    values_t = torch.as_tensor(values)
-    return values_t.detach().reshape(-1).to(torch.float64)
+    """``values`` (tensor, array, list, scalar) as a flat float64 tensor on its own device.
+
+    Anything but a tensor is read straight into float64 (``torch.as_tensor`` of a Python list would make
+    float32 and round 100000001.0 to 1e8).
+    """
+    if isinstance(values, torch.Tensor):
+        return values.detach().reshape(-1).to(torch.float64)
+    return torch.as_tensor(values, dtype=torch.float64).reshape(-1)
+
+
+def _check_finite_values(values_n: torch.Tensor) -> None:
+    finite_n = torch.isfinite(values_n)
+    if not bool(finite_n.all()):
+        position = int((~finite_n).nonzero()[0, 0])
+        raise ValueError(
+            f"value at position {position} is {values_n[position].item()}: running moments take finite values only"
+        )
+
+
+def _overflow_error(what: str) -> ValueError:
+    return ValueError(
+        f"{what}: this overflows float64 moments; rescale the values (the accumulator is unchanged)"
+    )
 
 
 def batch_moments(values: Any) -> tuple[int, float, float]:
@@ -38,22 +63,28 @@ def batch_moments(values: Any) -> tuple[int, float, float]:
 
     M2 = sum_i (x_i - mean)^2. Shifting by x_0 before summing keeps the sum small when the values share
     a large offset (e.g. 1e9 + noise), so the mean is exact to float64 rounding of the noise.
+    Raises ValueError for a NaN or inf value, and for values whose M2 overflows float64 (naming the
+    value of largest magnitude).
     """
     values_n = _as_float64_1d(values)
     n = values_n.numel()
     if n == 0:
         return 0, 0.0, 0.0
+    _check_finite_values(values_n)
     shift = values_n[0]
     shifted_n = values_n - shift
     mean = shift + shifted_n.mean()
     m2 = ((values_n - mean) ** 2).sum()
+    if not (math.isfinite(float(mean)) and math.isfinite(float(m2))):
+        position = int(values_n.abs().argmax())
+        raise _overflow_error(f"value at position {position} is {values_n[position].item():g}")
     return n, float(mean), float(m2)
 
 
 def _chan_combine(
     n_a: float, mean_a: float, m2_a: float, n_b: float, mean_b: float, m2_b: float
 ) -> tuple[float, float, float]:
-    """Chan et al. (1979) pairwise combination of two (weight, mean, M2) triples."""
+    """Chan et al. (1979) pairwise combination of two (weight, mean, M2) triples; ValueError on overflow."""
     n = n_a + n_b
     if n_b == 0:
         return n_a, mean_a, m2_a
@@ -62,7 +93,32 @@ def _chan_combine(
     delta = mean_b - mean_a
     mean = mean_a + delta * (n_b / n)
     m2 = m2_a + m2_b + delta * delta * (n_a * n_b / n)
+    if not (math.isfinite(mean) and math.isfinite(m2)):
+        raise _overflow_error(f"combining means {mean_a:g} and {mean_b:g} (weights {n_a:g}, {n_b:g})")
     return n, mean, m2
+
+
+def _checked_state(state: dict[str, Any], keys: tuple[str, ...], owner: str) -> dict[str, float]:
+    """``state[key]`` as floats for each key; ValueError naming the key if one is missing, non-finite or,
+    for every key but ``mean``, negative."""
+    out = {}
+    for key in keys:
+        if key not in state:
+            raise ValueError(
+                f"{owner} state has no {key!r} (keys: {sorted(state)}): the checkpoint is not one"
+            )
+        value = state[key]
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"{owner} state {key}={value!r} is not a number: the checkpoint is corrupt"
+            ) from None
+        if not math.isfinite(number) or (key != "mean" and number < 0):
+            kind = "finite" if key == "mean" else "finite and >= 0"
+            raise ValueError(f"{owner} state {key}={value!r} must be {kind}: the checkpoint is corrupt")
+        out[key] = number
+    return out
 
 
 def _gather_rows(row: list[float], group: Any) -> list[list[float]] | None:
@@ -145,9 +201,11 @@ class Welford:
         return {"count": self.count, "mean": self._mean, "m2": self.m2}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
-        self.count = int(state["count"])
-        self._mean = float(state["mean"])
-        self.m2 = float(state["m2"])
+        """Restore ``state_dict()``; ValueError (state unchanged) if a value is missing, non-finite or negative."""
+        checked = _checked_state(state, ("count", "mean", "m2"), "Welford")
+        self.count = int(checked["count"])
+        self._mean = checked["mean"]
+        self.m2 = checked["m2"]
 
     def __repr__(self) -> str:
         return f"Welford(count={self.count}, mean={self._mean:.6g}, var={self.var:.6g})"
@@ -251,14 +309,17 @@ class EWWelford:
         }
 
     def load_state_dict(self, state: dict[str, float]) -> None:
+        """Restore ``state_dict()``; ValueError (state unchanged) on another half-life or a missing,
+        non-finite or negative value."""
         if float(state["half_life"]) != self.half_life:
             raise ValueError(
                 f"checkpoint EWWelford half_life={state['half_life']} differs from this one's {self.half_life}"
             )
-        self.weight = float(state["weight"])
-        self.weight_sq = float(state["weight_sq"])
-        self._mean = float(state["mean"])
-        self.m2 = float(state["m2"])
+        checked = _checked_state(state, ("weight", "weight_sq", "mean", "m2"), "EWWelford")
+        self.weight = checked["weight"]
+        self.weight_sq = checked["weight_sq"]
+        self._mean = checked["mean"]
+        self.m2 = checked["m2"]
 
     def __repr__(self) -> str:
         return f"EWWelford(half_life={self.half_life}, weight={self.weight:.6g}, mean={self._mean:.6g})"

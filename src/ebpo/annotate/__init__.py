@@ -8,6 +8,7 @@ Heavy modules (transformers, sentence-transformers) are imported only by the bac
 
 from __future__ import annotations
 
+import codecs
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,7 +37,8 @@ def _is_parquet(path: Path) -> bool:
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """All rows of a JSONL (one object per line) or Parquet file, as dicts; errors name file and line."""
+    """All rows of a JSONL (one object per line) or Parquet file, as dicts; errors name file and line
+    (each line is decoded on its own, so a byte that is not UTF-8 names its line too)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"input file {path} not found")
@@ -45,10 +47,19 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
 
         return pq.read_table(path).to_pylist()
     rows = []
-    with open(path, encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, start=1):
-            if not line.strip():
+    with open(path, "rb") as fh:
+        for line_no, raw in enumerate(fh, start=1):
+            if line_no == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8) :]
+            if not raw.strip():
                 continue
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(
+                    f"{path}, line {line_no}: not valid UTF-8 (byte 0x{raw[err.start]:02x} at byte "
+                    f"{err.start + 1}); re-save the file as UTF-8"
+                ) from None
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:

@@ -178,7 +178,41 @@ def _add_topic(sub: Any) -> None:
     p.set_defaults(func=run_topic)
 
 
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split("\n")).strip() or type(err).__name__
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """Fail before any model or backend loads: the input must exist and differ from the output."""
+    if args.input and not Path(args.input).is_file():
+        raise FileNotFoundError(f"--input {args.input}: no such file")
+    if args.input and args.output and Path(args.output).resolve() == Path(args.input).resolve():
+        raise ValueError(f"--output {args.output} would overwrite the input; pick a new file")
+
+
 def run_difficulty(args: argparse.Namespace) -> int:
+    """``ebpo annotate difficulty``: exit 0; 2 with one line on stderr after a bad flag or file; 130 after
+    Ctrl-C (the finished prompts stay in the partial file, and the message says how to resume)."""
+    try:
+        _check_paths(args)
+        return _run_difficulty(args)
+    except KeyboardInterrupt:
+        from ebpo.annotate.difficulty import partial_path
+
+        part = partial_path(args.output)
+        done = len(part.read_bytes().splitlines()) if part.is_file() else 0
+        print(
+            f"ebpo annotate difficulty: interrupted; {done} finished prompts are saved in {part}; run the "
+            f"same command again (same --prompts-per-call and --seed) to resume",
+            file=sys.stderr,
+        )
+        return 130
+    except (ValueError, OSError, ImportError) as err:  # messages name the flag, file or row and the fix
+        print(f"ebpo annotate difficulty: {_one_line(err)}", file=sys.stderr)
+        return 2
+
+
+def _run_difficulty(args: argparse.Namespace) -> int:
     from ebpo.annotate.difficulty import DifficultyConfig, annotate_difficulty
 
     cfg = DifficultyConfig(
@@ -240,28 +274,47 @@ def _evaluate(args: argparse.Namespace, backend: Any) -> int:
 
 
 def run_topic(args: argparse.Namespace) -> int:
+    """``ebpo annotate topic``: exit 0; 1 when some rows got no label (listed on stderr); 2 with one line
+    on stderr after a bad flag, file or row; 130 after Ctrl-C (the judge's answers so far stay in its cache,
+    and the message says how to resume)."""
+    state: dict[str, Any] = {}
+    try:
+        return _run_topic(args, state)
+    except KeyboardInterrupt:
+        backend = state.get("backend")
+        cache = getattr(getattr(backend, "config", None), "cache_path", None)
+        if backend is not None and cache is not None:
+            kept = (
+                f"{backend.num_cached} labels are saved in {cache}; run the same command again to resume "
+                f"(cached problems cost no request)"
+            )
+        else:
+            kept = "nothing was written; run the command again"
+        print(f"ebpo annotate topic: interrupted; {kept}", file=sys.stderr)
+        return 130
+    except (ValueError, OSError, ImportError) as err:  # messages name the flag, file or row and the fix
+        print(f"ebpo annotate topic: {_one_line(err)}", file=sys.stderr)
+        return 2
+
+
+def _run_topic(args: argparse.Namespace, state: dict[str, Any]) -> int:
     from tqdm.auto import tqdm
 
     from ebpo.annotate import load_input, prompt_text, row_id, row_prompt, write_output
-    from ebpo.annotate.topic import TOPICS, get_topic_backend
+    from ebpo.annotate.topic import TOPICS, JudgeTopicClassifier, get_topic_backend
 
-    backend = get_topic_backend(args.backend, **_backend_options(args))
+    if not args.evaluate:
+        if not args.input or not args.output:
+            raise ValueError("--input and --output are required (or --evaluate HAND_JSONL)")
+        _check_paths(args)
+    backend = state["backend"] = get_topic_backend(args.backend, **_backend_options(args))
     if args.evaluate:
         return _evaluate(args, backend)
-    if not args.input or not args.output:
-        print(
-            "ebpo annotate topic: --input and --output are required (or --evaluate HAND_JSONL)",
-            file=sys.stderr,
-        )
-        return 2
-    if Path(args.output).resolve() == Path(args.input).resolve():
-        print(f"ebpo annotate topic: output {args.output} would overwrite the input", file=sys.stderr)
-        return 2
     rows = load_input(args.input, args.schema)
     todo = [i for i, row in enumerate(rows) if args.relabel or row.get("topic") not in TOPICS]
     texts = [prompt_text(row_prompt(rows[i], i, args.input)) for i in todo]
     with tqdm(total=len(texts), desc=f"topic ({args.backend})", unit="prompt") as bar:
-        if args.backend == "judge":
+        if isinstance(backend, JudgeTopicClassifier):  # the judge reports each label as it arrives
             labels = backend.label(texts, progress=bar.update)
         else:
             labels = backend.label(texts)

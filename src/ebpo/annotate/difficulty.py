@@ -123,7 +123,8 @@ def _load_model(cfg: DifficultyConfig) -> tuple[Any, Any]:
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = cfg.dtype if cfg.dtype == "auto" else getattr(torch, cfg.dtype)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
-    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype).to(device)
+    # transformers wraps PreTrainedModel.to in functools.wraps: mypy sees an unbound _Wrapped (self first)
+    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype).to(device)  # type: ignore[arg-type]
     model.eval()
     return model, tokenizer
 

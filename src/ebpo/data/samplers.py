@@ -39,6 +39,7 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from ebpo.data.records import Record
+from ebpo.registry import Registry
 
 __all__ = [
     "IndexStream",
@@ -280,19 +281,17 @@ class DifficultySampler(IndexStream):
 
 
 SamplerFactory = Callable[..., IndexStream]
-_SAMPLERS: dict[str, SamplerFactory] = {}
+_SAMPLERS: Registry[SamplerFactory] = Registry("sampler")
 
 
 def register_sampler(name: str, factory: SamplerFactory) -> None:
     """Add a sampler ``factory(records, batch_size, seed, **options) -> IndexStream`` under ``name``."""
-    if name in _SAMPLERS:
-        raise ValueError(f"sampler {name!r} is already registered")
-    _SAMPLERS[name] = factory
+    _SAMPLERS.register(name, factory)
 
 
 def list_samplers() -> list[str]:
-    """Names accepted by :func:`get_sampler`."""
-    return sorted(_SAMPLERS)
+    """Names accepted by :func:`get_sampler`, sorted."""
+    return _SAMPLERS.names()
 
 
 def get_sampler(
@@ -304,9 +303,7 @@ def get_sampler(
     labels for ``topic``, pass rates for ``difficulty``, anything for ``random``). ``options`` go to the
     sampler (``leftover`` for ``topic``, ``after_epoch`` for ``difficulty``).
     """
-    if name not in _SAMPLERS:
-        raise ValueError(f"unknown sampler {name!r}; valid choices: {', '.join(list_samplers())}")
-    return _SAMPLERS[name](records, batch_size, seed, **options)
+    return _SAMPLERS.get(name)(records, batch_size, seed, **options)
 
 
 register_sampler("random", RandomSampler)

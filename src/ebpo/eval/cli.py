@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 BUILTIN = "builtin"
+CLIP_WARNING = 0.01  # warn when at least this fraction of a benchmark's responses hit --max-new-tokens
 
 
 def _int_list(text: str) -> list[int]:
@@ -171,12 +172,13 @@ def markdown_table(
     ]
     for model, per_bench in results.items():
         values = [per_bench.get(b, {}).get(metric) for b in benchmarks]
+        known = [v for v in values if v is not None]
         average = None
-        if values and all(v is not None for v in values):
+        if values and len(known) == len(values):
             if is_se:
-                average = sum(v * v for v in values) ** 0.5 / len(values)
+                average = sum(v * v for v in known) ** 0.5 / len(known)
             else:
-                average = sum(values) / len(values)
+                average = sum(known) / len(known)
         lines.append(f"| {model} | " + " | ".join(_percent(v) for v in values) + f" | {_percent(average)} |")
     return "\n".join(lines)
 
@@ -206,6 +208,16 @@ def render_markdown(
     )
     for metric in (m for m in extra if "/" not in m):
         parts += ["", f"{metric} (%):", "", markdown_table(results, benchmarks, metric)]
+    if any("response/clip_ratio" in summary for per in results.values() for summary in per.values()):
+        parts += [
+            "",
+            "Responses cut at max new tokens (response/clip_ratio, %): a cut response usually has no final "
+            "answer and counts as wrong, so a large value means Pass@1 measures the token budget.",
+            "",
+            markdown_table(results, benchmarks, "response/clip_ratio"),
+        ]
+    if settings.get("skipped_metrics"):
+        parts += ["", f"Not reported (n = {n} is below k): {', '.join(settings['skipped_metrics'])}."]
     parts += [
         "",
         f"Sampling: temperature {settings['temperature']}, top-p {settings['top_p']}, seed {settings['seed']}, "
@@ -246,7 +258,7 @@ def records_digest(records: Sequence[Any]) -> str:
 
 class LazyModel:
     """Loads a model on the first chunk that needs sampling, so a run answered fully from the cache never
-    loads it; ``generate_fn(sampling)`` gives the harness's ``(prompts, n, seed)`` callable."""
+    loads it; ``generate_fn(sampling)`` gives the harness's ``(prompts, n, seeds)`` callable."""
 
     def __init__(self, path: Path, tokenizer: Any, *, device: str | None, dtype: str):
         self.path, self.tokenizer, self.device, self.dtype = path, tokenizer, device, dtype
@@ -255,17 +267,46 @@ class LazyModel:
     def generate_fn(self, sampling: Any):
         from ebpo.eval.harness import load_model, model_generate_fn
 
-        def generate(prompts: list[str], n: int, seed: int):
+        def generate(prompts: list[str], n: int, seeds: list[int]):
             if self.model is None:
                 self.model, _ = load_model(self.path, device=self.device, dtype=self.dtype)
-            return model_generate_fn(self.model, self.tokenizer, sampling)(prompts, n, seed)
+            return model_generate_fn(self.model, self.tokenizer, sampling)(prompts, n, seeds)
 
         return generate
 
 
 def run(args: argparse.Namespace, *, generate_fns: dict[str, Any] | None = None) -> int:
-    """Run ``ebpo eval``. ``generate_fns`` (model name -> ``(prompts, n, seed) -> texts``) replaces model
-    loading for those names: used by tests and by callers with their own inference engine."""
+    """Run ``ebpo eval``. ``generate_fns`` (model name -> ``(prompts, n, seeds) -> texts``) replaces model
+    loading for those names: used by tests and by callers with their own inference engine.
+
+    Returns the exit code: 0, 2 after a bad flag, file or cache (one line on stderr naming it, no
+    traceback), 130 after Ctrl-C (finished chunks stay in the cache; the message says how to resume).
+    """
+    cache_dir = None if args.no_cache else Path(args.cache_dir or default_cache_dir())
+    try:
+        return _run(args, cache_dir, generate_fns or {})
+    except KeyboardInterrupt:
+        if cache_dir is None:
+            kept = "nothing was kept (--no-cache)"
+        else:
+            kept = (
+                f"the problems finished so far are cached under {cache_dir}: run the same command again "
+                f"to resume"
+            )
+        print(f"ebpo eval: interrupted; {kept}", file=sys.stderr)
+        return 130
+    except (ValueError, OSError) as err:  # our messages name the flag, file or line and the fix
+        print(f"ebpo eval: {err}", file=sys.stderr)
+        return 2
+
+
+def _skipped_metrics(args: argparse.Namespace) -> list[str]:
+    """pass@k / maj@k that ``--n`` is too small for (k > n), in the order they were asked for."""
+    skipped = [f"pass@{k}" for k in dict.fromkeys(args.ks) if k > args.n]
+    return skipped + [f"maj@{k}" for k in dict.fromkeys(args.maj_ks) if k > args.n]
+
+
+def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[str, Any]) -> int:
     from ebpo.eval.harness import (
         PAPER_BENCHMARKS,
         SamplingConfig,
@@ -275,16 +316,29 @@ def run(args: argparse.Namespace, *, generate_fns: dict[str, Any] | None = None)
     )
     from ebpo.eval.harness import model_fingerprint as fingerprint
 
-    generate_fns = generate_fns or {}
     models = list(args.models) or [BUILTIN]
     if args.benchmarks:
         benchmarks = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
     else:
         benchmarks = ["arith"] if models == [BUILTIN] else list(PAPER_BENCHMARKS)
-    specs = [get_benchmark(b) for b in benchmarks]  # unknown names fail here, before any model loads
+    try:
+        specs = [get_benchmark(b) for b in benchmarks]  # unknown names fail here, before any model loads
+    except ValueError as err:
+        raise ValueError(f"--benchmarks: {err}") from None
     if args.n < 1:
-        raise SystemExit(f"ebpo eval: --n must be >= 1, got {args.n}")
-    cache_dir = None if args.no_cache else Path(args.cache_dir or default_cache_dir())
+        raise ValueError(f"--n must be >= 1, got {args.n}")
+    if args.limit is not None and args.limit < 0:
+        raise ValueError(f"--limit must be >= 0, got {args.limit}")
+    skipped = _skipped_metrics(args)
+    if skipped:
+        largest = max(int(name.split("@")[1]) for name in skipped)
+        print(
+            f"ebpo eval: warning: --n {args.n} is below k, so {', '.join(skipped)} are not reported; use "
+            f"--n {largest} or more, or drop them from --ks / --maj-ks",
+            file=sys.stderr,
+        )
+    ks = [k for k in args.ks if k <= args.n]
+    maj_ks = [k for k in args.maj_ks if k <= args.n]
     settings = {
         "n": args.n,
         "temperature": args.temperature,
@@ -298,6 +352,7 @@ def run(args: argparse.Namespace, *, generate_fns: dict[str, Any] | None = None)
         "maj_mode": args.maj_mode,
         "chat_template": args.chat_template,
         "reward_options": dict(args.reward_option),
+        "skipped_metrics": skipped,
     }
     records_by_bench = {spec.name: spec.load() for spec in specs}
     reward_options = dict(args.reward_option)
@@ -360,7 +415,7 @@ def run(args: argparse.Namespace, *, generate_fns: dict[str, Any] | None = None)
                     f"[{name}] {spec.name}: {len(records_by_bench[spec.name][: args.limit])} problems x n={args.n}",
                     file=sys.stderr,
                 )
-            generate_fn = scripted or lazy_model.generate_fn(sampling)
+            generate_fn = scripted if lazy_model is None else lazy_model.generate_fn(sampling)
 
             result = evaluate(
                 None,
@@ -369,8 +424,8 @@ def run(args: argparse.Namespace, *, generate_fns: dict[str, Any] | None = None)
                 sampling,
                 tokenizer=tokenizer,
                 generate_fn=generate_fn,
-                ks=args.ks,
-                maj_ks=args.maj_ks,
+                ks=ks,
+                maj_ks=maj_ks,
                 maj_mode=args.maj_mode,
                 limit=args.limit,
                 cache_path=cache,
@@ -378,6 +433,14 @@ def run(args: argparse.Namespace, *, generate_fns: dict[str, Any] | None = None)
                 progress=not args.quiet,
             )
             results[name][spec.name] = result.summary
+            clip = result.summary.get("response/clip_ratio", 0.0)
+            if clip >= CLIP_WARNING:
+                print(
+                    f"ebpo eval: warning: [{name}] {100 * clip:.1f}% of the responses on {spec.name} hit "
+                    f"--max-new-tokens {sampling.max_new_tokens} and were cut (response/clip_ratio); a cut "
+                    f"response rarely holds a final answer, so raise --max-new-tokens for reasoning models",
+                    file=sys.stderr,
+                )
         del lazy_model  # free this model before the next one loads
     markdown = write_outputs(Path(args.out_dir), results, benchmarks, settings)
     print(markdown)

@@ -7,10 +7,15 @@ result.summary["pass@1"], result.metrics(prefix="eval/aime24/")
 ```
 
 - Responses come from :func:`ebpo.generation.sample` (KV cache, batched), or from any ``generate_fn``
-  callable ``(prompts, n, seed) -> list[list[str]] | Rollouts`` (tests script one; other engines plug in).
-- Problems are cut into fixed chunks of ``max(1, batch_size // n)`` consecutive records (by position in the
-  full record list) and chunk ``c`` is sampled with seed ``chunk_seed(seed, c)``, so the responses of a
-  problem do not depend on ``limit`` or on a resume.
+  callable ``(prompts, n, seeds) -> list[list[str]] | Rollouts`` with one seed per prompt (tests script
+  one; other engines plug in).
+- Each problem's n responses are drawn from its own generator, seeded ``problem_seed(seed, id)``
+  (``generation.sample(generators=...)``), so they do not depend on which problems share its batch.
+  Problems are sampled in fixed chunks of ``max(1, batch_size // n)`` consecutive records of the *full*
+  list; ``limit`` only says which problems are reported (the chunk holding the last one is sampled whole),
+  so a chunk's batch is the same with any ``limit`` and on a resume, and responses are bit-identical. A
+  different ``batch_size`` changes only the float rounding of the batched forward pass (bit-identical in
+  our CPU tests; rare flipped tokens are possible on GPUs), and it is part of the cache key.
 - With ``cache_path`` each finished problem is appended as one JSONL line (:class:`ProblemScores`) after its
   chunk is scored; a rerun reads the file, skips the problems it holds and samples only chunks with
   missing problems, so an interrupted evaluation resumes where it stopped. A torn last line (a kill
@@ -25,6 +30,7 @@ import hashlib
 import json
 import os
 import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,6 +38,7 @@ from typing import Any
 
 from ebpo.data.records import Record
 from ebpo.eval.metrics import ProblemScores, score_problem, summarize
+from ebpo.registry import Registry
 
 __all__ = [
     "PAPER_BENCHMARKS",
@@ -39,19 +46,21 @@ __all__ = [
     "EvalResult",
     "SamplingConfig",
     "cache_file",
-    "chunk_seed",
     "evaluate",
     "get_benchmark",
     "list_benchmarks",
     "load_model",
     "model_fingerprint",
     "model_generate_fn",
+    "problem_seed",
     "register_benchmark",
 ]
 
-CACHE_FORMAT = 1  # bump when the cache line format changes: old cache files are then ignored
+# bump when the cache line format or the sampling scheme changes: old cache files are then ignored
+# (2: one generator per problem instead of one per chunk)
+CACHE_FORMAT = 2
 
-GenerateFn = Callable[[list[str], int, int], Any]
+GenerateFn = Callable[[list[str], int, list[int]], Any]
 
 
 @dataclass(frozen=True)
@@ -62,7 +71,9 @@ class SamplingConfig:
     temperature: float = field(default=0.6, metadata={"help": "sampling temperature; 0 = greedy"})
     top_p: float = field(default=0.95, metadata={"help": "nucleus sampling mass in (0, 1]"})
     max_new_tokens: int = field(default=4096, metadata={"help": "longest response in tokens (EOS included)"})
-    seed: int = field(default=0, metadata={"help": "base seed; chunk c is sampled with chunk_seed(seed, c)"})
+    seed: int = field(
+        default=0, metadata={"help": "base seed; a problem's generator is seeded problem_seed(seed, id)"}
+    )
     batch_size: int = field(
         default=64,
         metadata={"help": "sequences decoded together; a chunk holds max(1, batch_size // n) problems"},
@@ -87,9 +98,11 @@ class SamplingConfig:
         return max(1, self.batch_size // self.n)
 
 
-def chunk_seed(seed: int, chunk: int) -> int:
-    """Seed of chunk ``chunk``: the first 8 bytes of SHA-256 over ``"{seed}/{chunk}"`` (independent streams)."""
-    return int.from_bytes(hashlib.sha256(f"{seed}/{chunk}".encode()).digest()[:8], "little") >> 1
+def problem_seed(seed: int, problem_id: str) -> int:
+    """Seed of one problem's generator: the first 8 bytes of SHA-256 over ``"{seed}/{problem_id}"``, as a
+    63-bit integer (independent streams per problem, stable under reordering, limiting and batching)."""
+    digest = hashlib.sha256(f"{seed}/{problem_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
 
 
 # --- benchmarks ----------------------------------------------------------------------------------------
@@ -105,28 +118,22 @@ class BenchmarkSpec:
     max_new_tokens: int  # the CLI's default response budget for this set
 
 
-_BENCHMARKS: dict[str, BenchmarkSpec] = {}
+_BENCHMARKS: Registry[BenchmarkSpec] = Registry("benchmark")
 
 
 def register_benchmark(spec: BenchmarkSpec) -> BenchmarkSpec:
     """Add a benchmark to the registry (a second one with the same name raises)."""
-    if spec.name in _BENCHMARKS:
-        raise ValueError(f"benchmark {spec.name!r} is already registered")
-    _BENCHMARKS[spec.name] = spec
-    return spec
+    return _BENCHMARKS.register(spec.name, spec)
 
 
 def list_benchmarks() -> list[str]:
-    """Registered benchmark names, in registration order."""
-    return list(_BENCHMARKS)
+    """Registered benchmark names, sorted."""
+    return _BENCHMARKS.names()
 
 
 def get_benchmark(name: str) -> BenchmarkSpec:
     """The benchmark registered as ``name``; an unknown name lists the valid ones."""
-    try:
-        return _BENCHMARKS[name]
-    except KeyError:
-        raise ValueError(f"unknown benchmark {name!r}; valid: {', '.join(list_benchmarks())}") from None
+    return _BENCHMARKS.get(name)
 
 
 def _shared_loader(name: str) -> Callable[[], list[Record]]:
@@ -191,22 +198,24 @@ def load_model(path: str | Path, *, device: str | None = None, dtype: str = "aut
         )
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device).eval()
+    # transformers wraps PreTrainedModel.to in functools.wraps: mypy sees an unbound _Wrapped (self first)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device).eval()  # type: ignore[arg-type]
     return model, tokenizer
 
 
 def model_generate_fn(model, tokenizer, sampling: SamplingConfig) -> GenerateFn:
-    """``(prompts, n, seed) -> Rollouts`` through :func:`ebpo.generation.sample`."""
+    """``(prompts, n, seeds) -> Rollouts`` through :func:`ebpo.generation.sample`, prompt b's rows drawn
+    from a generator seeded ``seeds[b]`` (on the model's device)."""
     import torch
 
     from ebpo.generation import sample
 
     device = next(model.parameters()).device
 
-    def generate(prompts: list[str], n: int, seed: int):
+    def generate(prompts: list[str], n: int, seeds: list[int]):
         if sampling.chat_template:  # the rendered template already holds any BOS: do not add another
             prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-        generator = torch.Generator(device=device).manual_seed(seed)
+        generators = [torch.Generator(device=device).manual_seed(int(seed)) for seed in seeds]
         return sample(
             model,
             tokenizer,
@@ -215,7 +224,7 @@ def model_generate_fn(model, tokenizer, sampling: SamplingConfig) -> GenerateFn:
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             max_new_tokens=sampling.max_new_tokens,
-            generator=generator,
+            generators=generators,
             batch_size=sampling.batch_size,
         )
 
@@ -262,12 +271,12 @@ def _read_cache(path: Path) -> dict[str, ProblemScores]:
             handle.truncate(keep)
         raw = raw[:keep]
     done: dict[str, ProblemScores] = {}
-    for line_no, line in enumerate(raw.decode().splitlines(), start=1):
+    for line_no, line in enumerate(raw.split(b"\n"), start=1):
         if not line.strip():
             continue
         try:
-            problem = ProblemScores.from_dict(json.loads(line))
-        except (json.JSONDecodeError, TypeError) as err:
+            problem = ProblemScores.from_dict(json.loads(line.decode("utf-8")))
+        except (UnicodeDecodeError, json.JSONDecodeError, TypeError) as err:
             raise ValueError(
                 f"{path}, line {line_no}: not a cached problem ({err}); delete the file to redo"
             ) from err
@@ -362,20 +371,25 @@ def evaluate(
         reward: a reward name for :func:`ebpo.rewards.get_reward` or a reward object
             (``batch(completions, answers)``; optional ``extract``, ``equivalent_batch``/``equivalent``).
         sampling: :class:`SamplingConfig` (default ``SamplingConfig()``).
-        generate_fn: ``(prompts, n, seed) -> list[list[str]] | Rollouts`` instead of the model.
-        ks / maj_ks: the k of pass@k / maj@k to report (k above n is skipped).
+        generate_fn: ``(prompts, n, seeds) -> list[list[str]] | Rollouts`` instead of the model; ``seeds``
+            holds one seed per prompt, and a prompt's responses should depend on its seed alone.
+        ks / maj_ks: the k of pass@k / maj@k to report (k above n is skipped, with a warning).
         maj_mode: ``"subsets"`` or ``"first"`` (:func:`ebpo.eval.metrics.maj_at_k`).
-        limit: evaluate only the first ``limit`` records.
+        limit: report only the first ``limit`` records (the chunk holding the last one is sampled whole,
+            and cached, so that responses do not depend on ``limit``).
         cache_path: JSONL file of finished problems (see the module docstring; :func:`cache_file`).
         keep_texts: store each response's text in the results (and cache).
         progress: show a tqdm bar.
     """
     sampling = sampling or SamplingConfig()
-    records = list(records)[: limit if limit is not None else None]
-    ids = [str(rec.id) for rec in records]
-    if len(set(ids)) != len(ids):
-        dup = next(i for i in ids if ids.count(i) > 1)
+    records = list(records)
+    all_ids = [str(rec.id) for rec in records]
+    if len(set(all_ids)) != len(all_ids):
+        dup = next(i for i, count in Counter(all_ids).items() if count > 1)
         raise ValueError(f"record ids must be unique; {dup!r} repeats")
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    ids = all_ids[: limit if limit is not None else None]
     if isinstance(reward, str):
         from ebpo.rewards import get_reward
 
@@ -408,18 +422,22 @@ def evaluate(
     cache = Path(cache_path) if cache_path is not None else None
     done = _read_cache(cache) if cache is not None else {}
     num_cached = sum(i in done for i in ids)
+    reported = set(ids)
     extract, equivalence = _scorer(reward)
     per_chunk = sampling.problems_per_chunk
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(records), initial=num_cached, desc="eval", unit="problem", dynamic_ncols=True)
-    for chunk, start in enumerate(range(0, len(records), per_chunk)):
+        bar = tqdm(total=len(ids), initial=num_cached, desc="eval", unit="problem", dynamic_ncols=True)
+    # chunks are cut from the full list, so the chunk of the last reported problem is the same batch
+    # with any limit; its problems beyond the limit are sampled and cached too
+    for start in range(0, len(ids), per_chunk):
         chunk_records = records[start : start + per_chunk]
         if all(str(rec.id) in done for rec in chunk_records):
             continue
-        output = generate_fn(render(chunk_records), sampling.n, chunk_seed(sampling.seed, chunk))
+        seeds = [problem_seed(sampling.seed, str(rec.id)) for rec in chunk_records]
+        output = generate_fn(render(chunk_records), sampling.n, seeds)
         texts, lengths, truncated = _as_texts(output, len(chunk_records), sampling.n)
         flat_texts = [t for group in texts for t in group]
         flat_answers = [rec.answer for rec in chunk_records for _ in range(sampling.n)]
@@ -429,7 +447,7 @@ def evaluate(
             if str(rec.id) in done:  # already cached from an earlier run: keep the cached line
                 continue
             extra: dict[str, Any] = {}
-            if lengths is not None:
+            if lengths is not None and truncated is not None:  # both known (Rollouts) or neither
                 extra = {
                     "lengths": [int(x) for x in lengths[i]],
                     "truncated": [bool(x) for x in truncated[i]],
@@ -449,7 +467,7 @@ def evaluate(
             _append_cache(cache, finished)
         done.update((p.id, p) for p in finished)
         if bar is not None:
-            bar.update(len(finished))
+            bar.update(sum(p.id in reported for p in finished))
     if bar is not None:
         bar.close()
     problems = [done[i] for i in ids]

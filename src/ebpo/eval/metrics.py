@@ -28,6 +28,7 @@ Conventions (one problem has n sampled responses, in sampling order j = 0..n-1):
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import combinations
@@ -80,7 +81,7 @@ def avg_at_n(rewards: Sequence[float]) -> float:
     return float(np.mean(np.asarray(rewards, dtype=np.float64) > 0))
 
 
-def standard_error(values: Sequence[float]) -> float:
+def standard_error(values: Sequence[float] | np.ndarray) -> float:
     """Standard error of the mean: std(values, ddof=1) / sqrt(len(values)); 0 with fewer than 2 values."""
     arr = np.asarray(values, dtype=np.float64)
     if arr.size < 2:
@@ -283,8 +284,8 @@ def summarize(
     Keys: ``pass@1`` (avg@n averaged over problems), ``pass@1/se_problems``, ``pass@1/se_seeds`` (only
     when every problem has the same n), ``pass@{k}`` and ``pass@{k}/se_problems`` for each k in ``ks``,
     ``maj@{k}`` and ``maj@{k}/se_problems`` for each k in ``maj_ks`` (a k larger than the smallest n is
-    skipped), ``reward/mean``, ``response_length/mean`` and ``response/clip_ratio`` (when lengths are
-    known), ``num_problems``, ``num_samples`` (smallest n).
+    skipped, with a ``UserWarning`` naming the skipped metrics), ``reward/mean``, ``response_length/mean``
+    and ``response/clip_ratio`` (when lengths are known), ``num_problems``, ``num_samples`` (smallest n).
     """
     if not problems:
         raise ValueError("summarize: no problems")
@@ -300,6 +301,15 @@ def summarize(
     if all(p.num_samples == n_min for p in problems):
         correct_PN = np.array([[r > 0 for r in p.rewards] for p in problems], dtype=np.float64)
         out["pass@1/se_seeds"] = standard_error(correct_PN.mean(axis=0))  # one accuracy per sample seed
+    skipped = [f"pass@{k}" for k in sorted(set(ks)) if k > n_min]
+    skipped += [f"maj@{k}" for k in sorted(set(maj_ks)) if k > n_min]
+    if skipped:
+        largest = max(int(name.split("@")[1]) for name in skipped)
+        warnings.warn(
+            f"n = {n_min} samples per problem is below k: {', '.join(skipped)} not reported; "
+            f"sample n >= {largest} to get them",
+            stacklevel=2,
+        )
     n_P = [p.num_samples for p in problems]
     c_P = [p.num_correct for p in problems]
     for k in sorted(set(ks)):
@@ -320,10 +330,12 @@ def summarize(
         out[f"maj@{k}"] = float(maj_P.mean())
         out[f"maj@{k}/se_problems"] = standard_error(maj_P)
     out["reward/mean"] = float(np.mean([np.mean(p.rewards) for p in problems]))
-    if all(p.lengths is not None for p in problems):
-        out["response_length/mean"] = float(np.mean([np.mean(p.lengths) for p in problems]))
-    if all(p.truncated is not None for p in problems):
-        out["response/clip_ratio"] = float(np.mean([np.mean(p.truncated) for p in problems]))
+    lengths_P = [p.lengths for p in problems if p.lengths is not None]
+    if len(lengths_P) == len(problems):
+        out["response_length/mean"] = float(np.mean([np.mean(lengths) for lengths in lengths_P]))
+    truncated_P = [p.truncated for p in problems if p.truncated is not None]
+    if len(truncated_P) == len(problems):
+        out["response/clip_ratio"] = float(np.mean([np.mean(truncated) for truncated in truncated_P]))
     out["num_problems"] = float(len(problems))
     out["num_samples"] = float(n_min)
     return out

@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from ebpo.registry import Registry
+
 __all__ = ["ArithReward", "Reward", "get_reward", "list_rewards", "register_reward"]
 
 
@@ -34,24 +36,17 @@ class Reward(Protocol):
     def batch(self, completions: Sequence[str], answers: Sequence[str]) -> list[float]: ...
 
 
-_REWARDS: dict[str, Callable[..., Reward]] = {}
+_REWARDS: Registry[Callable[..., Reward]] = Registry("reward")
 
 
 def register_reward(name: str) -> Callable[[Callable[..., Reward]], Callable[..., Reward]]:
     """Decorator: register a reward factory (keyword options -> reward object) under ``name``."""
-
-    def decorate(factory: Callable[..., Reward]) -> Callable[..., Reward]:
-        if name in _REWARDS:
-            raise ValueError(f"reward {name!r} is already registered")
-        _REWARDS[name] = factory
-        return factory
-
-    return decorate
+    return _REWARDS.register(name)
 
 
 def list_rewards() -> list[str]:
     """Registered reward names, sorted."""
-    return sorted(_REWARDS)
+    return _REWARDS.names()
 
 
 def get_reward(name: str, **options: Any) -> Reward:
@@ -59,11 +54,7 @@ def get_reward(name: str, **options: Any) -> Reward:
 
     Raises ``ValueError`` naming the valid choices for an unknown name.
     """
-    try:
-        factory = _REWARDS[name]
-    except KeyError:
-        raise ValueError(f"unknown reward {name!r}; valid choices: {', '.join(list_rewards())}") from None
-    return factory(**options)
+    return _REWARDS.get(name)(**options)
 
 
 @register_reward("math")

@@ -245,9 +245,9 @@ class MathReward:
         if len(completions) != len(answers):
             raise ValueError(f"got {len(completions)} completions but {len(answers)} answers")
         extracted = [extract_final_answer(str(c)) for c in completions]
-        todo = [i for i, pred in enumerate(extracted) if pred is not None]
+        todo = {i: pred for i, pred in enumerate(extracted) if pred is not None}  # row -> its answer
         self._counts["no_answer"] += len(completions) - len(todo)
-        ok = self.equivalent_batch([answers[i] for i in todo], [extracted[i] for i in todo])
+        ok = self.equivalent_batch([answers[i] for i in todo], list(todo.values()))
         self._counts["verified"] += len(todo)
         rewards = [self.wrong] * len(completions)
         for i, good in zip(todo, ok):

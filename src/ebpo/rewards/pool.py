@@ -33,7 +33,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from multiprocessing.context import ForkServerContext, SpawnContext
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +169,8 @@ class _Worker:
             child_sock.close()
             self.conn = Connection(parent_sock.detach())
         else:
-            ctx = mp.get_context(start_method)
+            # "spawn" or "forkserver" (WorkerPool checks the name); typeshed's BaseContext has no Process
+            ctx = cast("SpawnContext | ForkServerContext", mp.get_context(start_method))
             self.conn, child_conn = ctx.Pipe(duplex=True)
             self.process = ctx.Process(target=_worker_main, args=(child_conn, fn, init), daemon=True)
             self.process.start()

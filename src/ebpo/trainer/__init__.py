@@ -1,4 +1,8 @@
-"""The reference trainer behind ``ebpo train``: config (``config.py``), the loop (``trainer.py``), plots.
+"""The reference trainer behind ``ebpo train``: the loop (``trainer.py``) and one module per concern around it.
+
+``config.py`` (TrainConfig, YAML, overrides), ``setup.py`` (prompts, policy, optimizer), ``rollout.py`` (the
+typed batch, log-probs, rewards), ``checkpoint.py`` (run directory, checkpoints, RNG), ``metrics_log.py``,
+``validation.py``, ``report.py``, ``plots.py``, ``cli.py``.
 
 ``Trainer`` and ``TrainConfig`` are imported lazily so that ``import ebpo.trainer`` stays light.
 """

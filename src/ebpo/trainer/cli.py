@@ -3,6 +3,7 @@
 ebpo train                                   # built-in default: EBPO on arith with the base model
 ebpo train --config configs/grpo.yaml run.steps=100 rollout.temperature=0.8
 ebpo train --resume runs/20260101-120000-ebpo run.steps=120
+ebpo train run.name=demo --overwrite         # replace the run already in runs/demo
 ebpo train --help-config                     # every config key, its default and help
 """
 
@@ -39,6 +40,12 @@ def add_parser(subparsers) -> None:
         "--run-dir", metavar="DIR", help="write to this directory instead of runs/<timestamp>-<method>"
     )
     parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start over in a run directory that already holds a run, deleting its metrics, checkpoints, "
+        "TensorBoard logs, summary and plot (without it such a directory is refused; --resume continues it)",
+    )
+    parser.add_argument(
         "--help-config", action="store_true", help="print every config key with its default and exit"
     )
     parser.set_defaults(func=run)
@@ -59,9 +66,10 @@ def run(args: argparse.Namespace) -> int:
                 raise ConfigError(f"--resume {args.resume}: no config.yaml there; is it a run directory?")
             base = read_yaml(saved)
         cfg = load_config(args.config, args.overrides, base=base)
-        from ebpo.trainer.trainer import RewardError, Trainer, print_eval_table
+        from ebpo.trainer.report import print_eval_table
+        from ebpo.trainer.trainer import RewardError, Trainer
 
-        trainer = Trainer(cfg, run_dir=args.run_dir, resume=args.resume)
+        trainer = Trainer(cfg, run_dir=args.run_dir, resume=args.resume, overwrite=args.overwrite)
     except (ConfigError, ValueError, FileNotFoundError) as err:
         print(f"ebpo train: error: {err}", file=sys.stderr)
         return 2

@@ -15,8 +15,11 @@ finish in a few minutes on 2 CPU cores. The paper's settings (Appendix A: lr 1e-
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import types
 import typing
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,7 +158,8 @@ class AlgorithmConfig:
     loss_options: dict[str, Any] = _help(
         "Further `ebpo.losses.PolicyLossConfig` fields by name: clip_eps_low (0.2), clip_eps_high (0.2; "
         "DAPO 0.28), dual_clip_c (3.0, null = off), clip_cov_ratio, clip_cov_lb, clip_cov_ub, kl_cov_ratio, "
-        "kl_cov_coef. Unknown names are rejected with the list of valid ones.",
+        "kl_cov_coef, cov_count (verl | stochastic: ratio x N tokens in expectation). Unknown names are "
+        "rejected with the list of valid ones.",
         default_factory=dict,
     )
     kl_coef: float = _help(
@@ -206,8 +210,10 @@ class OptimConfig:
         default=4,
     )
     micro_batch_size: int | None = _help(
-        "Sequences per forward/backward pass inside a mini-batch (gradient accumulation, memory only; "
-        "the loss is identical). Default null = the whole mini-batch at once.",
+        "Sequences per forward/backward pass inside a mini-batch (gradient accumulation, for memory). Each "
+        "part's loss is weighted by its share of the mini-batch's tokens (token-mean) or sequences, so with "
+        "the vanilla loss the gradient equals the whole mini-batch's; clip_cov and kl_cov pick their tokens "
+        "within each part, so with them it changes the loss. Default null = the whole mini-batch at once.",
         default=None,
     )
     grad_clip: float = _help("Clip the global gradient norm to this value (0 = no clipping).", default=1.0)
@@ -233,7 +239,9 @@ class RunConfig:
         "Parent directory of run directories; a run writes to <out_dir>/<timestamp>-<method>.", default="runs"
     )
     name: str | None = _help("Run directory name (default <timestamp>-<method>).", default=None)
-    seed: int = _help("Seed for Python, NumPy, torch and the sampling generator.", default=0)
+    seed: int = _help(
+        "Seed for Python, NumPy, torch and the sampling generator, in [0, 2**32 - 1].", default=0
+    )
     device: str = _help("auto (cuda if available) | cpu | cuda | cuda:N.", default="auto")
     threads: int | None = _help(
         "torch CPU threads, set before the base model is built (null = torch's choice). Default 1: the "
@@ -282,31 +290,35 @@ def _check(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def _choices(kind: str, key: str, value: str, valid: list[str]) -> None:
-    _check(value in valid, f"unknown {kind} {value!r} for {key}; valid choices: {', '.join(sorted(valid))}")
+def _choices(kind: str, key: str, value: str, valid: Iterable[str]) -> None:
+    names = sorted(valid)
+    _check(value in names, f"unknown {kind} {value!r} for {key}; valid choices: {', '.join(names)}")
 
 
-AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 CLUSTER_KEYS = ["none", "topic", "difficulty"]
 DTYPES = ["float32", "bfloat16", "float16"]
-KL_ESTIMATORS = ["k1", "k2", "k3"]
 DIFFICULTY_SOURCES = ["record", "level"]
 TRAINER_SET_LOSS_FIELDS = {"loss_agg_mode", "max_response_len", "generator"}
 """PolicyLossConfig fields the trainer fills itself (from algorithm.loss_agg_mode, rollout.max_new_tokens and
 the run's seeded generator), so they are not accepted in algorithm.loss_options."""
+SEED_MAX = 2**32 - 1
+"""The largest seed NumPy accepts (``np.random.seed`` takes [0, 2**32 - 1])."""
 
 
 def _validate(cfg: TrainConfig) -> None:
+    # imported here, not at the top, so that `import ebpo.trainer` and `ebpo --help` do not pay for torch
     import ebpo.advantages as advantages
     import ebpo.losses as losses
-    from ebpo.data import samplers
+    from ebpo import rewards, tasks
+    from ebpo.data import loaders, samplers
 
+    _check_every_field(cfg)
     d, r, a, o, run = cfg.data, cfg.rollout, cfg.algorithm, cfg.optim, cfg.run
-    _choices("estimator", "algorithm.estimator", a.estimator, list(advantages.list_estimators()))
-    _choices("policy loss", "algorithm.policy_loss", a.policy_loss, list(losses.list_policy_losses()))
-    _choices("aggregation mode", "algorithm.loss_agg_mode", a.loss_agg_mode, AGG_MODES)
-    _choices("KL estimator", "algorithm.kl_estimator", a.kl_estimator, KL_ESTIMATORS)
-    _choices("sampler", "data.sampler", d.sampler, list(samplers.list_samplers()))
+    _choices("estimator", "algorithm.estimator", a.estimator, advantages.list_estimators())
+    _choices("policy loss", "algorithm.policy_loss", a.policy_loss, losses.list_policy_losses())
+    _choices("aggregation mode", "algorithm.loss_agg_mode", a.loss_agg_mode, losses.AGG_MODES)
+    _choices("KL estimator", "algorithm.kl_estimator", a.kl_estimator, losses.KL_ESTIMATORS)
+    _choices("sampler", "data.sampler", d.sampler, samplers.list_samplers())
     _choices("cluster key", "data.cluster_key", d.cluster_key, CLUSTER_KEYS)
     _choices("dtype", "model.dtype", cfg.model.dtype, DTYPES)
     _choices("difficulty source", "data.difficulty_source", d.difficulty_source, DIFFICULTY_SOURCES)
@@ -324,21 +336,15 @@ def _validate(cfg: TrainConfig) -> None:
             f"algorithm.estimator_options {a.estimator_options} rejected by {a.estimator!r}: {err}"
         ) from err
     if d.reward is not None:
-        from ebpo import rewards
-
-        _choices("reward", "data.reward", d.reward, list(rewards.list_rewards()))
+        _choices("reward", "data.reward", d.reward, rewards.list_rewards())
     if d.train_file is None:
-        from ebpo import tasks
-
-        _choices("task", "data.task", d.task, list(tasks.list_tasks()))
+        _choices("task", "data.task", d.task, tasks.list_tasks())
     for path_key, path in (("data.train_file", d.train_file), ("data.val_file", d.val_file)):
         _check(
             path is None or path.startswith("hf://") or Path(path).exists(),
             f"{path_key}: file not found: {path}",
         )
-    from ebpo.data import loaders
-
-    _choices("schema", "data.schema", d.schema, list(loaders.list_schemas()))
+    _choices("schema", "data.schema", d.schema, loaders.list_schemas())
     positive = {
         "data.batch_size": d.batch_size,
         "data.group_size": d.group_size,
@@ -361,13 +367,19 @@ def _validate(cfg: TrainConfig) -> None:
     _check(0 < r.top_p <= 1, f"rollout.top_p must be in (0, 1], got {r.top_p}")
     _check(run.eval_temperature > 0, f"run.eval_temperature must be > 0, got {run.eval_temperature}")
     _check(o.lr > 0, f"optim.lr must be > 0, got {o.lr}")
+    _check(o.warmup_steps >= 0, f"optim.warmup_steps must be >= 0 (0 = constant lr), got {o.warmup_steps}")
+    _check(o.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {o.weight_decay}")
+    _check(
+        len(o.betas) == 2 and all(0 <= beta < 1 for beta in o.betas),
+        f"optim.betas must be two numbers in [0, 1) like [0.9, 0.999], got {o.betas}",
+    )
+    _check(o.eps > 0, f"optim.eps must be > 0 (AdamW divides by sqrt(v) + eps), got {o.eps}")
     _check(o.grad_clip >= 0, f"optim.grad_clip must be >= 0 (0 = off), got {o.grad_clip}")
-    _check(len(o.betas) == 2, f"optim.betas must be two numbers like [0.9, 0.999], got {o.betas}")
     _check(a.kl_coef >= 0, f"algorithm.kl_coef must be >= 0, got {a.kl_coef}")
     _check(
         d.batch_size % o.mini_batch_size == 0,
         f"data.batch_size ({d.batch_size}) must be a multiple of optim.mini_batch_size ({o.mini_batch_size}); "
-        f"e.g. set optim.mini_batch_size={_largest_divisor(d.batch_size, o.mini_batch_size)}",
+        f"e.g. set optim.mini_batch_size={largest_divisor(d.batch_size, o.mini_batch_size)}",
     )
     if o.micro_batch_size is not None:
         per_mini = o.mini_batch_size * d.group_size
@@ -384,6 +396,11 @@ def _validate(cfg: TrainConfig) -> None:
         run.eval_every >= 0 and run.save_every >= 0,
         "run.eval_every and run.save_every must be >= 0 (0 = off)",
     )
+    _check(
+        run.threads is None or run.threads >= 1,
+        f"run.threads must be >= 1 (or null for torch's choice), got {run.threads}",
+    )
+    _check(0 <= run.seed <= SEED_MAX, f"run.seed must be in [0, {SEED_MAX}], got {run.seed}")
     if a.overlong_shaping:
         _check(
             0 < a.overlong_cache_len < r.max_new_tokens,
@@ -397,6 +414,8 @@ def _validate(cfg: TrainConfig) -> None:
             "algorithm.estimator_options.prior_scope=cluster needs cluster keys: set data.cluster_key=topic "
             "or data.cluster_key=difficulty",
         )
+    if d.group_size == 1:
+        _check_groups_of_one(a)
     _check(
         run.device == "auto" or run.device == "cpu" or run.device.startswith("cuda"),
         f"run.device must be auto | cpu | cuda | cuda:N, got {run.device!r}",
@@ -410,7 +429,52 @@ def _validate(cfg: TrainConfig) -> None:
         )
 
 
-def _largest_divisor(n: int, at_most: int) -> int:
+def _check_every_field(cfg: TrainConfig) -> None:
+    """Rules that hold for every field of a type: numbers are finite (in lists and option dicts too), and a
+    string is never empty (``model.path=`` would otherwise mean the current directory)."""
+    for key, value, tp, f in _leaves(cfg):
+        if value == "":
+            optional = type(None) in typing.get_args(tp)
+            fix = f", or {key}=null for the default" if optional else f" (default {_default(f)!r})"
+            raise ConfigError(f"{key} is empty; set a value{fix}")
+        if isinstance(value, list):
+            items = [(f"{key}[{i}]", item) for i, item in enumerate(value)]
+        elif isinstance(value, dict):
+            items = [(f"{key}.{name}", item) for name, item in value.items()]
+        else:
+            items = [(key, value)]
+        for where, item in items:
+            _check(
+                not isinstance(item, float) or math.isfinite(item),
+                f"{where} must be a finite number, got {item}",
+            )
+
+
+def _check_groups_of_one(a: AlgorithmConfig) -> None:
+    """With G = 1 a group-relative baseline (GRPO, Dr. GRPO, RLOO, REINFORCE++) is the sample's own reward, so
+    every advantage is 0 and nothing trains. The estimator is probed on four groups of one with distinct
+    rewards, so the rule follows the estimators' code, not a list of names kept here."""
+    import torch
+
+    from ebpo import advantages
+
+    def zero_on_groups_of_one(name: str, options: dict[str, Any]) -> bool:
+        adv_N = advantages.get_estimator(name, **options)(
+            torch.tensor([0.0, 1.0, 0.25, 0.75]), torch.arange(4)
+        )
+        return bool(adv_N.abs().max() <= advantages.ZERO_ADV_TOL)
+
+    if zero_on_groups_of_one(a.estimator, a.estimator_options):
+        pooled = [name for name in advantages.list_estimators() if not zero_on_groups_of_one(name, {})]
+        raise ConfigError(
+            f"data.group_size=1 gives estimator {a.estimator!r} all-zero advantages (each group's baseline is "
+            f"its own reward), so nothing would train; set data.group_size >= 2, or use an estimator whose "
+            f"baseline pools groups: algorithm.estimator={' | '.join(pooled)}"
+        )
+
+
+def largest_divisor(n: int, at_most: int) -> int:
+    """The largest k <= ``at_most`` that divides ``n`` (e.g. a mini-batch size that divides the batch)."""
     return max(k for k in range(1, min(n, at_most) + 1) if n % k == 0)
 
 
@@ -424,6 +488,21 @@ def _field_types(cls: type) -> dict[str, Any]:
 
 def _is_dataclass_type(tp: Any) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _leaves(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any, Any, dataclasses.Field]]:
+    """(dotted key, value, annotation, field) of every leaf field of a config dataclass instance."""
+    hints = _field_types(type(obj))
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if _is_dataclass_type(hints[f.name]):
+            yield from _leaves(value, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", value, hints[f.name], f
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
@@ -534,11 +613,12 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
     return values
 
 
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+def merge_dicts(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``base`` updated by ``extra``, recursively where both hold a dict at the same key (neither is changed)."""
     out = dict(base)
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+            out[key] = merge_dicts(out[key], value)
         else:
             out[key] = value
     return out
@@ -569,10 +649,7 @@ def load_config(
     """Defaults <- ``base`` dict <- YAML file ``path`` <- ``overrides``; validated unless ``validate=False``."""
     values: dict[str, Any] = dict(base or {})
     if path is not None:
-        try:
-            values = _merge(values, read_yaml(path))
-        except ConfigError:
-            raise
+        values = merge_dicts(values, read_yaml(path))
     values = apply_overrides(values, list(overrides or []))
     try:
         cfg = from_dict(values)
@@ -583,25 +660,14 @@ def load_config(
 
 
 def save_config(cfg: TrainConfig, path: str | Path) -> None:
+    """Write ``cfg`` as YAML, atomically (a kill leaves the old file or the new one, never half of one)."""
     import yaml
 
-    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    os.replace(tmp, path)
 
 
-def describe(cls: type = TrainConfig, prefix: str = "") -> list[tuple[str, str, str]]:
+def describe() -> list[tuple[str, str, str]]:
     """(dotted key, default, help) for every leaf field, for ``ebpo train --help-config``."""
-    rows: list[tuple[str, str, str]] = []
-    hints = _field_types(cls)
-    for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        if _is_dataclass_type(tp):
-            rows.extend(describe(tp, f"{prefix}{f.name}."))
-            continue
-        if f.default is not dataclasses.MISSING:
-            default = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        else:  # pragma: no cover
-            default = None
-        rows.append((f"{prefix}{f.name}", repr(default), f.metadata.get("help", "")))
-    return rows
+    return [(key, repr(default), f.metadata.get("help", "")) for key, default, _, f in _leaves(TrainConfig())]

@@ -1,0 +1,244 @@
+"""The compared methods, in two arms, and the EBPO option candidates behind ``ebpo-best``.
+
+Arm (a), ``estimators``: one loss for every method, only the advantage estimator and its options differ.
+The loss is GRPO's as published, the whole ``algorithm`` section of ``configs/grpo.yaml`` (PPO clip 0.2 /
+0.2, dual clip 3, ``seq-mean-token-mean``, its KL to the reference policy, no dynamic sampling, no overlong
+shaping), with ``estimator`` and ``estimator_options`` replaced. So ``estimators/grpo`` *is* the published
+GRPO (the matrix runs it once for both arms) and every other row reads "GRPO with its advantage swapped":
+the framing of the paper, where EBPO replaces GRPO's baseline. Data order is ``configs/ebpo.yaml``'s
+(random) for all; ``data.cluster_key`` only feeds the estimator (``prior_scope=cluster``).
+
+Arm (b), ``published``: the presets of ``configs/`` as written (their loss, KL, data order, dynamic sampling).
+
+Every method shares the ``model``, ``data``, ``rollout``, ``optim`` and ``run`` sections of
+``configs/ebpo.yaml`` (the presets say "other settings as configs/ebpo.yaml").
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ebpo.registry import Registry, unknown_choice
+from ebpo.trainer.config import merge_dicts, read_yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = REPO / "configs"
+SHARED_PRESET = "ebpo.yaml"
+"""Model, data, rollout, optimizer and run settings of every method (its ``algorithm`` section is not used)."""
+LOSS_PRESET = "grpo.yaml"
+"""The ``algorithm`` section that arm (a) shares: GRPO's published loss."""
+
+ESTIMATORS = "estimators"
+PUBLISHED = "published"
+ARMS = (ESTIMATORS, PUBLISHED)
+ARM_TITLES = {
+    ESTIMATORS: "arm (a): advantage estimators under one loss (GRPO's)",
+    PUBLISHED: "arm (b): the methods as published (the presets)",
+}
+BEST = "ebpo-best"
+
+
+@dataclass(frozen=True)
+class Method:
+    """One row of a table.
+
+    Attributes:
+        arm: :data:`ESTIMATORS` or :data:`PUBLISHED`.
+        name: the row's name within its arm.
+        label: what it is, for the tables.
+        preset: file in ``configs/`` (arm (a): :data:`LOSS_PRESET`).
+        overrides: ``key=value`` trainer overrides applied after the preset.
+        checkpoint: the paper's checkpoint rule for it (Appendix A): ``best`` validation maj@k or ``last``.
+    """
+
+    arm: str
+    name: str
+    label: str
+    preset: str
+    overrides: tuple[str, ...] = ()
+    checkpoint: str = "best"
+
+    @property
+    def id(self) -> str:
+        return f"{self.arm}/{self.name}"
+
+
+def _estimator(name: str, estimator: str, label: str, options: dict[str, Any] | None = None) -> Method:
+    overrides = [f"algorithm.estimator={estimator}"]
+    overrides += [f"algorithm.estimator_options.{key}={value}" for key, value in (options or {}).items()]
+    if (options or {}).get("prior_scope") == "cluster":
+        overrides.append("data.cluster_key=topic")  # the clusters the per-topic prior is kept over
+    return Method(ESTIMATORS, name, label, LOSS_PRESET, tuple(overrides))
+
+
+def _published(name: str, preset: str, label: str, checkpoint: str = "best") -> Method:
+    return Method(PUBLISHED, name, label, preset, (), checkpoint)
+
+
+_METHODS: Registry[Method] = Registry("method")
+"""Every method of both arms, by ``<arm>/<name>``."""
+
+for _method in (
+    _estimator("grpo", "grpo", "GRPO: (r - mean_g) / std_g"),
+    _estimator("dr_grpo", "dr_grpo", "Dr. GRPO: r - mean_g"),
+    _estimator("rloo", "rloo", "RLOO: leave-one-out mean"),
+    _estimator("reinforce_pp_baseline", "reinforce_pp_baseline", "REINFORCE++ baseline"),
+    _estimator("jspo", "jspo", "JSPO: James-Stein shrinkage"),
+    _estimator("ebpo", "ebpo", "EBPO, the paper's options"),
+    _estimator("ebpo-prior", "ebpo", "EBPO, normalize=prior", {"normalize": "prior"}),
+    # option candidates for ebpo-best (SPEC section 2), run by --select-options
+    _estimator("ebpo-cluster", "ebpo", "EBPO, one prior per topic", {"prior_scope": "cluster"}),
+    _estimator("ebpo-latent", "ebpo", "EBPO, latent tau2", {"tau2": "latent"}),
+    _estimator("ebpo-pooled", "ebpo", "EBPO, pooled sigma2", {"sigma2": "pooled"}),
+    _estimator("ebpo-ewm", "ebpo", "EBPO, prior half-life 10 steps", {"prior_memory": 10}),
+    _published("grpo", "grpo.yaml", "GRPO"),
+    _published("dr-grpo", "dr_grpo.yaml", "Dr. GRPO"),
+    _published("dapo", "dapo.yaml", "DAPO"),
+    _published("entropymech-clip-cov", "entropymech_clip_cov.yaml", "EntropyMech Clip-Cov"),
+    _published("entropymech-kl-cov", "entropymech_kl_cov.yaml", "EntropyMech KL-Cov"),
+    _published("ebpo-naive", "ebpo.yaml", "EBPO-naive: random order"),
+    _published("ebpo-topic", "ebpo_topic.yaml", "EBPO-topic: topic-coherent batches"),
+    _published("ebpo-diff", "ebpo_diff.yaml", "EBPO-diff: easy-to-hard curriculum", checkpoint="last"),
+):
+    _METHODS.register(_method.id, _method)
+
+ARM_METHODS = {
+    ESTIMATORS: ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "jspo", "ebpo", "ebpo-prior", BEST),
+    PUBLISHED: (
+        "grpo",
+        "dr-grpo",
+        "dapo",
+        "entropymech-clip-cov",
+        "entropymech-kl-cov",
+        "ebpo-naive",
+        "ebpo-topic",
+        "ebpo-diff",
+    ),
+}
+"""Each arm's rows in table order (the default methods of a matrix)."""
+
+OPTION_CANDIDATES = ("ebpo", "ebpo-prior", "ebpo-cluster", "ebpo-latent", "ebpo-pooled", "ebpo-ewm")
+"""Arm (a) EBPO variants compared by ``--select-options``; ties go to the first (the paper's options)."""
+DEFAULT_BEST = "ebpo-cluster"
+"""``ebpo-best`` while no selection was measured: SPEC section 2's argued choice (one prior per topic),
+labelled "not selected" in every table."""
+SELECTION_SEEDS = (100, 101, 102)
+"""Seeds of ``--select-options``: disjoint from the reported seeds (enforced, see :func:`check_disjoint`)."""
+
+
+def get_method(arm: str, name: str) -> Method:
+    """The method ``name`` of ``arm`` (``ebpo-best`` is built by :func:`best_method`, not registered)."""
+    if f"{arm}/{name}" not in _METHODS:
+        raise unknown_choice(f"{arm} method", name, list_methods(arm))
+    return _METHODS.get(f"{arm}/{name}")
+
+
+def list_methods(arm: str) -> list[str]:
+    """Every registered name of ``arm`` (the table rows first, then the option candidates)."""
+    registered = [_METHODS.get(key) for key in _METHODS.names()]
+    extra = [m.name for m in registered if m.arm == arm and m.name not in ARM_METHODS[arm]]
+    return list(ARM_METHODS[arm]) + extra
+
+
+def resolve_values(method: Method, configs: Path = CONFIGS) -> dict[str, Any]:
+    """The method's config values before overrides: ``configs/ebpo.yaml`` without its ``algorithm``
+    section, then the preset (arm (a): only the loss preset's ``algorithm`` section, its estimator options
+    cleared, so that the method's overrides alone set the estimator)."""
+    configs = Path(configs)
+    shared = {key: value for key, value in read_yaml(configs / SHARED_PRESET).items() if key != "algorithm"}
+    preset = read_yaml(configs / method.preset)
+    if method.arm == ESTIMATORS:
+        algorithm = {**preset.get("algorithm", {}), "estimator_options": {}}
+        return merge_dicts(shared, {"algorithm": algorithm})
+    return merge_dicts(shared, preset)
+
+
+# ---------------------------------------------------------------------------------------------------
+# ebpo-best: the candidate picked by --select-options on disjoint seeds
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What ``--select-options`` wrote: the winner, how it won, and on which seeds and model."""
+
+    method: str
+    chosen_by: str
+    seeds: tuple[int, ...]
+    model_path: str
+    command: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "seeds": list(self.seeds)}
+
+
+def read_selection(path: Path) -> Selection | None:
+    """The selection file, or None when there is none; a file from an older format is one clear error."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        row = json.loads(path.read_text())
+        selection = Selection(
+            row["method"],
+            row["chosen_by"],
+            tuple(int(s) for s in row["seeds"]),
+            row["model_path"],
+            row["command"],
+        )
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+        raise ValueError(
+            f"{path}: not a selection written by --select-options ({type(err).__name__}: {err}); rerun "
+            "--select-options or remove the file"
+        ) from None
+    get_method(ESTIMATORS, selection.method)  # a name that no longer exists is an error, not a fallback
+    return selection
+
+
+def best_method(selection: Selection | None, model_path: str) -> tuple[Method, str]:
+    """``ebpo-best`` (arm (a)) and how it was chosen: the selected candidate's options, or
+    :data:`DEFAULT_BEST` labelled as not selected. A selection made on another model is refused."""
+    if selection is None:
+        base = get_method(ESTIMATORS, DEFAULT_BEST)
+        how = f"{DEFAULT_BEST} by default: NOT selected on this model (run --select-options first)"
+    else:
+        if selection.model_path != model_path:
+            raise ValueError(
+                f"ebpo-best was selected on model {selection.model_path}, not on {model_path}: rerun "
+                "--select-options on this model (or pass --model-path to the selection's model)"
+            )
+        base = get_method(ESTIMATORS, selection.method)
+        how = f"{selection.method}, {selection.chosen_by} (seeds {list(selection.seeds)})"
+    method = Method(ESTIMATORS, BEST, f"EBPO, best options = {base.name}", base.preset, base.overrides)
+    return method, how
+
+
+def check_disjoint(report_seeds: tuple[int, ...], selection_seeds: tuple[int, ...]) -> None:
+    """Refuse reported seeds that the selection of ``ebpo-best`` also used (its validation sets and prompt
+    streams would then have picked the winner on the very runs it is reported on)."""
+    shared = sorted(set(report_seeds) & set(selection_seeds))
+    if shared:
+        raise ValueError(
+            f"seeds {shared} were used to select ebpo-best (selection seeds {list(selection_seeds)}); report "
+            "on disjoint seeds (--seeds) or select again on others (--select-options --seeds)"
+        )
+
+
+def select_best(scores: dict[str, list[float]]) -> tuple[str, str]:
+    """The candidate with the highest mean validation AUC (never the test set); ties go to the earliest in
+    :data:`OPTION_CANDIDATES` order. Returns (name, how it was chosen)."""
+    means = {name: sum(values) / len(values) for name, values in scores.items() if values}
+    if not means:
+        raise ValueError(f"no finished runs of the candidates {sorted(scores)}")
+    order = {name: i for i, name in enumerate(OPTION_CANDIDATES)}
+    winner = min(means, key=lambda name: (-means[name], order.get(name, len(order)), name))
+    table = ", ".join(
+        f"{name} {means[name]:.4f} (n={len(scores[name])})" for name in sorted(means, key=lambda n: -means[n])
+    )
+    tied = sorted(name for name, mean in means.items() if mean == means[winner])
+    how = f"highest mean validation AUC: {table}"
+    if len(tied) > 1:
+        how += f"; a tie between {', '.join(tied)}, broken in favour of {winner} (candidate order)"
+    return winner, how

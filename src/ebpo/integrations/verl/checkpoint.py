@@ -1,0 +1,52 @@
+"""The estimator state in verl's checkpoints: ``global_step_N/ebpo_estimator.pt`` beside ``actor/`` and ``data.pt``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ebpo.integrations import ESTIMATOR_STATE_FILE
+from ebpo.integrations.verl.estimators import HOLDER, EstimatorHolder
+
+__all__ = ["ESTIMATOR_STATE_FILE", "save_estimator_state", "load_estimator_state", "resolve_resume_folder"]
+
+
+def save_estimator_state(folder: str | os.PathLike, holder: EstimatorHolder | None = None) -> Path:
+    """Write the holder's state to ``folder/ebpo_estimator.pt`` atomically (temporary file, then rename)."""
+    owner = holder if holder is not None else HOLDER
+    path = Path(folder) / ESTIMATOR_STATE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    torch.save(owner.state_dict(), partial)
+    os.replace(partial, path)
+    return path
+
+
+def load_estimator_state(folder: str | os.PathLike, holder: EstimatorHolder | None = None) -> bool:
+    """Restore ``folder/ebpo_estimator.pt`` into the holder; False if the checkpoint has none."""
+    owner = holder if holder is not None else HOLDER
+    path = Path(folder) / ESTIMATOR_STATE_FILE
+    if not path.is_file():
+        return False
+    owner.load_state_dict(torch.load(path, weights_only=False))
+    return True
+
+
+def resolve_resume_folder(trainer_config: Any) -> str | None:
+    """The ``global_step_N`` folder verl resumes from for ``trainer.resume_mode`` (None: fresh start)."""
+    from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+
+    mode = trainer_config.resume_mode
+    if mode == "disable":
+        return None
+    if mode == "resume_path":
+        folder = str(trainer_config.resume_from_path)
+    else:
+        base = str(trainer_config.default_local_dir)
+        folder = find_latest_ckpt_path(base if os.path.isabs(base) else os.path.join(os.getcwd(), base))
+        if folder is None:
+            return None
+    return folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder)

@@ -1,0 +1,108 @@
+"""What ``trainer.device=cpu`` changes in verl's config and in the environment of every Ray process.
+
+Each setting below is applied unless the command line sets that key itself (a user's override wins):
+verl's defaults assume a GPU node (8 GPUs, vLLM, 8 agent-loop and 8 reward workers, flash-attention
+remove-padding, ``torch.compile``, bf16 FSDP compute), and on a 2-core laptop every extra Ray process costs
+seconds of CPU to import torch and verl.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from ebpo.integrations.verl.cpu.platform import CPU_SLOT_RESOURCE
+from ebpo.integrations.verl.estimators import to_plain
+
+__all__ = ["CPU_DEFAULTS", "CPU_ENV", "apply_cpu_mode", "overridden_keys"]
+
+FP32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+
+#: key -> value set for a CPU run (why, in order: our rollout backend; one process per replica and worker;
+#: FSDP2 (``fully_shard``) runs on CPU tensors; no flash-attention varlen kernels on the CPU; no compile;
+#: PyTorch's sdpa attention, not flash-attention; fp32 compute (CPU bf16 autocast is slow and lossy); small Ray footprint; console logging).
+CPU_DEFAULTS: dict[str, Any] = {
+    "actor_rollout_ref.rollout.name": "ebpo_cpu",
+    "actor_rollout_ref.rollout.mode": "async",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
+    "actor_rollout_ref.rollout.data_parallel_size": 1,
+    "actor_rollout_ref.rollout.agent.num_workers": 1,
+    "actor_rollout_ref.rollout.checkpoint_engine.backend": "naive",
+    "actor_rollout_ref.rollout.load_format": "auto",
+    "actor_rollout_ref.actor.strategy": "fsdp2",
+    "actor_rollout_ref.actor.fsdp_config.strategy": "fsdp2",
+    "actor_rollout_ref.ref.strategy": "fsdp2",
+    "actor_rollout_ref.ref.fsdp_config.strategy": "fsdp2",
+    "actor_rollout_ref.model.use_remove_padding": False,
+    "actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
+    "actor_rollout_ref.actor.use_torch_compile": False,
+    "actor_rollout_ref.actor.fsdp_config.use_torch_compile": False,
+    "actor_rollout_ref.ref.fsdp_config.use_torch_compile": False,
+    "actor_rollout_ref.actor.fsdp_config.mixed_precision": FP32,
+    "actor_rollout_ref.ref.fsdp_config.mixed_precision": FP32,
+    "data.dataloader_num_workers": 0,
+    "trainer.n_gpus_per_node": 1,
+    "trainer.nnodes": 1,
+    "reward.num_workers": 1,
+    "trainer.logger": ["console"],
+    "ray_kwargs.ray_init.num_cpus": 6,
+    "ray_kwargs.ray_init.include_dashboard": False,
+    "ray_kwargs.ray_init.object_store_memory": 256 * 1024 * 1024,
+}
+
+#: environment of every Ray process of a CPU run (the driver's, which Ray's processes inherit, and
+#: ``runtime_env``): verl's platform override, and our module loaded by ``import verl`` everywhere.
+CPU_ENV = {"VERL_PLATFORM": "cpu", "RAY_DEDUP_LOGS": "0", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def overridden_keys(overrides: Iterable[str]) -> set[str]:
+    """Config keys a Hydra command line sets (``a.b=1``, ``+a.b=1``, ``++a.b=1``, ``~a.b``)."""
+    keys = set()
+    for item in overrides:
+        key = item.split("=", 1)[0].lstrip("+~")
+        keys.add(key)
+    return keys
+
+
+def _with_module(value: str | None, module: str) -> str:
+    modules = [m for m in (value or "").split(",") if m]
+    return ",".join(modules if module in modules else [*modules, module])
+
+
+def apply_cpu_mode(config: Any, user_keys: Iterable[str] = ()) -> list[str]:
+    """Apply :data:`CPU_DEFAULTS` (except keys in ``user_keys``) and :data:`CPU_ENV`; returns the keys set.
+
+    Also declares one Ray resource :data:`CPU_SLOT_RESOURCE` per training process and makes every Ray
+    process import ``ebpo.integrations.verl`` (``VERL_USE_EXTERNAL_MODULES``), where the CPU platform is
+    registered before verl resolves its platform.
+    """
+    from omegaconf import OmegaConf, open_dict
+
+    user = set(user_keys)
+    applied = []
+    with open_dict(config):
+        for key, value in CPU_DEFAULTS.items():
+            parent, _, leaf = key.rpartition(".")
+            if key in user or (parent and OmegaConf.select(config, parent) is None):
+                continue
+            OmegaConf.update(config, key, value, merge=False, force_add=True)
+            applied.append(key)
+        slots = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
+        init = config.ray_kwargs.ray_init
+        resources = dict(to_plain(init.get("resources", None)) or {})
+        resources.setdefault(CPU_SLOT_RESOURCE, slots)
+        init.resources = resources
+        env = dict(CPU_ENV)
+        env["VERL_USE_EXTERNAL_MODULES"] = _with_module(
+            os.environ.get("VERL_USE_EXTERNAL_MODULES"), "ebpo.integrations.verl"
+        )
+        os.environ.update(env)
+        runtime_env = init.get("runtime_env", None)
+        if runtime_env is None:
+            init.runtime_env = {}
+            runtime_env = init.runtime_env
+        env_vars = dict(to_plain(runtime_env.get("env_vars", None)) or {})
+        runtime_env.env_vars = {**env, **env_vars}
+        config.trainer.device = "cpu"
+    return applied

@@ -1,0 +1,363 @@
+"""Our estimators in verl's advantage registry (``core_algos.register_adv_est``), one stateful copy per process.
+
+Registered function (verl's contract, ``core_algos.compute_*_outcome_advantage``)::
+
+    fn(token_level_rewards (bs, T), response_mask (bs, T), index (bs,) uids, config=algorithm config)
+      -> (advantages (bs, T), returns (bs, T))
+
+- Sequence reward r_i = sum_t token_level_rewards[i, t], as verl's own outcome estimators read it (verl writes
+  the score on the last response token and zeros elsewhere; an in-reward KL penalty is already per token).
+- Rows whose ``response_mask`` is all zero carry no trainable token: verl's rollout-correction rejection
+  sampling (``algorithm.rollout_correction``) zeroes the mask of the sequences it rejects. They are left
+  out of the estimator entirely (not in the prior, not in the batch normalisation) and get advantage 0.
+- With ``algorithm.filter_groups.enable=True`` (DAPO, metric ``reward``), groups whose kept rewards are all
+  equal are dropped the way DAPO drops them, but the prior still sees them (``est.observe``, as the
+  reference trainer's dynamic sampling does); they get advantage 0 and :class:`EBPORayPPOTrainer` zeroes
+  their response mask before the actor update, so they leave the loss as if removed from the batch.
+- The sequence advantage A_i (SPEC section 1) is broadcast over the response tokens times the mask (SPEC 1
+  step 6); returns = advantages, as verl's outcome estimators do.
+
+Options come from the algorithm config: ``+algorithm.<name>.<option>=value`` (e.g.
+``+algorithm.ebpo.prior_scope=cluster``) is passed to ``ebpo.get_estimator(name, **options)``, except the
+adapter's own key ``cluster_key`` (default ``extra_info.topic``): the ``non_tensor_batch`` column, or
+``column.field`` inside a dict column, that holds each prompt's cluster (topic or difficulty bucket).
+
+verl keeps no estimator state and its registered functions do not see ``non_tensor_batch``, so one
+:class:`EstimatorHolder` per process (:data:`HOLDER`) keeps the estimator across steps, the uid -> cluster
+map that ``EBPORayPPOTrainer`` fills when a batch is loaded, and the uids of filtered groups. Outside that
+trainer (verl's v1 trainer, its async modes, the experimental trainers) the prior is not checkpointed and
+may see partial batches: the first call warns once, loudly (see :data:`UNMANAGED_WARNING`).
+
+This module imports verl's ``core_algos`` only: no Ray trainer, no workers.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+import ebpo
+
+__all__ = [
+    "ADAPTER_KEYS",
+    "DEFAULT_CLUSTER_KEY",
+    "EstimatorHolder",
+    "HOLDER",
+    "UNMANAGED_WARNING",
+    "column_values",
+    "estimator_options",
+    "filter_groups_enabled",
+    "make_verl_estimator",
+    "observe_groups",
+    "register_with_verl",
+    "saturated_rows",
+    "to_plain",
+]
+
+DEFAULT_CLUSTER_KEY = "extra_info.topic"
+ADAPTER_KEYS = ("cluster_key",)  # options read by this adapter, not passed to get_estimator
+
+UNMANAGED_WARNING = (
+    "[ebpo] WARNING: advantage estimator {name!r} is running outside ebpo's verl trainer "
+    "(EBPORayPPOTrainer, `python -m ebpo.integrations.verl`). Here its prior is NOT checkpointed (a resume "
+    "restarts it empty), no cluster keys or ebpo/* metrics are recorded, and under verl's v1 trainer, its "
+    "async modes and the experimental trainers each call may see a partial batch (the prior then steps, "
+    "and batch normalisation runs, per sub-batch). Train with `python -m ebpo.integrations.verl` for the "
+    "paper's semantics."
+)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# options and columns
+# ---------------------------------------------------------------------------------------------------------
+def to_plain(value: Any) -> Any:
+    """DictConfig / ListConfig -> plain Python containers (anything else unchanged)."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+
+        if isinstance(value, DictConfig | ListConfig):
+            return OmegaConf.to_container(value, resolve=True)
+    except ImportError:  # pragma: no cover - omegaconf ships with verl
+        pass
+    return value
+
+
+def _section(config: Any, name: str) -> Any:
+    if config is None:
+        return None
+    getter = getattr(config, "get", None)
+    return getter(name, None) if callable(getter) else getattr(config, name, None)
+
+
+def estimator_options(config: Any, name: str) -> tuple[dict[str, Any], str]:
+    """Options of estimator ``name`` from verl's algorithm config, and the cluster column.
+
+    Reads ``config[name]`` (``+algorithm.ebpo.prior_scope=cluster`` -> ``{"prior_scope": "cluster"}``);
+    ``config`` may be verl's ``AlgoConfig``, a ``DictConfig``, a dict or None. Returns
+    ``(options for get_estimator, cluster_key)``.
+    """
+    section = to_plain(_section(config, name)) or {}
+    if not isinstance(section, Mapping):
+        raise ValueError(f"algorithm.{name} must be a mapping of estimator options, got {section!r}")
+    options = {k: v for k, v in section.items() if k not in ADAPTER_KEYS}
+    cluster_key = str(section.get("cluster_key") or DEFAULT_CLUSTER_KEY)
+    return options, cluster_key
+
+
+def filter_groups_enabled(config: Any) -> bool:
+    """True when verl's ``algorithm.filter_groups.enable`` is set; only the ``reward`` metric is supported."""
+    section = to_plain(_section(config, "filter_groups"))
+    if section is not None and not isinstance(section, Mapping):  # verl's FilterGroupsConfig dataclass
+        section = {"enable": getattr(section, "enable", False), "metric": getattr(section, "metric", None)}
+    if not section or not section.get("enable", False):
+        return False
+    metric = section.get("metric") or "reward"
+    if metric not in ("reward", "score", "seq_reward", "seq_final_reward"):
+        raise ValueError(
+            f"algorithm.filter_groups.metric={metric!r}: ebpo's registered estimators filter on the sequence "
+            f"reward only; set algorithm.filter_groups.metric=reward"
+        )
+    return True
+
+
+def column_values(non_tensor_batch: Mapping[str, Any], key: str) -> list[Any] | None:
+    """Values of ``key`` per row of a verl ``non_tensor_batch``; ``"col.field"`` reads ``field`` of dict
+    column ``col`` (``extra_info.topic``). None if the column (or the field in any row) is missing."""
+    column, _, field = key.partition(".")
+    if column not in non_tensor_batch:
+        return None
+    values = list(non_tensor_batch[column])
+    if not field:
+        return values
+    out = []
+    for row in values:
+        if not isinstance(row, Mapping) or row.get(field) is None:
+            return None
+        out.append(row[field])
+    return out
+
+
+def saturated_rows(rewards_B: torch.Tensor, index: Sequence[Any], keep_B: torch.Tensor) -> torch.Tensor:
+    """Rows (among ``keep_B``) of groups with at least two kept members whose kept rewards are all equal.
+
+    DAPO's filter (SPEC 3): a group with one member is kept (its variance is undefined, not zero).
+    """
+    inverse_B = torch.as_tensor(
+        np.unique(np.asarray(list(index), dtype=object).astype(str), return_inverse=True)[1], dtype=torch.long
+    )
+    num_groups = int(inverse_B.max()) + 1 if len(inverse_B) else 0
+    kept_f = keep_B.to(torch.float64)
+    r_B = rewards_B.to(torch.float64) * kept_f
+    count_M = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, inverse_B, kept_f)
+    low_M = torch.full((num_groups,), float("inf"), dtype=torch.float64)
+    high_M = torch.full((num_groups,), float("-inf"), dtype=torch.float64)
+    low_M = low_M.scatter_reduce(0, inverse_B[keep_B], r_B[keep_B], reduce="amin")
+    high_M = high_M.scatter_reduce(0, inverse_B[keep_B], r_B[keep_B], reduce="amax")
+    saturated_M = (count_M >= 2) & (low_M == high_M)
+    return saturated_M[inverse_B] & keep_B
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the per-process estimator holder
+# ---------------------------------------------------------------------------------------------------------
+class EstimatorHolder:
+    """The stateful estimators of one process (one per estimator name), the uid -> cluster map and the uids
+    of the groups the last call filtered.
+
+    ``get(name, options)`` builds ``ebpo.get_estimator(name, **options)`` on first use and returns the same
+    object afterwards (a later call with different options raises: the prior would silently mix). State
+    loaded before an estimator exists (resume happens before the first step) is kept and applied when the
+    estimator is built. ``managed`` is set by ``EBPORayPPOTrainer``: unmanaged use warns once.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Drop every estimator, pending state and cluster (tests; a new run in the same process)."""
+        self._estimators: dict[str, Any] = {}
+        self._options: dict[str, dict[str, Any]] = {}
+        self._pending_state: dict[str, Any] = {}
+        self._clusters: dict[Any, Any] = {}
+        self.filtered_uids: set[Any] = set()
+        self.managed = False
+        self._warned = False
+
+    def get(self, name: str, options: Mapping[str, Any] | None = None) -> Any:
+        options = dict(options or {})
+        if name in self._estimators:
+            if options != self._options[name]:
+                raise ValueError(
+                    f"estimator {name!r} was built with options {self._options[name]} and is now asked for "
+                    f"{options}; keep algorithm.{name} fixed during a run"
+                )
+            return self._estimators[name]
+        est = ebpo.get_estimator(name, **options)
+        if name in self._pending_state:
+            est.load_state_dict(self._pending_state.pop(name))
+        self._estimators[name], self._options[name] = est, options
+        return est
+
+    def warn_if_unmanaged(self, name: str) -> None:
+        """Print :data:`UNMANAGED_WARNING` once per process when no ``EBPORayPPOTrainer`` owns this holder."""
+        if self.managed or self._warned:
+            return
+        self._warned = True
+        line = "=" * 110
+        print(f"{line}\n{UNMANAGED_WARNING.format(name=name)}\n{line}", file=sys.stderr, flush=True)
+
+    # uid -> cluster ------------------------------------------------------------------------------------
+    def note_clusters(self, uids: Sequence[Any], keys: Sequence[Any]) -> None:
+        """Remember the cluster of each prompt uid (called by the trainer when a batch is loaded)."""
+        if len(uids) != len(keys):
+            raise ValueError(f"note_clusters: {len(uids)} uids but {len(keys)} cluster keys")
+        self._clusters.update(zip(uids, keys))
+
+    def clusters_for(self, index: Sequence[Any]) -> list[Any] | None:
+        """Cluster keys of the rows ``index`` (uids), or None unless every uid is known."""
+        if not self._clusters:
+            return None
+        try:
+            return [self._clusters[uid] for uid in index]
+        except KeyError:
+            return None
+
+    def forget_clusters(self) -> None:
+        self._clusters.clear()
+
+    # checkpointing and metrics ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """``{name: {"options": ..., "state": est.state_dict()}}`` for every built estimator."""
+        return {
+            name: {"options": dict(self._options[name]), "state": est.state_dict()}
+            for name, est in self._estimators.items()
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for name, entry in state.items():
+            if name in self._estimators:
+                self._estimators[name].load_state_dict(entry["state"])
+            else:
+                self._pending_state[name] = entry["state"]
+
+    def metrics(self) -> dict[str, float]:
+        """``est.metrics()`` of every built estimator, merged (the names are already namespaced)."""
+        out: dict[str, float] = {}
+        for est in self._estimators.values():
+            out.update({k: float(v) for k, v in est.metrics().items()})
+        return out
+
+
+HOLDER = EstimatorHolder()
+
+
+def observe_groups(
+    rewards: Any,
+    index: Sequence[Any],
+    *,
+    name: str = "ebpo",
+    config: Any = None,
+    cluster: Sequence[Any] | None = None,
+    holder: EstimatorHolder | None = None,
+) -> None:
+    """Fold groups that will not be trained on into estimator ``name``'s prior (``est.observe``).
+
+    For group filters of your own (a custom verl replay buffer, a recipe's dynamic sampling): call it with
+    the sequence rewards and uids of the groups you drop, in the process that computes advantages, so the
+    prior sees every sampled group as in the reference trainer. ``config`` is verl's algorithm config (its
+    ``<name>`` section gives the options, which must match the training ones).
+    """
+    owner = holder if holder is not None else HOLDER
+    options, _ = estimator_options(config, name)
+    owner.get(name, options).observe(torch.as_tensor(rewards, dtype=torch.float64), list(index), cluster)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the registered verl functions
+# ---------------------------------------------------------------------------------------------------------
+def make_verl_estimator(
+    name: str, holder: EstimatorHolder | None = None
+) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """verl advantage function for our estimator ``name`` (see the module docstring for the contract)."""
+
+    def compute_outcome_advantage(
+        token_level_rewards: torch.Tensor,
+        response_mask: torch.Tensor,
+        index: np.ndarray | None = None,
+        config: Any = None,
+        **unused: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """verl outcome advantage from the ``ebpo`` estimator ``name``: shapes (bs, response_length)."""
+        owner = holder if holder is not None else HOLDER
+        if index is None:
+            raise ValueError(
+                f"advantage estimator {name!r} needs the prompt uids (non_tensor_batch['uid']) to form groups"
+            )
+        owner.warn_if_unmanaged(name)
+        options, _ = estimator_options(config, name)
+        est = owner.get(name, options)
+        uids = list(index)
+        mask_BT = response_mask.to(token_level_rewards.dtype)
+        with torch.no_grad():
+            rewards_B = token_level_rewards.detach().sum(dim=-1).cpu()  # sequence reward r_i (verl's reading)
+            keep_B = (response_mask.detach().sum(dim=-1) > 0).cpu()  # all-zero mask: rejected, no token
+            cluster_B = owner.clusters_for(uids)
+            if cluster_B is None and options.get("prior_scope") == "cluster":
+                raise ValueError(
+                    f"algorithm.{name}.prior_scope=cluster needs each prompt's cluster, but no cluster keys "
+                    f"were recorded for this batch: train with ebpo.integrations.verl.EBPORayPPOTrainer "
+                    f"(python -m ebpo.integrations.verl) and a dataset column named by "
+                    f"algorithm.{name}.cluster_key (default {DEFAULT_CLUSTER_KEY!r})"
+                )
+            owner.filtered_uids = set()
+            if filter_groups_enabled(config):
+                drop_B = saturated_rows(rewards_B, uids, keep_B)
+                if drop_B.any():
+                    rows = drop_B.nonzero().flatten().tolist()
+                    est.observe(
+                        rewards_B[drop_B],
+                        [uids[i] for i in rows],
+                        None if cluster_B is None else [cluster_B[i] for i in rows],
+                    )
+                    owner.filtered_uids = {uids[i] for i in rows}
+                    keep_B = keep_B & ~drop_B
+            adv_B = torch.zeros(len(uids), dtype=torch.float32)
+            if keep_B.any():
+                rows = keep_B.nonzero().flatten().tolist()
+                adv_B[keep_B] = est(
+                    rewards_B[keep_B],
+                    [uids[i] for i in rows],
+                    cluster=None if cluster_B is None else [cluster_B[i] for i in rows],
+                ).float()
+            owner.forget_clusters()
+            adv_BT = adv_B.to(device=token_level_rewards.device, dtype=token_level_rewards.dtype)
+            adv_BT = adv_BT.unsqueeze(-1) * mask_BT  # broadcast over response tokens (SPEC 1, step 6)
+        return adv_BT, adv_BT
+
+    compute_outcome_advantage.__name__ = f"compute_{name}_outcome_advantage"
+    compute_outcome_advantage.__qualname__ = compute_outcome_advantage.__name__
+    # a marker on the function object (register_with_verl reads it back); functions declare no such attribute
+    compute_outcome_advantage.__ebpo_estimator__ = name  # type: ignore[attr-defined]
+    return compute_outcome_advantage
+
+
+def register_with_verl() -> list[str]:
+    """Register every ``ebpo.list_estimators()`` name verl lacks; returns the names now served by us.
+
+    Idempotent: a name already registered by this module (an earlier import) is left as it is.
+    """
+    from verl.trainer.ppo import core_algos
+
+    ours = []
+    for name in ebpo.list_estimators():
+        existing = core_algos.ADV_ESTIMATOR_REGISTRY.get(name)
+        if existing is None:
+            core_algos.register_adv_est(name)(make_verl_estimator(name))
+            ours.append(name)
+        elif getattr(existing, "__ebpo_estimator__", None) == name:
+            ours.append(name)
+    return ours

@@ -1,0 +1,107 @@
+"""``EBPORayPPOTrainer``: verl's synchronous ``RayPPOTrainer`` with EBPO's state, metrics and clusters.
+
+Everything else is verl's own ``fit``. What the subclass adds, hook by hook:
+
+- ``__init__``: marks the process's :data:`~ebpo.integrations.verl.estimators.HOLDER` as managed (no
+  "outside the trainer" warning) and warns once about settings this trainer path ignores.
+- ``_get_gen_batch``: records uid -> ``algorithm.<estimator>.cluster_key`` for the batch.
+- ``_save_checkpoint`` / ``_load_checkpoint``: ``global_step_N/ebpo_estimator.pt`` (same
+  ``trainer.resume_mode`` rules as verl); the prior saved at step N holds the rewards of steps 1..N.
+- ``_update_actor``: zeroes the response mask of groups ``algorithm.filter_groups`` dropped (they leave the
+  loss as DAPO removes them; the prior has seen them) and adds ``est.metrics()`` (``ebpo/mu_glob``,
+  ``ebpo/shrinkage``, ...) to the actor metrics that ``fit`` sends to verl's logger.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+from ebpo.integrations import ESTIMATOR_STATE_FILE
+from ebpo.integrations.verl.checkpoint import (
+    load_estimator_state,
+    resolve_resume_folder,
+    save_estimator_state,
+)
+from ebpo.integrations.verl.estimators import HOLDER, column_values, estimator_options
+from ebpo.integrations.verl.registration import REGISTERED
+
+__all__ = ["EBPORayPPOTrainer", "ignored_settings"]
+
+
+def ignored_settings(config) -> list[str]:
+    """Settings of ``config`` that this (legacy, synchronous) trainer path does not honour, one line each."""
+    out = []
+    v1 = config.trainer.get("v1", None)
+    if v1 is not None and str(v1.get("trainer_mode", "sync")) != "sync":
+        out.append(
+            f"trainer.v1.trainer_mode={v1.trainer_mode}: async modes belong to verl's v1 trainer; this entry "
+            "point trains synchronously (one advantage call per full batch)"
+        )
+    rollout = config.actor_rollout_ref.rollout
+    if rollout.get("multi_turn", {}).get("enable", False):
+        out.append(
+            "actor_rollout_ref.rollout.multi_turn.enable=True: multi-turn agent loops are not validated with "
+            "ebpo's estimators (each trajectory must be one group member)"
+        )
+    filter_groups = config.algorithm.get("filter_groups", None)
+    if filter_groups is not None and filter_groups.get("enable", False):
+        if str(filter_groups.get("max_num_gen_batches", 0) or 0) not in ("0", "1"):
+            out.append(
+                "algorithm.filter_groups.max_num_gen_batches: this trainer drops saturated groups without "
+                "generating replacements (the batch trains on the groups it has)"
+            )
+    return out
+
+
+class EBPORayPPOTrainer(RayPPOTrainer):
+    """verl's ``RayPPOTrainer`` with EBPO's estimator state checkpointed, its metrics logged, and each
+    prompt's cluster passed to the estimator (see the module docstring)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        HOLDER.managed = True
+        for line in ignored_settings(self.config):
+            print(f"[ebpo] WARNING: {line}", file=sys.stderr, flush=True)
+
+    def _estimator_name(self) -> str:
+        return str(self.config.algorithm.adv_estimator)
+
+    def _get_gen_batch(self, batch):
+        name = self._estimator_name()
+        if name in REGISTERED and "uid" in batch.non_tensor_batch:
+            _, cluster_key = estimator_options(self.config.algorithm, name)
+            keys = column_values(batch.non_tensor_batch, cluster_key)
+            if keys is not None:
+                HOLDER.note_clusters(list(batch.non_tensor_batch["uid"]), keys)
+        return super()._get_gen_batch(batch)
+
+    def _save_checkpoint(self):
+        super()._save_checkpoint()
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        save_estimator_state(folder)
+
+    def _load_checkpoint(self):
+        result = super()._load_checkpoint()
+        folder = resolve_resume_folder(self.config.trainer)
+        if folder is not None and not load_estimator_state(folder):
+            print(
+                f"[ebpo] WARNING: no {ESTIMATOR_STATE_FILE} in {folder}: the estimator starts from an empty prior",
+                file=sys.stderr,
+                flush=True,
+            )
+        return result
+
+    def _update_actor(self, batch):
+        if HOLDER.filtered_uids:
+            dropped = np.isin(
+                np.asarray(batch.non_tensor_batch["uid"], dtype=object), list(HOLDER.filtered_uids)
+            )
+            if dropped.any():
+                batch.batch["response_mask"][dropped] = 0
+        actor_output = super()._update_actor(batch)
+        actor_output.meta_info["metrics"].update(HOLDER.metrics())
+        return actor_output

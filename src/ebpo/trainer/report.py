@@ -1,0 +1,44 @@
+"""What a finished run reports: ``summary.json`` and the before/after validation table ``ebpo train`` prints."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TYPE_CHECKING, Any, TextIO
+
+from ebpo.trainer.checkpoint import SUMMARY_FILE, write_text_atomic
+
+if TYPE_CHECKING:  # the trainer imports this module
+    from ebpo.trainer.trainer import TrainResult
+
+
+def write_summary(result: TrainResult, *, eval_k: int) -> dict[str, Any]:
+    """Write ``summary.json`` (atomically) and return it: the final step, the best checkpoint (by maj@k) and
+    the validation metrics before training and at the last validation."""
+    summary = {
+        "run_dir": str(result.run_dir),
+        "step": result.step,
+        "best_step": result.best_step,
+        f"best_maj@{eval_k}": result.best_score,
+        "eval_before": result.eval_before,
+        "eval_after": result.eval_after,
+    }
+    write_text_atomic(result.run_dir / SUMMARY_FILE, json.dumps(summary, indent=2, sort_keys=True))
+    return summary
+
+
+def print_eval_table(before: dict[str, float], after: dict[str, float], file: TextIO = sys.stdout) -> None:
+    """The before/after validation pass@1 table, one row per topic, then the overall rows."""
+    topics = sorted(key.split("/", 2)[2] for key in after if key.startswith("eval/pass@1/"))
+    rows = [(topic, f"eval/pass@1/{topic}") for topic in topics]
+    rows += [("all (pass@1)", "eval/pass@1")]
+    rows += [
+        (name.split("/", 1)[1], name)
+        for name in sorted(after)
+        if name.startswith(("eval/maj@", "eval/pass@")) and name.count("/") == 1 and name != "eval/pass@1"
+    ]
+    width = max(len(label) for label, _ in rows)
+    print(f"{'validation':<{width}}  {'before':>7}  {'after':>7}  {'change':>7}", file=file)
+    for label, key in rows:
+        b, a = before.get(key, float("nan")), after.get(key, float("nan"))
+        print(f"{label:<{width}}  {b:7.3f}  {a:7.3f}  {a - b:+7.3f}", file=file)

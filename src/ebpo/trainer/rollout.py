@@ -1,0 +1,192 @@
+"""A step's rollouts as one typed batch, the rewards that score them, and the log-probs the update needs.
+
+Shapes: ``B`` rows (one sampled response each; a group's G responses are consecutive rows), ``P`` prompt
+tokens (left-padded), ``T`` response tokens (right-padded), ``V`` vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ebpo.generation import Rollouts
+from ebpo.losses import entropy_from_logits
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """Sampled responses with their rewards, ready for the log-prob passes and the update.
+
+    Built per generation round from ``ebpo.generation.Rollouts`` (one group = G consecutive rows) and
+    concatenated over the groups a step trains on (:meth:`concat`).
+    """
+
+    prompt_ids_BP: torch.Tensor
+    """Prompt tokens (long), left-padded with the pad id."""
+    prompt_mask_BP: torch.Tensor
+    """1 on prompt tokens, 0 on the left padding (long)."""
+    response_ids_BT: torch.Tensor
+    """Sampled tokens (long), EOS included, right-padded with the pad id."""
+    response_mask_BT: torch.Tensor
+    """1 on the tokens trained on (long): every sampled token up to EOS, none of a row whose reward failed."""
+    lengths_B: torch.Tensor
+    """Sampled tokens per response, EOS included (long)."""
+    truncated_B: torch.Tensor
+    """True where no EOS came within ``rollout.max_new_tokens`` (bool)."""
+    score_B: torch.Tensor
+    """The task reward (float64); 0 where the reward failed."""
+    reward_B: torch.Tensor
+    """The training reward (float64): the score plus DAPO's overlong penalty when that is on."""
+    valid_B: torch.Tensor
+    """False where the reward function raised or returned a non-finite value (the row is masked out)."""
+
+    @staticmethod
+    def from_rollouts(
+        rollouts: Rollouts, score_B: torch.Tensor, reward_B: torch.Tensor, valid_B: torch.Tensor
+    ) -> RolloutBatch:
+        """One generation round's batch; the rows of failed samples get no tokens to train on."""
+        return RolloutBatch(
+            prompt_ids_BP=rollouts.prompt_ids,
+            prompt_mask_BP=rollouts.prompt_mask,
+            response_ids_BT=rollouts.response_ids,
+            response_mask_BT=rollouts.response_mask * valid_B[:, None].long(),
+            lengths_B=rollouts.lengths,
+            truncated_B=rollouts.truncated,
+            score_B=score_B,
+            reward_B=reward_B,
+            valid_B=valid_B,
+        )
+
+    @property
+    def num_rows(self) -> int:
+        return self.response_ids_BT.shape[0]
+
+    def select(self, rows: torch.Tensor | slice) -> RolloutBatch:
+        """The rows ``rows`` (indices or a slice) of every field."""
+        return RolloutBatch(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
+
+    def model_inputs(self, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+        """The token tensors :func:`forward_logp` reads, on ``device``, named as in ``ebpo.generation.Rollouts``."""
+        return {
+            "prompt_ids": self.prompt_ids_BP.to(device),
+            "prompt_mask": self.prompt_mask_BP.to(device),
+            "response_ids": self.response_ids_BT.to(device),
+            "response_mask": self.response_mask_BT.to(device),
+        }
+
+    @staticmethod
+    def concat(batches: Sequence[RolloutBatch], pad_id: int) -> RolloutBatch:
+        """Stack batches of different widths (dynamic sampling's rounds): prompts left-padded and responses
+        right-padded to the widest, per-row fields concatenated."""
+        width_P = max(b.prompt_ids_BP.shape[1] for b in batches)
+        width_T = max(b.response_ids_BT.shape[1] for b in batches)
+
+        def left(tensor_BP: torch.Tensor, value: int) -> torch.Tensor:
+            return F.pad(tensor_BP, (width_P - tensor_BP.shape[1], 0), value=value)
+
+        def right(tensor_BT: torch.Tensor, value: int) -> torch.Tensor:
+            return F.pad(tensor_BT, (0, width_T - tensor_BT.shape[1]), value=value)
+
+        return RolloutBatch(
+            prompt_ids_BP=torch.cat([left(b.prompt_ids_BP, pad_id) for b in batches]),
+            prompt_mask_BP=torch.cat([left(b.prompt_mask_BP, 0) for b in batches]),
+            response_ids_BT=torch.cat([right(b.response_ids_BT, pad_id) for b in batches]),
+            response_mask_BT=torch.cat([right(b.response_mask_BT, 0) for b in batches]),
+            lengths_B=torch.cat([b.lengths_B for b in batches]),
+            truncated_B=torch.cat([b.truncated_B for b in batches]),
+            score_B=torch.cat([b.score_B for b in batches]),
+            reward_B=torch.cat([b.reward_B for b in batches]),
+            valid_B=torch.cat([b.valid_B for b in batches]),
+        )
+
+
+def _concat_padded(parts: Sequence[Mapping[str, torch.Tensor]], pad_id: int) -> dict[str, torch.Tensor]:
+    """:meth:`RolloutBatch.concat` on plain dicts keyed by the field names without their shape suffix
+    (``prompt_ids`` for ``prompt_ids_BP``); kept for callers (and tests) that hold rollouts as dicts."""
+    names = {f.name.rsplit("_", 1)[0]: f.name for f in fields(RolloutBatch)}
+    batches = [RolloutBatch(**{names[key]: value for key, value in part.items()}) for part in parts]
+    batch = RolloutBatch.concat(batches, pad_id)
+    return {key: getattr(batch, name) for key, name in names.items()}
+
+
+def forward_logp(
+    model: torch.nn.Module,
+    inputs: Mapping[str, torch.Tensor],
+    temperature: float,
+    *,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token log-probs of the responses under ``log_softmax(logits / T)``: returns ``(logp_BT, entropy_BT)``.
+
+    ``inputs`` holds ``prompt_ids`` / ``prompt_mask`` (B, P), left-padded, and ``response_ids`` /
+    ``response_mask`` (B, T), right-padded (:meth:`RolloutBatch.model_inputs`). Position ids skip the left
+    padding, as in generation, so the numbers match the sampler's. ``entropy_BT`` is the entropy of the same
+    distribution, or None without ``with_entropy``.
+    """
+    prompt_ids_BP, prompt_mask_BP = inputs["prompt_ids"], inputs["prompt_mask"]
+    response_ids_BT, response_mask_BT = inputs["response_ids"], inputs["response_mask"]
+    num_prompt = prompt_ids_BP.shape[1]
+    input_ids_BL = torch.cat([prompt_ids_BP, response_ids_BT], dim=1)
+    attention_BL = torch.cat([prompt_mask_BP, response_mask_BT], dim=1)
+    position_BL = (attention_BL.cumsum(-1) - 1).clamp(min=0)
+    logits_BLV = model(input_ids=input_ids_BL, attention_mask=attention_BL, position_ids=position_BL).logits
+    # the token at response position t is predicted by the logits at sequence position P - 1 + t
+    logits_BTV = logits_BLV[:, num_prompt - 1 : -1, :].float() / temperature
+    # log_softmax at the sampled token without a second (B, T, V) tensor: z_y - logsumexp(z)
+    logp_BT = logits_BTV.gather(-1, response_ids_BT[..., None]).squeeze(-1) - torch.logsumexp(
+        logits_BTV, dim=-1
+    )
+    entropy_BT = entropy_from_logits(logits_BTV) if with_entropy else None
+    return logp_BT, entropy_BT
+
+
+@dataclass(frozen=True)
+class RewardFailure:
+    """A sample whose reward function raised or returned a non-finite value."""
+
+    index: int
+    prompt: str
+    completion: str
+    message: str
+
+
+def score_samples(
+    reward_fn: Any, texts: Sequence[str], answers: Sequence[str], prompts: Sequence[str]
+) -> tuple[torch.Tensor, torch.Tensor, list[RewardFailure]]:
+    """Rewards ``(B,)`` float64 (0 where invalid), a validity mask ``(B,)`` bool, and the failures.
+
+    The fast ``reward_fn.batch`` path is tried first; if it raises, every sample is scored alone to find the
+    ones that fail. A non-finite reward counts as a failure too.
+    """
+    try:
+        scores = list(reward_fn.batch(texts, answers))
+    except Exception:  # noqa: BLE001 - locate the failing samples below
+        scores = None
+    failures: list[RewardFailure] = []
+    if scores is None:
+        scores = []
+        for i, (text, answer) in enumerate(zip(texts, answers)):
+            try:
+                scores.append(float(reward_fn(text, answer)))
+            except Exception as err:  # noqa: BLE001 - reported with the sample
+                scores.append(math.nan)
+                failures.append(RewardFailure(i, prompts[i], text, f"{type(err).__name__}: {err}"))
+    rewards_B = torch.tensor([float(s) for s in scores], dtype=torch.float64)
+    failed = {failure.index for failure in failures}
+    for i in torch.nonzero(~torch.isfinite(rewards_B)).flatten().tolist():
+        if i not in failed:
+            failures.append(RewardFailure(i, prompts[i], texts[i], f"non-finite reward {scores[i]}"))
+    valid_B = torch.isfinite(rewards_B)
+    return torch.where(valid_B, rewards_B, torch.zeros_like(rewards_B)), valid_B, failures
+
+
+def reward_counters(reward_fn: Any) -> dict[str, float]:
+    """The reward's cumulative ``reward/...`` counters (``reward_fn.metrics()``, optional in the reward
+    protocol of ``ebpo.rewards``); empty for a reward without them."""
+    metrics = getattr(reward_fn, "metrics", None)
+    return {name: float(value) for name, value in metrics().items()} if callable(metrics) else {}

@@ -1,0 +1,116 @@
+"""The learning benchmark's results page, CSV and plots, from synthetic results with hand-derived figures."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+from benchmarks.learning import matrix, report
+from benchmarks.learning.methods import ESTIMATORS, PUBLISHED
+from benchmarks.learning.spec import FIXED_PROMPTS, Budget
+from learning_helpers import fake_result
+
+
+def _rows(configs_dir, pass1, val=None, **design):
+    """Rows of a plan whose results get test Pass@1 ``pass1(cell)`` and validation curve ``val(cell)``."""
+    budget = Budget(steps=10, responses=32, test_size=9).resolve(configs_dir)
+    plan = matrix.plan(matrix.Design(**design), budget, model_path="/m", configs=configs_dir)
+    results = {}
+    for cell, spec in zip(plan.cells, plan.specs):
+        results.setdefault(spec.key, fake_result(spec, pass1(cell), val(cell) if val else None))
+    return [report.Row(cell, results[spec.key]) for cell, spec in zip(plan.cells, plan.specs)], plan
+
+
+def test_sensitivity_check_pass_and_fail_by_hand(configs_dir):
+    design = dict(
+        arms=(PUBLISHED,), methods=("grpo",), groups=(4, 16), variants=(FIXED_PROMPTS,), seeds=(0, 1, 2)
+    )
+    # G = 16 minus G = 4 in test Pass@1: 0.10, 0.11, 0.12 per seed -> +11.0 ± 2.5 points (s = 0.01,
+    # half = 4.303 * 0.01 / sqrt(3) = 0.0248): the interval excludes 0 -> PASS
+    rows, _ = _rows(configs_dir, lambda c: 0.2 + (0.1 + 0.01 * c.seed) * (c.group_size == 16), **design)
+    table, verdict = report.sensitivity(rows, (4, 16))
+    assert verdict == "PASS" and "| **+11.0 ± 2.5** | yes |" in table
+    # no difference on either metric: differences 0.01, -0.01, 0 -> an interval around 0 -> FAIL
+    rows, _ = _rows(configs_dir, lambda c: 0.2 + 0.01 * (c.group_size == 16) * (1 - c.seed), **design)
+    table, verdict = report.sensitivity(rows, (4, 16))
+    assert verdict == "FAIL" and "| no |" in table
+    # only validation AUC differs: still PASS (either metric). AUC: curve 0.2, 0.2+d, 0.2+d over 10 steps =
+    # (5 * (0.4 + d) / 2 + 5 * (0.4 + 2d) / 2) / 10 = 0.2 + 0.75 d; d = 0.1, 0.12, 0.14 -> +9.0 ± 3.7 points
+    rows, _ = _rows(
+        configs_dir,
+        lambda c: 0.3,
+        lambda c: [0.2] + [0.2 + (0.1 + 0.02 * c.seed) * (c.group_size == 16)] * 2,
+        **design,
+    )
+    table, verdict = report.sensitivity(rows, (4, 16))
+    assert verdict == "PASS" and "| **+9.0 ± 3.7** | yes |" in table
+    rows, _ = _rows(
+        configs_dir, lambda c: 0.2, arms=(ESTIMATORS,), methods=("ebpo",), sensitivity=None, seeds=(0,)
+    )
+    assert report.sensitivity(rows, (4, 16)) == ("", "NOT RUN")
+
+
+def test_results_page_csv_and_plots(configs_dir, tmp_path):
+    # EBPO 0.1 above GRPO on seeds 0 and 1, 0.3 above on seed 2: paired +16.7 ± 28.7 points
+    # (differences 0.1, 0.1, 0.3: mean 0.1667, s = 0.1155, half = 4.303 * 0.1155 / sqrt(3) = 0.2868)
+    def pass1(cell):
+        lift = (0.3 if cell.seed == 2 else 0.1) if cell.method == "ebpo" else 0.0
+        return 0.2 + lift + 0.05 * (cell.group_size == 16)
+
+    rows, plan = _rows(
+        configs_dir,
+        pass1,
+        lambda c: [0.2, 0.3 if c.method == "ebpo" else 0.2, 0.4 if c.method == "ebpo" else 0.25],
+        methods=("grpo", "ebpo", "entropymech-clip-cov"),
+        sweep=("grpo",),
+        groups=(4, 16),
+        seeds=(0, 1, 2),
+    )
+    sessions = [{"wall_s": 90.0, "jobs": 2}, {"wall_s": 30.0, "jobs": 2}]
+    written = report.write_report(
+        rows,
+        tmp_path,
+        "unit",
+        command="python -m benchmarks.learning --unit --report-only",
+        missing=0,
+        headline=4,
+        sensitivity_pair=(4, 16),
+        threshold=0.1,
+        sessions=sessions,
+        best_how="",
+    )
+    names = sorted(p.name for p in written)
+    assert names == sorted(
+        [
+            "learning_unit.md",
+            "learning_unit_cells.csv",
+            "learning_unit_sensitivity.png",
+            "learning_unit_estimators_curves.png",
+            "learning_unit_estimators_vs_G.png",
+            "learning_unit_published_curves.png",
+            "learning_unit_published_vs_G.png",
+        ]
+    )
+    assert all(p.stat().st_size > 0 for p in written)
+    text = (tmp_path / "learning_unit.md").read_text()
+    # the sensitivity check comes first: +5 points on every seed (no spread) -> an interval of width 0
+    assert text.index("Sensitivity check") < text.index("arm (a)") < text.index("arm (b)")
+    assert "GRPO at G = 4 vs G = 16 — **FAIL**" not in text and "— **PASS**" in text
+    assert "| ebpo | 3 | 36.7 ± 28.7 |" in text and "| **+16.7 ± 28.7** |" not in text
+    assert "| +16.7 ± 28.7 |" in text  # paired against GRPO, not bold: the interval holds 0
+    # steps to +10 points: EBPO's validation 0.2 -> 0.3 at step 5; GRPO never (0.25 at most)
+    assert "| 5 (3/3) |" in text and "| > 10 (0/3) |" in text
+    # run time: 3 runs x (10 + 2) s of run clocks per distinct run, beside the sessions' 120 s of wall time
+    distinct = len({r.result["key"] for r in rows})
+    assert f"{distinct * 12 / 60:.1f} min; their CPU time {distinct * 9 / 60:.1f} min" in text
+    assert "**Matrix wall time** (sum over the 2 invocations" in text and "2.0 min" in text
+    assert "Runs produced by: `python -m benchmarks.learning --unit`" in text
+    with open(tmp_path / "learning_unit_cells.csv") as handle:
+        table = list(csv.DictReader(handle))
+    assert len(table) == len(plan.cells)  # one row per cell, runs shared between cells repeated
+    ebpo = [r for r in table if r["method"] == "ebpo" and r["seed"] == "2"][0]
+    assert float(ebpo["pass1"]) == pytest.approx(0.5) and ebpo["steps_to_threshold"] == "5"
+    assert float(ebpo["auc"]) == pytest.approx((5 * 0.5 / 2 + 5 * 0.7 / 2) / 10)  # 0.2-0.3-0.4 over 10 steps
+    assert "No finished runs yet" in report.report_markdown(
+        [], tag="x", command="c", missing=3, headline=4, sensitivity_pair=None, threshold=0.1
+    )

@@ -1,0 +1,248 @@
+"""The learning benchmark's budget, budget variants, run specs and keys; the two arms and ebpo-best."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from benchmarks.learning import methods as M
+from benchmarks.learning.spec import (
+    EQUAL_RESPONSES,
+    FIXED_PROMPTS,
+    Budget,
+    build_spec,
+    model_path_from,
+    spec_from_dict,
+)
+
+
+def override(spec, key: str) -> str:
+    """The value of ``key=value`` in a spec's overrides (the last one wins, as in load_config)."""
+    values = [item.split("=", 1)[1] for item in spec.overrides if item.split("=", 1)[0] == key]
+    assert values, f"{key} not in overrides"
+    return values[-1]
+
+
+# --- budget ------------------------------------------------------------------------------------------
+
+
+def test_budget_resolves_every_unset_size_from_the_shared_preset(configs_dir):
+    b = Budget().resolve(configs_dir)
+    # SHARED_YAML: batch 8, G 4, mini-batch 2, 10 steps, eval every 5, 18 x 2 validation, lr 1e-3, 8 tokens
+    assert (b.steps, b.prompts, b.responses, b.updates) == (10, 8, 8 * 4, 8 // 2)
+    assert (b.eval_every, b.save_every, b.val_size, b.eval_n) == (5, 5, 18, 2)
+    assert (b.lr, b.max_new_tokens, b.test_size) == (1e-3, 8, None)
+    given = Budget(steps=3, prompts=6, responses=48, updates=3, eval_every=1, lr=0.5).resolve(configs_dir)
+    assert (given.steps, given.prompts, given.responses, given.updates, given.eval_every) == (3, 6, 48, 3, 1)
+    assert given.save_every == 1 and given.lr == 0.5  # the checkpoint cadence follows the validations
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        Budget(steps=0)
+    with pytest.raises(ValueError, match="resolve the budget first"):
+        Budget().prompts_per_step(FIXED_PROMPTS, 4)
+
+
+def test_budget_variants_and_mini_batches_by_hand(configs_dir):
+    b = Budget(prompts=8, responses=64, updates=4).resolve(configs_dir)
+    # fixed prompts: P = 8 at every G; equal responses: R / G = 64 / 4 = 16, 64 / 16 = 4
+    assert [b.prompts_per_step(FIXED_PROMPTS, G) for G in (4, 16)] == [8, 8]
+    assert [b.prompts_per_step(EQUAL_RESPONSES, G) for G in (4, 8, 16)] == [16, 8, 4]
+    # 4 updates: 16 prompts -> mini-batch 4; 8 -> 2; 4 -> 1; 6 prompts: largest divisor of 6 <= 4 is 3 -> 2
+    assert [b.mini_batch_size(p) for p in (16, 8, 4, 6)] == [4, 2, 1, 2]
+    assert Budget(updates=8).resolve(configs_dir).mini_batch_size(2) == 1  # updates drop to the 2 prompts
+    with pytest.raises(ValueError, match="R=64 responses per step is not a multiple of G=5"):
+        b.prompts_per_step(EQUAL_RESPONSES, 5)
+    with pytest.raises(ValueError, match="unknown budget variant"):
+        b.prompts_per_step("equal-prompts", 4)
+
+
+def test_spec_overrides_apply_the_budget_of_the_variant(configs_dir):
+    budget = Budget(steps=3, prompts=8, responses=64, updates=4).resolve(configs_dir)
+    grpo = M.get_method(M.PUBLISHED, "grpo")
+    spec = build_spec(grpo, EQUAL_RESPONSES, 16, 7, budget, "/m", configs=configs_dir)
+    cfg = spec.load_config()
+    assert (cfg.data.group_size, cfg.data.batch_size, cfg.optim.mini_batch_size) == (16, 4, 1)
+    assert cfg.data.train_size == 3 * 4  # one epoch: steps x prompts per step
+    assert (cfg.run.steps, cfg.run.seed, cfg.run.eval_every, cfg.run.eval_n, cfg.run.eval_k) == (
+        3,
+        7,
+        5,
+        2,
+        2,
+    )
+    assert cfg.model.path == "/m" and cfg.run.threads == 1 and cfg.run.device == "cpu"
+    assert spec.train_responses == 3 * 4 * 16
+    # validations at steps 0 and 3 (eval_every 5 > 3 steps: only before and at the end): 2 x 18 x 2 answers
+    assert spec.validations == 2 and spec.val_samples == 2 * 18 * 2
+    assert spec.label == "published/grpo/equal-responses/G16/seed7"
+
+
+def test_validations_count_step_zero_the_cadence_and_the_end(configs_dir):
+    grpo = M.get_method(M.PUBLISHED, "grpo")
+    for steps, every, expected in ((10, 5, 3), (12, 5, 4), (10, 1, 11)):
+        budget = Budget(steps=steps, eval_every=every).resolve(configs_dir)
+        # steps 0, 5, 10 | 0, 5, 10, 12 | 0, 1, ..., 10
+        assert (
+            build_spec(grpo, FIXED_PROMPTS, 4, 0, budget, "/m", configs=configs_dir).validations == expected
+        )
+
+
+# --- keys --------------------------------------------------------------------------------------------
+
+
+def test_key_is_the_config_not_the_cell_name(configs_dir):
+    budget = Budget(steps=3, prompts=8, responses=32).resolve(configs_dir)
+
+    def spec(arm, name, variant=FIXED_PROMPTS, G=4, seed=0, b=budget):
+        return build_spec(M.get_method(arm, name), variant, G, seed, b, "/m", configs=configs_dir)
+
+    # arm (a)'s GRPO is the published GRPO: one run
+    assert spec(M.ESTIMATORS, "grpo").key == spec(M.PUBLISHED, "grpo").key
+    # fixed prompts P = 8 and equal responses R = 32 coincide at G = 4 (32 / 4 = 8 prompts), not at G = 8
+    assert (
+        spec(M.PUBLISHED, "grpo", EQUAL_RESPONSES, 4).key == spec(M.PUBLISHED, "grpo", FIXED_PROMPTS, 4).key
+    )
+    assert (
+        spec(M.PUBLISHED, "grpo", EQUAL_RESPONSES, 8).key != spec(M.PUBLISHED, "grpo", FIXED_PROMPTS, 8).key
+    )
+    base = spec(M.ESTIMATORS, "ebpo")
+    assert base.key != spec(M.ESTIMATORS, "ebpo-prior").key
+    assert base.key != spec(M.ESTIMATORS, "ebpo", seed=1).key
+    assert base.key != spec(M.ESTIMATORS, "ebpo", b=Budget(steps=4, prompts=8).resolve(configs_dir)).key
+    assert (
+        base.key
+        != spec(M.ESTIMATORS, "ebpo", b=Budget(steps=3, prompts=8, test_n=4).resolve(configs_dir)).key
+    )
+    again = spec_from_dict(json.loads(json.dumps(base.to_dict())))
+    assert again == base and again.key == base.key and again.label == base.label
+
+
+def test_planned_values_are_frozen_against_later_preset_edits(configs_dir):
+    budget = Budget(steps=2).resolve(configs_dir)
+    grpo = M.get_method(M.PUBLISHED, "grpo")
+    planned = build_spec(grpo, FIXED_PROMPTS, 4, 0, budget, "/m", configs=configs_dir)
+    (configs_dir / "grpo.yaml").write_text("algorithm: {estimator: grpo, kl_coef: 0.5}\n")
+    replanned = build_spec(grpo, FIXED_PROMPTS, 4, 0, budget, "/m", configs=configs_dir)
+    assert replanned.load_config().algorithm.kl_coef == 0.5
+    assert planned.load_config().algorithm.kl_coef != 0.5 and planned.key != replanned.key
+
+
+def test_model_path_comes_from_the_shared_preset_and_nothing_is_built(configs_dir, tmp_path, monkeypatch):
+    import ebpo.models.base_model as base_model
+
+    monkeypatch.setattr(base_model, "build_base_model", lambda *a, **k: pytest.fail("built the base model"))
+    monkeypatch.setenv("EBPO_CACHE", str(tmp_path / "cache"))
+    assert model_path_from(configs_dir) == str(base_model.default_base_model_path())  # model.path null
+    assert not (tmp_path / "cache").exists()
+    text = (configs_dir / "ebpo.yaml").read_text().replace("path: null", f"path: {tmp_path / 'shipped'}")
+    (configs_dir / "ebpo.yaml").write_text(text)
+    assert model_path_from(configs_dir) == str(tmp_path / "shipped")
+    assert model_path_from(configs_dir, str(tmp_path / "given")) == str(tmp_path / "given")
+
+
+# --- the two arms --------------------------------------------------------------------------------------
+
+
+def _resolved(arm: str, names, configs_dir) -> dict[str, dict]:
+    budget = Budget(steps=3).resolve(configs_dir)
+    selection = M.Selection("ebpo-latent", "test", (100,), "/m", "c")
+    out = {}
+    for name in names:
+        method = M.best_method(selection, "/m")[0] if name == M.BEST else M.get_method(arm, name)
+        out[name] = build_spec(method, FIXED_PROMPTS, 4, 1, budget, "/m", configs=configs_dir).config
+    return out
+
+
+def test_arm_a_methods_differ_only_in_the_estimator_and_its_options(configs_dir):
+    names = list(M.ARM_METHODS[M.ESTIMATORS]) + list(M.OPTION_CANDIDATES)
+    configs = _resolved(M.ESTIMATORS, names, configs_dir)
+
+    def without_estimator(config: dict) -> dict:
+        algorithm = {
+            k: v for k, v in config["algorithm"].items() if k not in ("estimator", "estimator_options")
+        }
+        # data.cluster_key only hands the clusters to the estimator (prior_scope=cluster); the order is random
+        data = {k: v for k, v in config["data"].items() if k != "cluster_key"}
+        return {**config, "algorithm": algorithm, "data": data}
+
+    reference = without_estimator(configs["grpo"])
+    for name, config in configs.items():
+        assert without_estimator(config) == reference, name
+        assert config["data"]["sampler"] == "random"
+    # the shared loss is GRPO's as published (configs/grpo.yaml), with nothing DAPO- or EntropyMech-like
+    published_grpo = _resolved(M.PUBLISHED, ["grpo"], configs_dir)["grpo"]
+    assert configs["grpo"] == published_grpo
+    a = configs["ebpo"]["algorithm"]
+    assert a["policy_loss"] == "vanilla" and not a["dynamic_sampling"] and not a["overlong_shaping"]
+    estimators = {
+        name: (c["algorithm"]["estimator"], c["algorithm"]["estimator_options"])
+        for name, c in configs.items()
+    }
+    assert estimators["grpo"] == ("grpo", {}) and estimators["ebpo"] == ("ebpo", {})
+    assert estimators["dr_grpo"][0] == "dr_grpo" and estimators["jspo"][0] == "jspo"
+    assert (
+        estimators["rloo"][0] == "rloo" and estimators["reinforce_pp_baseline"][0] == "reinforce_pp_baseline"
+    )
+    assert estimators["ebpo-prior"] == ("ebpo", {"normalize": "prior"})
+    assert estimators[M.BEST] == ("ebpo", {"tau2": "latent"})  # the selection's options
+    assert estimators["ebpo-cluster"] == ("ebpo", {"prior_scope": "cluster"})
+    assert configs["ebpo-cluster"]["data"]["cluster_key"] == "topic"
+    assert (
+        len({json.dumps(e, sort_keys=True) for e in estimators.values()}) == len(estimators) - 1
+    )  # best = latent
+
+
+def test_arm_b_presets_keep_their_own_loss_and_entropymech_selects_the_ratio(configs_dir):
+    configs = _resolved(M.PUBLISHED, M.ARM_METHODS[M.PUBLISHED], configs_dir)
+    for name, config in configs.items():  # every preset shares ebpo.yaml's optimizer and validation
+        assert config["optim"] == configs["grpo"]["optim"] and config["run"] == configs["grpo"]["run"], name
+    assert configs["dapo"]["algorithm"]["dynamic_sampling"]
+    assert configs["ebpo-topic"]["data"]["sampler"] == "topic"
+    assert configs["ebpo-diff"]["data"]["sampler"] == "difficulty"
+    for name, loss in (("entropymech-clip-cov", "clip_cov"), ("entropymech-kl-cov", "kl_cov")):
+        algorithm = configs[name]["algorithm"]
+        assert algorithm["policy_loss"] == loss and algorithm["loss_options"]["cov_count"] == "stochastic"
+    assert (
+        configs["entropymech-clip-cov"]["algorithm"]["loss_options"]["clip_cov_ratio"] == 2e-4
+    )  # the paper's
+    assert M.get_method(M.PUBLISHED, "ebpo-diff").checkpoint == "last"
+    with pytest.raises(
+        ValueError, match="unknown published method 'ppo'; valid choices: dapo, dr-grpo, ebpo-diff"
+    ):
+        M.get_method(M.PUBLISHED, "ppo")
+
+
+# --- ebpo-best -----------------------------------------------------------------------------------------
+
+
+def test_best_method_uses_the_selection_or_says_it_was_not_selected(tmp_path):
+    method, how = M.best_method(None, "/m")
+    assert method.name == M.BEST and method.overrides == M.get_method(M.ESTIMATORS, M.DEFAULT_BEST).overrides
+    assert "NOT selected" in how
+    path = tmp_path / "best.json"
+    assert M.read_selection(path) is None
+    chosen = M.Selection("ebpo-prior", "highest mean validation AUC", (100, 101), "/m", "cmd")
+    path.write_text(json.dumps(chosen.to_dict()))
+    assert M.read_selection(path) == chosen
+    method, how = M.best_method(M.read_selection(path), "/m")
+    assert method.overrides == M.get_method(M.ESTIMATORS, "ebpo-prior").overrides and "[100, 101]" in how
+    with pytest.raises(ValueError, match="selected on model /m, not on /other"):
+        M.best_method(chosen, "/other")
+    path.write_text(json.dumps({"method": "ebpo-topic-cluster", "chosen_by": "old format"}))  # the old file
+    with pytest.raises(ValueError, match="not a selection written by --select-options"):
+        M.read_selection(path)
+
+
+def test_selection_seeds_must_be_disjoint_from_reported_seeds():
+    M.check_disjoint((0, 1, 2, 3, 4), M.SELECTION_SEEDS)  # the defaults are disjoint
+    with pytest.raises(ValueError, match=r"seeds \[1\] were used to select ebpo-best"):
+        M.check_disjoint((0, 1), (1, 100))
+
+
+def test_select_best_by_validation_auc_ties_to_candidate_order():
+    # ebpo-prior 0.30 and 0.40 (mean 0.35) beats ebpo 0.30; ties go to the earlier candidate
+    winner, how = M.select_best({"ebpo": [0.3, 0.3], "ebpo-prior": [0.3, 0.4]})
+    assert winner == "ebpo-prior" and "ebpo-prior 0.3500 (n=2)" in how
+    winner, how = M.select_best({"ebpo-ewm": [0.2], "ebpo-latent": [0.2], "ebpo-cluster": [0.1]})
+    assert winner == "ebpo-latent" and "a tie between ebpo-ewm, ebpo-latent" in how
+    with pytest.raises(ValueError, match="no finished runs"):
+        M.select_best({})

@@ -1,0 +1,95 @@
+"""The learning benchmark's statistics: t-intervals, paired differences, AUC, steps to threshold."""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+
+import pytest
+from benchmarks.learning.stats import (
+    T_975,
+    curve_mean,
+    mean_ci,
+    median_censored,
+    paired_ci,
+    steps_to_threshold,
+    t_quantile,
+    validation_auc,
+)
+
+
+def test_mean_ci_by_hand():
+    # 0.2, 0.4, 0.6: mean 0.4, s = sqrt((0.04 + 0 + 0.04) / 2) = 0.2, half = 4.303 * 0.2 / sqrt(3) = 0.4969
+    ci = mean_ci([0.2, 0.4, 0.6])
+    assert ci.n == 3 and ci.mean == pytest.approx(0.4)
+    assert ci.half_width == pytest.approx(4.303 * 0.2 / math.sqrt(3), rel=1e-3)
+    assert ci.format() == "40.0 ± 49.7" and not ci.excludes_zero
+    one = mean_ci([0.25])
+    assert one.n == 1 and math.isnan(one.half_width) and one.format() == "25.0" and not one.excludes_zero
+    assert mean_ci([]).format() == "-"
+    assert mean_ci([0.1, None, float("nan"), 0.3]).n == 2  # missing values are not zeros
+    assert mean_ci([0.5, 0.5]).half_width == 0.0
+
+
+def test_paired_ci_by_hand_uses_common_seeds_only():
+    # differences per seed: 0.1, 0.2, 0.1 (seed 3 has no reference, seed 4 no value)
+    # mean 0.1333, s = sqrt((0.0011 + 0.0044 + 0.0011) / 2) = 0.0577, half = 4.303 * 0.0577 / sqrt(3) = 0.1434
+    values = {0: 0.5, 1: 0.6, 2: 0.7, 3: 0.9}
+    reference = {0: 0.4, 1: 0.4, 2: 0.6, 4: 0.1}
+    ci = paired_ci(values, reference)
+    assert ci.n == 3 and ci.mean == pytest.approx(0.4 / 3)
+    assert ci.half_width == pytest.approx(4.303 * math.sqrt(1 / 300) / math.sqrt(3), rel=1e-3)
+    assert ci.format(signed=True) == "+13.3 ± 14.3" and not ci.excludes_zero
+    # differences 0.10, 0.11, 0.12: mean 0.11, s = 0.01, half = 4.303 * 0.01 / sqrt(3) = 0.0248 < 0.11
+    tight = paired_ci({0: 0.3, 1: 0.31, 2: 0.32}, {0: 0.2, 1: 0.2, 2: 0.2})
+    assert tight.excludes_zero and tight.half_width == pytest.approx(0.0248, abs=1e-4)
+
+
+def test_t_quantile_matches_scipy_and_falls_back_to_a_wider_table(monkeypatch):
+    stats = pytest.importorskip("scipy.stats")
+    for df in range(1, 31):
+        assert t_quantile(df) == pytest.approx(stats.t.ppf(0.975, df), abs=1e-9)
+        assert T_975[df - 1] == pytest.approx(stats.t.ppf(0.975, df), abs=5e-4)  # the table, 3 decimals
+    monkeypatch.setitem(sys.modules, "scipy", None)  # import scipy now fails: the table is used
+    assert t_quantile(3) == 3.182 and t_quantile(30) == 2.042
+    assert t_quantile(100) == 2.042 > stats.t.ppf(0.975, 100)  # beyond the table: df 30's, wider
+    with pytest.raises(ValueError, match="df >= 1"):
+        t_quantile(0)
+
+
+def test_mean_ci_equals_scipys_t_interval_on_random_samples():
+    stats = pytest.importorskip("scipy.stats")
+    rng = random.Random(0)
+    for _ in range(20):
+        xs = [rng.random() for _ in range(rng.randint(2, 12))]
+        low, high = stats.t.interval(0.95, len(xs) - 1, loc=sum(xs) / len(xs), scale=stats.sem(xs))
+        assert mean_ci(xs).half_width == pytest.approx((high - low) / 2, rel=1e-9)
+
+
+def test_validation_auc_by_hand():
+    # steps 0, 5, 10 with 0.2, 0.4, 0.4: trapezoids 5 * 0.3 + 5 * 0.4 = 3.5 over 10 steps = 0.35
+    assert validation_auc([[0, 0.2], [5, 0.4], [10, 0.4]], 10) == pytest.approx(0.35)
+    # uneven spacing 0, 4, 10: 4 * (0.1 + 0.3) / 2 + 6 * (0.3 + 0.3) / 2 = 0.8 + 1.8 = 2.6 / 10
+    assert validation_auc([[10, 0.3], [0, 0.1], [4, 0.3]], 10) == pytest.approx(0.26)  # order does not matter
+    assert validation_auc([[0, 0.5], [7, 0.5]], 7) == pytest.approx(0.5)  # a flat curve: its value
+    assert math.isnan(validation_auc([[5, 0.2], [10, 0.3]], 10))  # no step 0
+    assert math.isnan(validation_auc([[0, 0.2], [5, 0.3]], 10))  # does not reach the last step
+
+
+def test_steps_to_threshold_and_censored_median():
+    curve = [[0, 0.20], [5, 0.25], [10, 0.30], [15, 0.29]]
+    # +5 points: 0.25 first at step 5; +10 points: 0.30 at step 10; +20 points never
+    assert steps_to_threshold(curve, 0.05) == 5 and steps_to_threshold(curve, 0.10) == 10
+    assert steps_to_threshold(curve, 0.20) is None
+    assert steps_to_threshold([[5, 0.9]], 0.0) is None  # no step-0 value to start from
+    # 5 seeds: 10, 20, 40, never, never -> sorted 10, 20, 40, inf, inf: median 40, reached 3 of 5
+    assert median_censored([40, None, 10, None, 20], 150) == "40 (3/5)"
+    assert median_censored([None, None, 10], 150) == "> 150 (1/3)"
+    assert median_censored([10, 20], 150) == "15 (2/2)" and median_censored([10, None], 150) == "> 150 (1/2)"
+    assert median_censored([], 150) == "-"
+
+
+def test_curve_mean_skips_step_zero():
+    assert curve_mean([[0, 9.0], [1, 1.0], [2, 3.0]]) == pytest.approx(2.0)
+    assert math.isnan(curve_mean([[0, 1.0]]))
