@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ebpo.trainer.config import load_config
+from ebpo.trainer.config import ConfigError, load_config, parse_yaml
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PRESETS = sorted(CONFIGS.glob("*.yaml"))
@@ -22,35 +22,26 @@ SHARED = {
 }
 
 
-class UniqueKeyLoader(yaml.SafeLoader):
-    """A YAML loader that rejects a mapping holding the same key twice (PyYAML keeps the last silently)."""
-
-
-def _construct_unique_mapping(loader: UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: dict = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark
-            )
-        seen[key] = key_node.start_mark.line
-    return loader.construct_mapping(node, deep=deep)
-
-
-UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
-
-
-def load_unique(text: str):
-    return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-
-
 def test_the_loader_rejects_duplicate_keys_at_any_depth():
-    assert load_unique("a: 1\nb: {c: 2}\n") == {"a": 1, "b": {"c": 2}}
-    with pytest.raises(yaml.constructor.ConstructorError, match="duplicate key 'model'"):
-        load_unique("model:\n  path: null\ndata: {}\nmodel:\n  path: x\n")
-    with pytest.raises(yaml.constructor.ConstructorError, match="duplicate key 'lr'"):
-        load_unique("optim:\n  lr: 1\n  lr: 2\n")
+    assert parse_yaml("a: 1\nb: {c: 2}\n") == {"a": 1, "b": {"c": 2}}
+    # 'model' on lines 1 and 4 of the top-level mapping
+    with pytest.raises(yaml.YAMLError, match=r"key 'model' appears twice in one mapping \(lines 1 and 4\)"):
+        parse_yaml("model:\n  path: null\ndata: {}\nmodel:\n  path: x\n")
+    # 'lr' on lines 2 and 3 inside 'optim'
+    with pytest.raises(yaml.YAMLError, match=r"key 'lr' appears twice in one mapping \(lines 2 and 3\)"):
+        parse_yaml("optim:\n  lr: 1\n  lr: 2\n")
+    # the same key in two different mappings is fine
+    assert parse_yaml("a: {x: 1}\nb: {x: 2}\n") == {"a": {"x": 1}, "b": {"x": 2}}
+
+
+def test_a_config_file_with_a_repeated_key_is_one_clear_error_naming_the_file(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("optim:\n  lr: 1.0e-4\ndata:\n  group_size: 4\noptim:\n  lr: 3.0e-4\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    message = str(err.value)
+    assert "\n" not in message
+    assert str(path) in message and "'optim' appears twice" in message and "lines 1 and 5" in message
 
 
 def test_there_are_presets():
@@ -60,7 +51,7 @@ def test_there_are_presets():
 
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.name)
 def test_every_preset_has_unique_keys_and_loads(path):
-    values = load_unique(path.read_text())
+    values = parse_yaml(path.read_text())
     assert isinstance(values, dict) and values, path
     cfg = load_config(path)  # every key known, every value valid
     assert cfg.to_dict()["algorithm"]["estimator"]

@@ -147,9 +147,9 @@ def test_end_to_end_run_learns_and_logs(tiny_model_dir, tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["step"] == 2 and "eval/pass@1" in summary["eval_after"]
     per_topic = [k for k in summary["eval_after"] if k.startswith("eval/pass@1/")]
-    # arith cycles through its (topic, level) cells topic-major; default levels 1-3, so 9 problems =
-    # 3 each of mod, sequence, area
-    assert sorted(per_topic) == ["eval/pass@1/area", "eval/pass@1/mod", "eval/pass@1/sequence"]
+    # arith cycles through its (topic, level) cells topic-major; default levels: all five, so 9 problems =
+    # 5 of mod (levels 1-5) and 4 of sequence (levels 1-4)
+    assert sorted(per_topic) == ["eval/pass@1/mod", "eval/pass@1/sequence"]
 
 
 def test_exact_resume_is_bit_for_bit(tiny_model_dir, tmp_path):

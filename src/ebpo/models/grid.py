@@ -52,10 +52,28 @@ def evaluate_grid(
     for start in tqdm(starts, desc="grid", disable=not progress, dynamic_ncols=True):
         chunk = records[start : start + batch_size]
         prompts = [r.prompt for r in chunk]
-        common = dict(top_p=1.0, max_new_tokens=max_new_tokens, generator=generator)
-        sampled = sample(model, tokenizer, prompts, n=samples, temperature=temperature, **common)
-        greedy = sample(model, tokenizer, prompts, n=1, temperature=0.0, **common)
+        sampled = sample(
+            model,
+            tokenizer,
+            prompts,
+            n=samples,
+            temperature=temperature,
+            top_p=1.0,
+            max_new_tokens=max_new_tokens,
+            generator=generator,
+        )
+        greedy = sample(
+            model,
+            tokenizer,
+            prompts,
+            n=1,
+            temperature=0.0,
+            top_p=1.0,
+            max_new_tokens=max_new_tokens,
+            generator=generator,
+        )
         for m, record in enumerate(chunk):
+            assert record.topic is not None and record.level is not None  # arith records carry both
             texts = sampled.texts[m * samples : (m + 1) * samples]
             rewards = [arith.verify(text, record.answer) for text in texts]
             answers = [arith.extract_answer(text) for text in texts]

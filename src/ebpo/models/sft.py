@@ -70,6 +70,7 @@ def teacher_label(record: Record, config: BaseModelConfig, rng: random.Random) -
     """One draw of the teacher's label for ``record``: the answer with probability ``teacher_accuracy``, else
     one of its :func:`near_misses`, drawn uniformly."""
     answer = int(record.answer)
+    assert record.topic is not None and record.level is not None  # arith records carry both
     if rng.random() < teacher_accuracy(config, record.topic, record.level):
         return str(answer)
     return str(rng.choice(near_misses(answer, config)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import string
 from pathlib import Path
+from typing import Any
 
 # Every character a prompt or answer of the built-in tasks can contain, plus common math symbols.
 CHARSET: str = string.digits + string.ascii_letters + " \n" + "+-*/=()?.,:;!'\"%<>^_{}[]\\$&|#@~`"
@@ -58,7 +59,7 @@ def tiny_config(
     """
     from transformers import LlamaConfig
 
-    params = dict(
+    params: dict[str, Any] = dict(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=hidden_size * 4,

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ebpo.data import Record
+from ebpo.registry import Registry
 from ebpo.tasks import arith
 
 
@@ -40,28 +41,22 @@ class Task:
     splits: Sequence[str] = ("train", "validation", "test")
 
 
-_TASKS: dict[str, Task] = {}
+_TASKS: Registry[Task] = Registry("task")
 
 
 def register_task(task: Task) -> Task:
     """Add ``task`` to the registry under ``task.name`` (a second task with the same name raises)."""
-    if task.name in _TASKS:
-        raise ValueError(f"task {task.name!r} is already registered")
-    _TASKS[task.name] = task
-    return task
+    return _TASKS.register(task.name, task)
 
 
 def list_tasks() -> list[str]:
     """Registered task names, sorted."""
-    return sorted(_TASKS)
+    return _TASKS.names()
 
 
 def get_task(name: str) -> Task:
     """The task registered as ``name``; an unknown name raises ``ValueError`` listing the valid ones."""
-    try:
-        return _TASKS[name]
-    except KeyError:
-        raise ValueError(f"unknown task {name!r}; valid tasks: {', '.join(list_tasks())}") from None
+    return _TASKS.get(name)
 
 
 register_task(

@@ -624,16 +624,53 @@ def merge_dicts(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _unique_key_loader():
+    """A ``yaml.SafeLoader`` subclass that rejects a mapping holding the same key twice (PyYAML keeps the
+    last one silently, so a preset that sets ``optim.lr`` twice would train with whichever came second)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        pass
+
+    def construct_mapping(loader: UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node)
+            if key in first_line:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"key {key!r} appears twice in one mapping (lines {first_line[key] + 1} and "
+                    f"{key_node.start_mark.line + 1}); keep one",
+                    key_node.start_mark,
+                )
+            first_line[key] = key_node.start_mark.line
+        return loader.construct_mapping(node)
+
+    UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    return UniqueKeyLoader
+
+
+def parse_yaml(text: str) -> Any:
+    """``text`` parsed as YAML with the safe loader, a key repeated within one mapping being an error
+    (``yaml.YAMLError``)."""
+    import yaml
+
+    return yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 - a SafeLoader subclass
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
+    """The mapping in the YAML file ``path``; a missing file, invalid YAML, a repeated key or a top level
+    that is not a mapping raise ``ConfigError`` naming the file."""
     import yaml
 
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        values = yaml.safe_load(path.read_text()) or {}
+        values = parse_yaml(path.read_text()) or {}
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from err
     if not isinstance(values, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections (model, data, ...)")
     return values

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -35,10 +36,21 @@ def print_eval_table(before: dict[str, float], after: dict[str, float], file: Te
     rows += [
         (name.split("/", 1)[1], name)
         for name in sorted(after)
-        if name.startswith(("eval/maj@", "eval/pass@")) and name.count("/") == 1 and name != "eval/pass@1"
+        if name.startswith(("eval/maj@", "eval/pass@"))
+        and name.count("/") == 1
+        and name not in ("eval/pass@1", "eval/pass@1_se")
     ]
     width = max(len(label) for label, _ in rows)
     print(f"{'validation':<{width}}  {'before':>7}  {'after':>7}  {'change':>7}", file=file)
     for label, key in rows:
         b, a = before.get(key, float("nan")), after.get(key, float("nan"))
         print(f"{label:<{width}}  {b:7.3f}  {a:7.3f}  {a - b:+7.3f}", file=file)
+    if "eval/pass@1_se" in before and "eval/pass@1_se" in after:
+        b, a = before["eval/pass@1"], after["eval/pass@1"]
+        se_b, se_a = before["eval/pass@1_se"], after["eval/pass@1_se"]
+        print(
+            f"validation pass@1: {b:.3f} ± {se_b:.3f} before, {a:.3f} ± {se_a:.3f} after, change "
+            f"{a - b:+.3f} ± {math.hypot(se_b, se_a):.3f} (standard errors over problems; the change's "
+            "treats the two evaluations as independent, which overstates it)",
+            file=file,
+        )

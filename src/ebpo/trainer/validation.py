@@ -60,6 +60,7 @@ def validate(
     metrics = {
         f"eval/{name}": overall[name] for name in ("pass@1", f"pass@{k}", f"maj@{k}") if name in overall
     }
+    metrics["eval/pass@1_se"] = overall["pass@1/se_problems"]  # standard error over the problems
     if len(by_topic) > 1 or "None" not in by_topic:
         for topic, problems in sorted(by_topic.items()):
             metrics[f"eval/pass@1/{topic}"] = summarize(problems)["pass@1"]
