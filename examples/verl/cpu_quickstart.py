@@ -28,12 +28,13 @@ CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"  # the b
 
 
 def sft_arith_model(out_dir: Path, *, steps: int = 40, seed: int = 0) -> Path:
-    """A tiny Llama fine-tuned for ``steps`` AdamW steps (batch 32, lr 3e-3) on ``max`` level-1 problems:
-    about 1 s of CPU; it then answers about a third of them right at temperature 1."""
+    """A tiny Llama fine-tuned for ``steps`` AdamW steps (batch 32, lr 3e-3) on ``max`` level-1 problems of the
+    ``sft`` split (RL draws from ``train``): about 1 s of CPU; it then answers about a third of them right at
+    temperature 1."""
     import torch
     from transformers import LlamaForCausalLM
 
-    from ebpo.models.base_model import encode_sft_example
+    from ebpo.models.sft import encode_sft_example
     from ebpo.models.tiny import build_char_tokenizer, tiny_config
     from ebpo.tasks import arith
 
@@ -44,7 +45,7 @@ def sft_arith_model(out_dir: Path, *, steps: int = 40, seed: int = 0) -> Path:
         setattr(model.generation_config, name, getattr(tokenizer, name))
     examples = [
         encode_sft_example(tokenizer, r.prompt, r.answer)
-        for r in arith.generate("train", 2000, seed=seed + 1, topics=["max"], levels=[1])
+        for r in arith.generate("sft", 2000, seed=seed + 1, topics=["max"], levels=[1])
     ]
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     rng = random.Random(seed)
