@@ -520,7 +520,16 @@ def test_cli_topic_ctrl_c_keeps_finished_labels_and_resumes(raw_judge, tmp_path)
     code = "import sys; from ebpo.cli import main; sys.exit(main(sys.argv[1:]))"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     argv = [sys.executable, "-c", code, *_topic_argv(src, out, judge.url, "--concurrency", "4")]
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT's default disposition in the child: a test run started as a background job (`make test &`) has
+    # SIGINT ignored, the child would inherit that, and Python installs no KeyboardInterrupt handler then.
+    proc = subprocess.Popen(
+        argv,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 60
     while not (cache.is_file() and len(cache.read_text().splitlines()) == 2):
         assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
