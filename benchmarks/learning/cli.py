@@ -42,8 +42,7 @@ DEFAULTS: dict[str, Any] = {
 }
 """Matrix defaults not taken from configs/ebpo.yaml (steps, prompts per step, lr, validation size and
 cadence are). ``sweep``: the methods run at every G and budget variant; sized so that the matrix fits 2 hours
-on 2 cores with the built-in base model at ebpo.yaml's sizes (docs/benchmarks.md): recheck them with
-``--plan`` once the testbed model is in configs/ebpo.yaml."""
+on 2 cores with the shipped base model at ebpo.yaml's sizes (docs/benchmarks.md has the measured times)."""
 
 QUICK: dict[str, Any] = {
     "methods": ["grpo", "estimators/ebpo", "estimators/ebpo-prior", "published/entropymech-clip-cov"],
