@@ -108,7 +108,9 @@ def commands_line(rows: Sequence[Row]) -> str:
 
 def _methods(rows: Sequence[Row], arm: str) -> list[str]:
     present = {row.cell.method for row in rows if row.cell.arm == arm}
-    return [name for name in list_methods(arm) + [BEST] if name in present]
+    names = list_methods(arm)
+    names += [BEST] if BEST not in names else []  # an arm may register ebpo-best itself: list it once
+    return [name for name in names if name in present]
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -114,3 +114,18 @@ def test_results_page_csv_and_plots(configs_dir, tmp_path):
     assert "No finished runs yet" in report.report_markdown(
         [], tag="x", command="c", missing=3, headline=4, sensitivity_pair=None, threshold=0.1
     )
+
+
+def test_each_method_is_one_row_even_where_the_arm_registers_ebpo_best():
+    """The estimators arm registers ``ebpo-best`` itself; the report appended it again, so its tables printed
+    the row twice. Rows here only need ``cell.arm`` and ``cell.method``."""
+    from types import SimpleNamespace
+
+    def row(arm, method):
+        return SimpleNamespace(cell=SimpleNamespace(arm=arm, method=method))
+
+    rows = [row("estimators", name) for name in ("grpo", "ebpo", report.BEST)] + [row("published", "grpo")]
+    names = report._methods(rows, "estimators")
+    assert names.count(report.BEST) == 1
+    assert set(names) == {"grpo", "ebpo", report.BEST}
+    assert report._methods(rows, "published") == ["grpo"]
