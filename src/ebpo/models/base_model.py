@@ -290,8 +290,7 @@ def _train(config: BaseModelConfig, progress: bool, describe_target: str):
                 flush=True,
             )
         prefix = min(PREFIX_STEPS, config.steps)
-        losses = train_sft(model, tokenizer, config, progress=False, stop_after=prefix)
-        prefix_sha = state_dict_sha256(model)
+        prefix_sha = train_prefix_sha256(config, prefix)  # what the guard test retrains
         model, tokenizer = _new_model(config)  # the full run starts from the same initial weights
         losses = train_sft(model, tokenizer, config, progress=progress)
         weights_sha = state_dict_sha256(model)
@@ -355,33 +354,39 @@ def build_base_model(
 
     started = time.perf_counter()
     model, tokenizer, info = _train(config, progress, str(path))
-    grid = {}
-    if config.eval_per_cell > 0:
-        from ebpo.models.grid import evaluate_grid, grid_report
-
-        grid = evaluate_grid(
-            model,
-            tokenizer,
-            split="validation",
-            per_cell=config.eval_per_cell,
-            samples=config.eval_samples,
-            temperature=config.eval_temperature,
-            seed=config.seed,
-            max_new_tokens=config.max_new_tokens,
-            progress=progress,
-        )
-        if progress:
-            print(
-                grid_report(
-                    grid, split="validation", samples=config.eval_samples, temperature=config.eval_temperature
-                )
-            )
+    grid = measure_grid(model, tokenizer, config, split="validation", progress=progress)
     info["grid_validation"] = grid
     info["build_seconds"] = time.perf_counter() - started
     _save(model, tokenizer, info, path)
     if progress:
         print(f"built in {info['build_seconds']:.0f} s, final loss {info['final_loss']:.3f}: {path}")
     return path
+
+
+def measure_grid(model, tokenizer, config: BaseModelConfig, *, split: str, progress: bool) -> dict[str, Any]:
+    """The recipe's pass@1 / maj@n / greedy grid of ``model`` on ``split`` (``eval_per_cell`` problems per
+    cell, ``eval_samples`` samples each at ``eval_temperature``, seeded by ``config.seed``); printed as tables
+    when ``progress``. Empty when ``eval_per_cell`` is 0."""
+    if config.eval_per_cell <= 0:
+        return {}
+    from ebpo.models.grid import evaluate_grid, grid_report
+
+    grid = evaluate_grid(
+        model,
+        tokenizer,
+        split=split,
+        per_cell=config.eval_per_cell,
+        samples=config.eval_samples,
+        temperature=config.eval_temperature,
+        seed=config.seed,
+        max_new_tokens=config.max_new_tokens,
+        progress=progress,
+    )
+    if progress:
+        print(
+            grid_report(grid, split=split, samples=config.eval_samples, temperature=config.eval_temperature)
+        )
+    return grid
 
 
 def check_base_model(config: BaseModelConfig | None = None, *, progress: bool = True) -> list[str]:

@@ -98,27 +98,12 @@ def run(args: argparse.Namespace) -> int:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from ebpo.models.grid import evaluate_grid, grid_report
+        from ebpo.models.base_model import measure_grid
 
         torch.set_num_threads(1)
         model = AutoModelForCausalLM.from_pretrained(path).eval()
         tokenizer = AutoTokenizer.from_pretrained(path)
-        grid = evaluate_grid(
-            model,
-            tokenizer,
-            split=args.grid,
-            per_cell=config.eval_per_cell,
-            samples=config.eval_samples,
-            temperature=config.eval_temperature,
-            seed=config.seed,
-            max_new_tokens=config.max_new_tokens,
-            progress=True,
-        )
-        print(
-            grid_report(
-                grid, split=args.grid, samples=config.eval_samples, temperature=config.eval_temperature
-            )
-        )
+        measure_grid(model, tokenizer, config, split=args.grid, progress=True)
     elif not args.quiet:
         info = load_build_info(path)
         print(f"recipe key {info['key']}, {info['num_parameters'] / 1e6:.2f}M parameters")
