@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Sequence
 
 import pytest
@@ -243,6 +245,77 @@ def test_an_empty_or_unrelated_directory_is_fine(tiny_model_dir, tmp_path):
     (run / "notes.txt").write_text("mine")
     Trainer(tiny_config(tiny_model_dir, "run.steps=1"), run_dir=run).train()
     assert (run / "notes.txt").read_text() == "mine"
+
+
+# ---------------------------------------------------------------------------------------------------
+# one process per run directory
+
+
+def _hold_lock_in_a_child(directory) -> subprocess.Popen[str]:
+    """A child process that takes the directory's lock, says so, and sleeps (until killed)."""
+    code = (
+        "import sys, time; from ebpo.trainer.checkpoint import DirectoryLock; "
+        "lock = DirectoryLock(sys.argv[1], what='d', hint='h').acquire(); print('held', flush=True); time.sleep(120)"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code, str(directory)], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline().strip() == "held"
+    return child
+
+
+def test_a_second_process_in_a_running_run_directory_is_one_line(tiny_model_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    Trainer(
+        tiny_config(tiny_model_dir, "run.steps=1"), run_dir=run
+    ).train()  # the lock is released at the end
+    before = (run / "metrics.jsonl").read_text()
+    child = _hold_lock_in_a_child(run)  # another process training in it
+    try:
+        for kwargs in ({"resume": run}, {"run_dir": run, "overwrite": True}):
+            with pytest.raises(
+                checkpoint_module.DirectoryInUse, match=rf"run directory {run} is in use by pid "
+            ):
+                Trainer(tiny_config(tiny_model_dir, "run.steps=2"), **kwargs)
+        assert (run / "metrics.jsonl").read_text() == before  # --overwrite removed nothing
+
+        from ebpo.cli import main
+
+        assert main(["train", "--resume", str(run)]) == 2
+        message = capsys.readouterr().err.strip()
+        assert message.startswith("ebpo train: error: run directory") and "\n" not in message
+        assert f"in use by pid {child.pid} " in message and "wait for that run to finish" in message
+    finally:
+        child.kill()
+        child.wait()
+    # killed holder: the kernel dropped its lock, nothing stale; the run continues
+    Trainer(tiny_config(tiny_model_dir, "run.steps=2"), resume=run).train()
+    assert [row["step"] for row in read_metrics(run)] == [0, 1, 2]
+
+
+def test_a_failed_setup_releases_the_run_directory(tiny_model_dir, tmp_path):
+    run = tmp_path / "run"
+    Trainer(tiny_config(tiny_model_dir, "run.steps=1"), run_dir=run).train()
+    with pytest.raises(ConfigError, match="already holds a run"):  # refused after the lock was taken
+        Trainer(tiny_config(tiny_model_dir, "run.steps=2"), run_dir=run)
+    trainer = Trainer(tiny_config(tiny_model_dir, "run.steps=2"), resume=run)  # so this one gets it
+    with pytest.raises(checkpoint_module.DirectoryInUse):  # and holds it until train() ends
+        checkpoint_module.DirectoryLock(run, what="run directory", hint="").acquire()
+    trainer.train()
+    checkpoint_module.DirectoryLock(run, what="run directory", hint="").acquire().release()
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("run", "run"),
+        ("run/checkpoints", "run"),
+        ("run/checkpoints/last", "run"),
+        ("run/checkpoints/best", "run"),
+    ],
+)
+def test_run_dir_of_a_resume_path_matches_the_checkpoint_it_finds(tiny_model_dir, tmp_path, given, expected):
+    Trainer(tiny_config(tiny_model_dir, "run.steps=1", "run.eval_every=1"), run_dir=tmp_path / "run").train()
+    found = checkpoint_module.find_checkpoint(tmp_path / given)
+    assert checkpoint_module.run_dir_of(tmp_path / given) == tmp_path / expected == found.parent.parent
 
 
 # ---------------------------------------------------------------------------------------------------

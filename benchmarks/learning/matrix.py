@@ -8,7 +8,8 @@ headline G, the layout of the paper's Table 1). Cells that resolve to the same c
 Run. Runs without a finished result are executed ``jobs`` at a time, each in its own process
 (``concurrent.futures.ProcessPoolExecutor``, spawned: a forked torch process can hang in its thread pool),
 handed out one by one as workers free up, so that Ctrl-C stops the matrix after the runs in flight; a
-failed run is reported and the others go on. Every invocation appends its wall time to
+failed run is reported and the others go on. An invocation locks the runs directory (a second one is
+refused with one line). Every invocation appends its wall time to
 ``<runs-dir>/sessions.jsonl``: the matrix wall time is their sum, the sum of run times is not.
 
 Estimate. CPU seconds of finished runs are split into a fixed cost per run, training (per training
@@ -55,6 +56,7 @@ from benchmarks.learning.spec import (
     build_spec,
     spec_from_dict,
 )
+from ebpo.trainer.checkpoint import DirectoryLock
 
 SESSIONS_FILE = "sessions.jsonl"
 SENSITIVITY_METHOD = (PUBLISHED, "grpo")
@@ -214,7 +216,26 @@ def run_matrix(
     append this invocation to ``<root>/sessions.jsonl``. A kill loses at most the runs in flight, which
     continue from their last checkpoint when the same command is run again."""
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
+    lock = DirectoryLock(
+        root,
+        what="benchmark runs directory",
+        hint="two invocations would run the same runs twice; wait for it, or give this one another --runs-dir",
+    ).acquire()
+    try:
+        return _run_pending(runs, root, jobs, keep_checkpoints, command, log, worker)
+    finally:
+        lock.release()
+
+
+def _run_pending(
+    runs: Sequence[RunSpec],
+    root: Path,
+    jobs: int,
+    keep_checkpoints: bool,
+    command: str,
+    log: Callable[[str], None],
+    worker: Callable[[RunSpec, str, bool, str], tuple[str, str]],
+) -> Outcome:
     pending = [spec for spec in runs if read_result(root, spec) is None]
     log(
         f"{len(runs)} runs planned, {len(runs) - len(pending)} finished, {len(pending)} to run, {jobs} at a time"

@@ -120,6 +120,34 @@ def test_process_pool_runs_every_run_and_reports_failures(configs_dir, tmp_path)
     assert sum("FAILED: ValueError: boom" in line for line in lines) == 2
 
 
+def test_a_second_invocation_on_the_same_runs_directory_is_refused(configs_dir, tmp_path):
+    """Two invocations on one runs directory would run the same pending runs twice (and write one run
+    directory from two processes): the second one is one line, and it runs and records nothing."""
+    from ebpo.trainer.checkpoint import DirectoryInUse, DirectoryLock
+
+    runs = _plan(configs_dir, arms=(PUBLISHED,), methods=("grpo",), seeds=(0,), sensitivity=None).runs
+    calls = []
+
+    def worker(spec, root, keep, command):
+        calls.append(spec.key)
+        return fake_worker(spec, root, keep, command)
+
+    holder = DirectoryLock(
+        tmp_path, what="benchmark runs directory", hint=""
+    ).acquire()  # the first invocation
+    with pytest.raises(
+        DirectoryInUse, match=r"benchmark runs directory .* is in use by pid \d+ .*--runs-dir"
+    ):
+        matrix.run_matrix(runs, tmp_path, worker=worker, log=lambda _: None, command="c")
+    assert calls == [] and matrix.read_sessions(tmp_path) == []
+    holder.release()
+    outcome = matrix.run_matrix(runs, tmp_path, worker=worker, log=lambda _: None, command="c")
+    assert outcome.finished == len(runs) and len(calls) == len(runs)
+    DirectoryLock(
+        tmp_path, what="benchmark runs directory", hint=""
+    ).acquire().release()  # released at the end
+
+
 # --- estimate -----------------------------------------------------------------------------------------
 
 

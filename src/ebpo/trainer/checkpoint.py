@@ -9,6 +9,7 @@ A run directory holds::
     checkpoints/best/    the same at the best validation maj@k, + best.json
     summary.json         written at the end (``ebpo.trainer.report``)
     training.png         written at the end (``ebpo.trainer.plots``)
+    .lock                held by the process that trains in it (:class:`DirectoryLock`)
 
 A kill at any moment leaves a resumable run. A checkpoint is written to ``checkpoints/.<name>.tmp`` first;
 its ``trainer_state.pt`` goes last, through a temporary file and a rename, so a checkpoint directory that
@@ -23,6 +24,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -56,6 +58,63 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 # ---------------------------------------------------------------------------------------------------
 # the run directory
+
+
+LOCK_FILE = ".lock"
+
+
+class DirectoryInUse(ConfigError):
+    """Another process holds the directory's lock."""
+
+
+class DirectoryLock:
+    """One process at a time in a directory: an exclusive ``fcntl.flock`` on ``<directory>/.lock``, which
+    records the holder's pid. The kernel drops the lock when the holder closes it or ends, however it ends,
+    so a killed run leaves no stale lock. Without ``fcntl`` (Windows) it does nothing.
+
+    ``what`` names the directory in the error (``run directory``) and ``hint`` says what to do instead. Keep
+    the object: the lock lasts as long as it does (or until :meth:`release`)."""
+
+    def __init__(self, directory: str | Path, *, what: str, hint: str) -> None:
+        self.directory, self.what, self.hint = Path(directory), what, hint
+        self._handle: Any = None
+
+    def acquire(self) -> DirectoryLock:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX
+            return self
+        if self._handle is not None:
+            return self
+        self.directory.mkdir(parents=True, exist_ok=True)
+        handle = open(self.directory / LOCK_FILE, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise DirectoryInUse(f"{self.what} {self.directory} is in use by {holder}; {self.hint}") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} (since {time.strftime('%Y-%m-%d %H:%M:%S')})\n")
+        handle.flush()
+        self._handle = handle
+        return self
+
+    def release(self) -> None:
+        if self._handle is not None:
+            self._handle.close()  # closing the descriptor drops the flock
+            self._handle = None
+
+    def __enter__(self) -> DirectoryLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        self.release()
 
 
 def check_run_dir(run_dir: Path, *, resuming: bool, overwrite: bool) -> None:
@@ -140,6 +199,16 @@ def _recover(final: Path) -> bool:
             )
             return True
     return False
+
+
+def run_dir_of(resume: str | Path) -> Path:
+    """The run directory that ``--resume`` points into (a run directory, its ``checkpoints/`` or one
+    checkpoint), read from the path alone: :func:`find_checkpoint` may repair the directory, so the run's
+    lock is taken first."""
+    path = Path(resume)
+    if (path / CHECKPOINT_DIR).is_dir():
+        return path
+    return path.parent if path.name == CHECKPOINT_DIR else path.parent.parent
 
 
 def find_checkpoint(resume: str | Path) -> Path:

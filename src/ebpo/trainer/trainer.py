@@ -125,13 +125,26 @@ class Trainer:
         if cfg.run.threads is not None:
             torch.set_num_threads(cfg.run.threads)
         self.device = resolve_device(cfg.run.device)
-        checkpoint = ckpt.find_checkpoint(resume) if resume is not None else None
-        if run_dir is None and checkpoint is not None:
-            run_dir = checkpoint.parent.parent
+        if run_dir is None and resume is not None:
+            run_dir = ckpt.run_dir_of(resume)
         if run_dir is None:
             stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
             run_dir = Path(cfg.run.out_dir) / (cfg.run.name or f"{stamp}-{cfg.method}")
         self.run_dir = Path(run_dir)
+        # one process per run directory, from here to the end of train(): a second `ebpo train --resume`
+        # or `--overwrite` of a running run is one line, not two processes writing the same checkpoints
+        self._lock = ckpt.DirectoryLock(
+            self.run_dir,
+            what="run directory",
+            hint="wait for that run to finish, or choose another directory",
+        ).acquire()
+        try:
+            self._setup(cfg, ckpt.find_checkpoint(resume) if resume is not None else None, overwrite)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _setup(self, cfg: TrainConfig, checkpoint: Path | None, overwrite: bool) -> None:
         in_place = checkpoint is not None and self.run_dir.resolve() == checkpoint.parent.parent.resolve()
         if in_place and overwrite:
             raise ConfigError(
@@ -212,6 +225,7 @@ class Trainer:
         finally:
             bar.close()
             logger.close()
+            self._lock.release()
         # also reached by resuming a finished run (or one killed before it wrote these): the summary comes
         # from the checkpoint's progress, not from this call's history
         result = TrainResult(
