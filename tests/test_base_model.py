@@ -450,3 +450,34 @@ def test_a_diverging_sft_stops_with_a_clear_error():
         model.model.embed_tokens.weight.fill_(float("nan"))  # the loss is NaN from the first step
     with pytest.raises(FloatingPointError, match="loss is nan at step 0; lower --lr"):
         sft.train_sft(model, tok, cfg, progress=False)
+
+
+def test_cli_grid_samples_changes_the_measurement_not_the_recipe(tmp_path, capsys, monkeypatch):
+    """``--grid-samples 3`` measures with 3 samples per problem and reuses the build of the recipe as given:
+    the recipe (and its key, hence its directory) does not move; 0 is one line on stderr, exit 2."""
+    from ebpo.cli import main
+
+    seen = {}
+
+    def fake_grid(model, tokenizer, config, *, split, progress):
+        seen.update(samples=config.eval_samples, split=split)
+        return {}
+
+    monkeypatch.setattr(bm, "measure_grid", fake_grid)
+    argv = ["base-model", "--cache-dir", str(tmp_path), "--hidden-size", "32", "--num-layers", "1"]
+    argv += ["--num-heads", "2", "--steps", "3", "--batch-size", "8", "--train-problems", "45"]
+    argv += ["--eval-per-cell", "0"]
+    recipe = bm.BaseModelConfig(
+        hidden_size=32, num_layers=1, num_heads=2, steps=3, batch_size=8, train_problems=45, eval_per_cell=0
+    )
+    assert main(argv + ["--quiet"]) == 0
+    assert capsys.readouterr().out.strip() == str(bm.base_model_path(recipe, tmp_path))
+    assert main(argv + ["--grid", "test", "--grid-samples", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "reusing the base model" in out and out.strip().endswith(str(bm.base_model_path(recipe, tmp_path)))
+    assert seen == {"samples": 3, "split": "test"}
+    assert sorted(p.name for p in (tmp_path / "base_models").iterdir()) == [
+        bm.base_model_path(recipe, tmp_path).name
+    ]
+    assert main(argv + ["--grid", "test", "--grid-samples", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "ebpo base-model: --grid-samples must be >= 1, got 0"

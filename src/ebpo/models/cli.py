@@ -10,7 +10,8 @@ ebpo base-model --force --out src/ebpo/models/arith_base   # (maintainers) rebui
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields
+import sys
+from dataclasses import fields, replace
 
 from ebpo.models.base_model import BaseModelConfig
 
@@ -65,6 +66,15 @@ def add_parser(subparsers) -> None:
         "problems per cell, eval_samples samples each)",
     )
     parser.add_argument(
+        "--grid-samples",
+        type=int,
+        default=None,
+        metavar="N",
+        help="samples per problem of --grid only (default: the recipe's eval_samples); the recipe and its key "
+        "are unchanged. A large N (64) estimates the majority answer's limit: how often the model's most likely "
+        "answer is right",
+    )
+    parser.add_argument(
         "--out", default=None, help="build into this directory instead of the cache (implies a build)"
     )
     parser.add_argument(
@@ -82,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
     from ebpo.models.base_model import build_base_model, check_base_model, load_build_info
 
     config = BaseModelConfig(**{f.name: getattr(args, f.name) for f in fields(BaseModelConfig)})
+    if args.grid_samples is not None and args.grid_samples < 1:
+        print(f"ebpo base-model: --grid-samples must be >= 1, got {args.grid_samples}", file=sys.stderr)
+        return 2
     if args.check:
         problems = check_base_model(config, progress=not args.quiet)
         if problems:
@@ -103,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(1)
         model = AutoModelForCausalLM.from_pretrained(path).eval()
         tokenizer = AutoTokenizer.from_pretrained(path)
-        measure_grid(model, tokenizer, config, split=args.grid, progress=True)
+        samples = config.eval_samples if args.grid_samples is None else args.grid_samples
+        measure_grid(model, tokenizer, replace(config, eval_samples=samples), split=args.grid, progress=True)
     elif not args.quiet:
         info = load_build_info(path)
         print(f"recipe key {info['key']}, {info['num_parameters'] / 1e6:.2f}M parameters")
