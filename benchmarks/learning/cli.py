@@ -26,6 +26,7 @@ from benchmarks.learning.methods import (
     SELECTION_SEEDS,
     Selection,
     check_disjoint,
+    model_identity,
     read_selection,
     select_best,
 )
@@ -345,7 +346,7 @@ def _main(args: argparse.Namespace, command: str) -> int:
             for name in design.methods or OPTION_CANDIDATES
         }
         winner, how = select_best({name: values for name, values in scores.items() if values})
-        chosen = Selection(winner, how, design.seeds, model_path, command)
+        chosen = Selection(winner, how, design.seeds, model_path, command, model_identity(model_path))
         write_json_atomic(best_file, chosen.to_dict())
         print(f"ebpo-best = {winner}: {how}\nwrote {best_file}")
     for path in report.write_report(

@@ -16,6 +16,7 @@ Every method shares the ``model``, ``data``, ``rollout``, ``optim`` and ``run`` 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,16 +163,42 @@ def resolve_values(method: Method, configs: Path = CONFIGS) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Selection:
-    """What ``--select-options`` wrote: the winner, how it won, and on which seeds and model."""
+    """What ``--select-options`` wrote: the winner, how it won, and on which seeds and model (``model_id``,
+    :func:`model_identity`; ``model_path`` is where it was then, for the reader)."""
 
     method: str
     chosen_by: str
     seeds: tuple[int, ...]
     model_path: str
     command: str
+    model_id: str = ""  # absent from files written before it was recorded: the path is compared then
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "seeds": list(self.seeds)}
+
+
+def model_identity(model_path: str) -> str:
+    """The initial policy's identity, the same in any checkout or machine: the weights hash an ``ebpo
+    base-model`` build records (``weights:<sha256>``), else SHA-256 over the directory's weight files
+    (``files:<sha256>``), else the name itself (a hub id: ``name:<id>``)."""
+    path = Path(model_path)
+    info = path / "build_info.json"
+    if info.is_file():
+        from ebpo.models.base_model import load_build_info
+
+        return "weights:" + str(load_build_info(path)["weights_sha256"])
+    weights = (
+        sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".bin")) if path.is_dir() else []
+    )
+    if not weights:
+        return "name:" + model_path
+    digest = hashlib.sha256()
+    for file in weights:
+        digest.update(file.name.encode() + b"\0")
+        with open(file, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return "files:" + digest.hexdigest()
 
 
 def read_selection(path: Path) -> Selection | None:
@@ -187,6 +214,7 @@ def read_selection(path: Path) -> Selection | None:
             tuple(int(s) for s in row["seeds"]),
             row["model_path"],
             row["command"],
+            str(row.get("model_id", "")),
         )
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
         raise ValueError(
@@ -204,10 +232,16 @@ def best_method(selection: Selection | None, model_path: str) -> tuple[Method, s
         base = get_method(ESTIMATORS, DEFAULT_BEST)
         how = f"{DEFAULT_BEST} by default: NOT selected on this model (run --select-options first)"
     else:
-        if selection.model_path != model_path:
+        same = (
+            selection.model_id == model_identity(model_path)
+            if selection.model_id
+            else selection.model_path == model_path
+        )
+        if not same:
             raise ValueError(
-                f"ebpo-best was selected on model {selection.model_path}, not on {model_path}: rerun "
-                "--select-options on this model (or pass --model-path to the selection's model)"
+                f"ebpo-best was selected on model {selection.model_path} ({selection.model_id or 'no id'}), "
+                f"not on {model_path} ({model_identity(model_path)}): rerun --select-options on this model (or "
+                "pass --model-path to the selection's model)"
             )
         base = get_method(ESTIMATORS, selection.method)
         how = f"{selection.method}, {selection.chosen_by} (seeds {list(selection.seeds)})"

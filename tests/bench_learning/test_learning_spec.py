@@ -225,11 +225,43 @@ def test_best_method_uses_the_selection_or_says_it_was_not_selected(tmp_path):
     assert M.read_selection(path) == chosen
     method, how = M.best_method(M.read_selection(path), "/m")
     assert method.overrides == M.get_method(M.ESTIMATORS, "ebpo-prior").overrides and "[100, 101]" in how
-    with pytest.raises(ValueError, match="selected on model /m, not on /other"):
+    with pytest.raises(ValueError, match=r"selected on model /m \(no id\), not on /other \(name:/other\)"):
         M.best_method(chosen, "/other")
     path.write_text(json.dumps({"method": "ebpo-topic-cluster", "chosen_by": "old format"}))  # the old file
     with pytest.raises(ValueError, match="not a selection written by --select-options"):
         M.read_selection(path)
+
+
+def test_a_selection_follows_its_model_to_another_checkout_and_refuses_another_model(tmp_path):
+    """The selection records the model's identity (the weights hash of an ebpo base-model build, else the
+    weight files' hash), so the committed selection holds in a clone at another path, and a changed model is
+    refused even at the same path."""
+    import shutil
+
+    from ebpo.models.base_model import SHIPPED_DIR
+
+    here, there = tmp_path / "a" / "arith_base", tmp_path / "b" / "arith_base"
+    shutil.copytree(SHIPPED_DIR, here)
+    shutil.copytree(SHIPPED_DIR, there)
+    shipped = M.model_identity(str(here))
+    assert shipped == M.model_identity(str(there)) == M.model_identity(str(SHIPPED_DIR))
+    assert shipped.startswith("weights:")
+    chosen = M.Selection("ebpo-prior", "auc", (100,), str(here), "cmd", shipped)
+    path = tmp_path / "best.json"
+    path.write_text(json.dumps(chosen.to_dict()))
+    assert M.read_selection(path) == chosen
+    method, _ = M.best_method(M.read_selection(path), str(there))  # another checkout: the same model
+    assert method.overrides == M.get_method(M.ESTIMATORS, "ebpo-prior").overrides
+
+    plain = tmp_path / "plain"  # a model directory without build_info.json: its weight files are hashed
+    plain.mkdir()
+    (plain / "model.safetensors").write_bytes(b"weights one")
+    first = M.model_identity(str(plain))
+    (plain / "model.safetensors").write_bytes(b"weights two")
+    assert first.startswith("files:") and M.model_identity(str(plain)) != first
+    with pytest.raises(ValueError, match=r"selected on model .* \(files:[0-9a-f]+\), not on .* \(files:"):
+        M.best_method(M.Selection("ebpo-prior", "auc", (100,), str(plain), "cmd", first), str(plain))
+    assert M.model_identity("Qwen/Qwen2.5-Math-1.5B") == "name:Qwen/Qwen2.5-Math-1.5B"  # a hub id
 
 
 def test_selection_seeds_must_be_disjoint_from_reported_seeds():
