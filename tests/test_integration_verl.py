@@ -308,6 +308,33 @@ def test_topic_sampler_drives_verl_dataloader(verl_parquet, tmp_path, tiny_model
     assert [batch_ids(b) for b in resumed] == second[2:]
 
 
+def test_topic_stream_goes_on_after_a_resume_at_an_epoch_boundary(verl_parquet, tmp_path, tiny_model_dir):
+    """verl does not restore data.pt when a checkpoint ends an epoch ("next epoch will iterate from scratch"):
+    without ebpo_sampler.pt a resumed run would replay the stream's first epoch. EBPORayPPOTrainer saves the
+    cursor at every checkpoint and restores it at an epoch boundary (tests/test_integration_verl_e2e.py sees
+    it through verl's own trainer)."""
+    path, records = verl_parquet
+    cfg = data_config(tmp_path, "TopicSampler", batch_size=4)
+    _, sampler, loader = build_loader(path, cfg, tiny_model_dir)
+    stream = get_sampler("topic", [r.topic for r in records], 4, seed=5)
+    first = [batch_ids(b) for b in loader]  # epoch 1, used up: the checkpoint at its last step
+    assert first == [stream.next_batch() for _ in range(6)]
+    folder = tmp_path / "ckpt" / "global_step_6"
+    saved = ev.save_sampler_state(folder, sampler)
+    assert saved is not None and saved.name == ev.SAMPLER_STATE_FILE == "ebpo_sampler.pt"
+    expected_second = [stream.next_batch() for _ in range(6)]
+    assert expected_second != first
+
+    _, fresh_sampler, fresh = build_loader(path, cfg, tiny_model_dir)  # a new process; data.pt not restored
+    assert [batch_ids(b) for b in fresh] == first  # what verl alone would train on: epoch 1 again
+    _, resumed_sampler, resumed = build_loader(path, cfg, tiny_model_dir)
+    assert ev.load_sampler_state(folder, resumed_sampler)
+    assert [batch_ids(b) for b in resumed] == expected_second
+    # not a clustered sampler (verl's own RandomSampler): nothing written, nothing loaded
+    assert ev.save_sampler_state(tmp_path / "other", object()) is None
+    assert not ev.load_sampler_state(folder, object())
+
+
 def test_sampler_class_name_that_is_no_class_is_named(tmp_path):
     """verl types the loaded object as ``object``; a name that is not callable (here a string constant of the
     package) fails with the config keys named, not ``'str' object is not callable``."""

@@ -175,6 +175,31 @@ def step_rewards(folder: Path) -> dict[int, torch.Tensor]:
     return out
 
 
+def step_prompts(folder: Path) -> dict[int, list[str]]:
+    """verl's dumped rollouts: {step: the step's prompts in batch order} (one per group of N rows)."""
+    out = {}
+    for path in folder.glob("*.jsonl"):
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        prompts = [row["input"].strip() for row in rows]
+        assert all(prompts[i] == prompts[i - i % N] for i in range(len(prompts))), path  # N rows per prompt
+        out[int(path.stem)] = prompts[::N]
+    return out
+
+
+def sampler_prompts(root: Path, steps: int) -> list[list[str]]:
+    """The prompts of the first ``steps`` batches of ebpo's own topic stream over the training parquet (seed
+    0, batch PROMPTS): what verl must draw through ``data.sampler`` = ebpo's TopicSampler."""
+    import pandas as pd
+
+    from ebpo.data.samplers import get_sampler
+
+    frame = pd.read_parquet(root / "train.parquet")
+    prompts = [row[0]["content"].strip() for row in frame["prompt"]]
+    topics = [info["topic"] for info in frame["extra_info"]]
+    stream = get_sampler("topic", topics, PROMPTS, seed=0)
+    return [[prompts[i] for i in stream.next_batch()] for _ in range(steps)]
+
+
 def replay_prior(rewards_by_step: list[torch.Tensor]) -> dict:
     """The core estimator fed the same steps (group of row i = i // N): the state the prior must have."""
     est = ebpo.get_estimator("ebpo")
@@ -212,6 +237,14 @@ def test_ebpo_trains_through_verls_trainer_and_resumes(workdir):
     rewards = {**step_rewards(workdir / "run_a-rollouts"), **step_rewards(workdir / "run_b-rollouts")}
     assert sorted(metrics) == list(range(1, 17)) and sorted(rewards) == list(range(1, 17))
     assert all(len(rewards[s]) == PROMPTS * N for s in rewards)
+
+    # verl draws the prompts through ebpo's TopicSampler, and the resumed run continues its stream from the
+    # cursor saved in verl's data.pt: B's step 9 is the stream's 9th batch (the 16 prompts form one batch
+    # per epoch, reshuffled every epoch; a sampler restarted on resume would repeat step 1's order)
+    prompts = {**step_prompts(workdir / "run_a-rollouts"), **step_prompts(workdir / "run_b-rollouts")}
+    expected = sampler_prompts(workdir, 16)
+    assert [prompts[s] for s in range(1, 17)] == expected
+    assert expected[8] != expected[0] and sorted(expected[8]) == sorted(expected[0])
 
     # ebpo/* metrics reach verl's logger every step; the rollout is the actor's: the rollout's log-probs
     # equal the actor's recomputation with its current weights (stale weights would differ by far more)

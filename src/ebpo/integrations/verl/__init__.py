@@ -42,6 +42,9 @@ _LAZY = {
     "save_estimator_state": "checkpoint",
     "load_estimator_state": "checkpoint",
     "resolve_resume_folder": "checkpoint",
+    "SAMPLER_STATE_FILE": "checkpoint",
+    "save_sampler_state": "checkpoint",
+    "load_sampler_state": "checkpoint",
     # samplers
     "ClusteredSampler": "samplers",
     "TopicSampler": "samplers",

@@ -1,4 +1,5 @@
-"""The estimator state in verl's checkpoints: ``global_step_N/ebpo_estimator.pt`` beside ``actor/`` and ``data.pt``."""
+"""ebpo's state in verl's checkpoints, beside ``actor/`` and ``data.pt``: ``global_step_N/ebpo_estimator.pt``
+(the estimator) and ``global_step_N/ebpo_sampler.pt`` (a clustered sampler's stream cursor)."""
 
 from __future__ import annotations
 
@@ -11,18 +12,31 @@ import torch
 from ebpo.integrations import ESTIMATOR_STATE_FILE
 from ebpo.integrations.verl.estimators import HOLDER, EstimatorHolder
 
-__all__ = ["ESTIMATOR_STATE_FILE", "save_estimator_state", "load_estimator_state", "resolve_resume_folder"]
+__all__ = [
+    "ESTIMATOR_STATE_FILE",
+    "SAMPLER_STATE_FILE",
+    "save_estimator_state",
+    "load_estimator_state",
+    "save_sampler_state",
+    "load_sampler_state",
+    "resolve_resume_folder",
+]
+
+SAMPLER_STATE_FILE = "ebpo_sampler.pt"
+
+
+def _save_atomic(state: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    torch.save(state, partial)
+    os.replace(partial, path)
+    return path
 
 
 def save_estimator_state(folder: str | os.PathLike, holder: EstimatorHolder | None = None) -> Path:
     """Write the holder's state to ``folder/ebpo_estimator.pt`` atomically (temporary file, then rename)."""
     owner = holder if holder is not None else HOLDER
-    path = Path(folder) / ESTIMATOR_STATE_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    torch.save(owner.state_dict(), partial)
-    os.replace(partial, path)
-    return path
+    return _save_atomic(owner.state_dict(), Path(folder) / ESTIMATOR_STATE_FILE)
 
 
 def load_estimator_state(folder: str | os.PathLike, holder: EstimatorHolder | None = None) -> bool:
@@ -32,6 +46,28 @@ def load_estimator_state(folder: str | os.PathLike, holder: EstimatorHolder | No
     if not path.is_file():
         return False
     owner.load_state_dict(torch.load(path, weights_only=False))
+    return True
+
+
+def save_sampler_state(folder: str | os.PathLike, sampler: Any) -> Path | None:
+    """Write a clustered sampler's stream cursor (``sampler.state_dict()``) to ``folder/ebpo_sampler.pt``
+    atomically; None (nothing written) for any other sampler."""
+    from ebpo.data.samplers import StreamSampler
+
+    if not isinstance(sampler, StreamSampler):
+        return None
+    return _save_atomic(sampler.state_dict(), Path(folder) / SAMPLER_STATE_FILE)
+
+
+def load_sampler_state(folder: str | os.PathLike, sampler: Any) -> bool:
+    """Restore ``folder/ebpo_sampler.pt`` into a clustered sampler; False if there is none (or no such
+    sampler). The stream checks that the state is its own (name, records, batch size, seed)."""
+    from ebpo.data.samplers import StreamSampler
+
+    path = Path(folder) / SAMPLER_STATE_FILE
+    if not isinstance(sampler, StreamSampler) or not path.is_file():
+        return False
+    sampler.load_state_dict(torch.load(path, weights_only=False))
     return True
 
 

@@ -6,7 +6,11 @@ Everything else is verl's own ``fit``. What the subclass adds, hook by hook:
   "outside the trainer" warning) and warns once about settings this trainer path ignores.
 - ``_get_gen_batch``: records uid -> ``algorithm.<estimator>.cluster_key`` for the batch.
 - ``_save_checkpoint`` / ``_load_checkpoint``: ``global_step_N/ebpo_estimator.pt`` (same
-  ``trainer.resume_mode`` rules as verl); the prior saved at step N holds the rewards of steps 1..N.
+  ``trainer.resume_mode`` rules as verl); the prior saved at step N holds the rewards of steps 1..N. With a
+  clustered sampler also ``global_step_N/ebpo_sampler.pt``, its stream cursor: verl skips restoring
+  ``data.pt`` when N ends an epoch ("next epoch will iterate from scratch"), which would restart the topic or
+  curriculum stream at its first epoch; the cursor is restored then, so the stream goes on with epoch
+  N / steps_per_epoch + 1. Mid-epoch, verl's own ``data.pt`` restore stands.
 - ``_update_actor``: zeroes the response mask of groups ``algorithm.filter_groups`` dropped (they leave the
   loss as DAPO removes them; the prior has seen them) and adds ``est.metrics()`` (``ebpo/mu_glob``,
   ``ebpo/shrinkage``, ...) to the actor metrics that ``fit`` sends to verl's logger.
@@ -23,8 +27,10 @@ from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from ebpo.integrations import ESTIMATOR_STATE_FILE
 from ebpo.integrations.verl.checkpoint import (
     load_estimator_state,
+    load_sampler_state,
     resolve_resume_folder,
     save_estimator_state,
+    save_sampler_state,
 )
 from ebpo.integrations.verl.estimators import HOLDER, column_values, estimator_options
 from ebpo.integrations.verl.registration import REGISTERED
@@ -83,6 +89,7 @@ class EBPORayPPOTrainer(RayPPOTrainer):
         super()._save_checkpoint()
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
         save_estimator_state(folder)
+        save_sampler_state(folder, getattr(self.train_dataloader, "sampler", None))
 
     def _load_checkpoint(self):
         result = super()._load_checkpoint()
@@ -93,6 +100,10 @@ class EBPORayPPOTrainer(RayPPOTrainer):
                 file=sys.stderr,
                 flush=True,
             )
+        steps_per_epoch = len(self.train_dataloader)
+        if folder is not None and steps_per_epoch and self.global_steps % steps_per_epoch == 0:
+            # verl left data.pt alone here (an epoch boundary); our stream's cursor sits at that epoch's end
+            load_sampler_state(folder, getattr(self.train_dataloader, "sampler", None))
         return result
 
     def _update_actor(self, batch):
