@@ -452,15 +452,18 @@ def test_a_diverging_sft_stops_with_a_clear_error():
         sft.train_sft(model, tok, cfg, progress=False)
 
 
-def test_cli_grid_samples_changes_the_measurement_not_the_recipe(tmp_path, capsys, monkeypatch):
-    """``--grid-samples 3`` measures with 3 samples per problem and reuses the build of the recipe as given:
+def test_cli_grid_samples_and_temperature_change_the_measurement_not_the_recipe(
+    tmp_path, capsys, monkeypatch
+):
+    """``--grid-samples 3`` / ``--grid-temperature 2.5`` measure with 3 samples per problem / at T = 2.5 and
+    reuse the build of the recipe as given:
     the recipe (and its key, hence its directory) does not move; 0 is one line on stderr, exit 2."""
     from ebpo.cli import main
 
     seen = {}
 
     def fake_grid(model, tokenizer, config, *, split, progress):
-        seen.update(samples=config.eval_samples, split=split)
+        seen.update(samples=config.eval_samples, temperature=config.eval_temperature, split=split)
         return {}
 
     monkeypatch.setattr(bm, "measure_grid", fake_grid)
@@ -475,9 +478,14 @@ def test_cli_grid_samples_changes_the_measurement_not_the_recipe(tmp_path, capsy
     assert main(argv + ["--grid", "test", "--grid-samples", "3"]) == 0
     out = capsys.readouterr().out
     assert "reusing the base model" in out and out.strip().endswith(str(bm.base_model_path(recipe, tmp_path)))
-    assert seen == {"samples": 3, "split": "test"}
+    assert seen == {"samples": 3, "temperature": 1.0, "split": "test"}
+    assert main(argv + ["--grid", "validation", "--grid-temperature", "2.5"]) == 0
+    assert seen == {"samples": 8, "temperature": 2.5, "split": "validation"}
+    capsys.readouterr()
     assert sorted(p.name for p in (tmp_path / "base_models").iterdir()) == [
         bm.base_model_path(recipe, tmp_path).name
     ]
     assert main(argv + ["--grid", "test", "--grid-samples", "0"]) == 2
     assert capsys.readouterr().err.strip() == "ebpo base-model: --grid-samples must be >= 1, got 0"
+    assert main(argv + ["--grid", "test", "--grid-temperature", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "ebpo base-model: --grid-temperature must be > 0, got 0.0"

@@ -75,6 +75,14 @@ def add_parser(subparsers) -> None:
         "answer is right",
     )
     parser.add_argument(
+        "--grid-temperature",
+        type=float,
+        default=None,
+        metavar="T",
+        help="sampling temperature of --grid only (default: the recipe's eval_temperature); the recipe and its "
+        "key are unchanged. T > 1 measures the model as if its logits were divided by T",
+    )
+    parser.add_argument(
         "--out", default=None, help="build into this directory instead of the cache (implies a build)"
     )
     parser.add_argument(
@@ -94,6 +102,11 @@ def run(args: argparse.Namespace) -> int:
     config = BaseModelConfig(**{f.name: getattr(args, f.name) for f in fields(BaseModelConfig)})
     if args.grid_samples is not None and args.grid_samples < 1:
         print(f"ebpo base-model: --grid-samples must be >= 1, got {args.grid_samples}", file=sys.stderr)
+        return 2
+    if args.grid_temperature is not None and not args.grid_temperature > 0:
+        print(
+            f"ebpo base-model: --grid-temperature must be > 0, got {args.grid_temperature}", file=sys.stderr
+        )
         return 2
     if args.check:
         problems = check_base_model(config, progress=not args.quiet)
@@ -116,8 +129,14 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(1)
         model = AutoModelForCausalLM.from_pretrained(path).eval()
         tokenizer = AutoTokenizer.from_pretrained(path)
-        samples = config.eval_samples if args.grid_samples is None else args.grid_samples
-        measure_grid(model, tokenizer, replace(config, eval_samples=samples), split=args.grid, progress=True)
+        measured = replace(
+            config,
+            eval_samples=config.eval_samples if args.grid_samples is None else args.grid_samples,
+            eval_temperature=config.eval_temperature
+            if args.grid_temperature is None
+            else args.grid_temperature,
+        )
+        measure_grid(model, tokenizer, measured, split=args.grid, progress=True)
     elif not args.quiet:
         info = load_build_info(path)
         print(f"recipe key {info['key']}, {info['num_parameters'] / 1e6:.2f}M parameters")
