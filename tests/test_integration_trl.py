@@ -161,6 +161,33 @@ def test_checkpoint_resume_restores_estimator(tiny_model_dir, tmp_path):
     assert first.prompts + second.prompts == by_step
 
 
+def test_topic_stream_goes_on_after_a_resume_at_an_epoch_boundary(tiny_model_dir, tmp_path):
+    """8 prompts in two topics, 2 prompts per step: an epoch is 4 steps. A checkpoint at step 4 ends epoch 1;
+    the resumed run's steps 5-8 are the stream's epoch 2 (a new topic order), the same prompts an
+    uninterrupted 8-step run trains on, not a replay of epoch 1."""
+    dataset = make_dataset(8)
+    common = dict(prompt_sampler="topic", beta=0.0)
+    whole = make_trainer(
+        tiny_model_dir, make_config(tmp_path / "whole", max_steps=8, **common), dataset=dataset
+    )
+    whole.train()
+    out = tmp_path / "run"
+    first = make_trainer(
+        tiny_model_dir,
+        make_config(out, max_steps=4, save_strategy="steps", save_steps=4, **common),
+        dataset=dataset,
+    )
+    first.train()
+    second = make_trainer(tiny_model_dir, make_config(out, max_steps=8, **common), dataset=dataset)
+    second.train(resume_from_checkpoint=str(out / "checkpoint-4"))
+    assert len(first.prompts) == len(second.prompts) == 4
+    assert first.prompts + second.prompts == whole.prompts
+    assert sorted(sum(whole.prompts[4:], [])) == sorted(sum(whole.prompts[:4], []))  # both whole epochs
+    assert whole.prompts[4:] != whole.prompts[:4]  # reshuffled: a replay of epoch 1 would be caught
+    topics = dict(zip(dataset["prompt"], dataset["topic"]))
+    assert all(len({topics[p] for p in step}) == 1 for step in whole.prompts)  # topic-coherent steps
+
+
 def test_mid_block_resume_counts_each_block_once(tiny_model_dir, tmp_path):
     # steps_per_generation=2: one generation (4 prompts x G = 16 rewards) serves optimizer steps 1 and 2.
     # checkpoint-1 falls mid-block and TRL regenerates that block on resume (no buffered completions), so a
