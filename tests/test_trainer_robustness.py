@@ -291,7 +291,7 @@ def test_a_second_process_in_a_running_run_directory_is_one_line(tiny_model_dir,
     assert [row["step"] for row in read_metrics(run)] == [0, 1, 2]
 
 
-def test_a_failed_setup_releases_the_run_directory(tiny_model_dir, tmp_path):
+def test_a_failed_setup_releases_the_run_directory(tiny_model_dir, tmp_path, monkeypatch):
     run = tmp_path / "run"
     Trainer(tiny_config(tiny_model_dir, "run.steps=1"), run_dir=run).train()
     with pytest.raises(ConfigError, match="already holds a run"):  # refused after the lock was taken
@@ -300,7 +300,42 @@ def test_a_failed_setup_releases_the_run_directory(tiny_model_dir, tmp_path):
     with pytest.raises(checkpoint_module.DirectoryInUse):  # and holds it until train() ends
         checkpoint_module.DirectoryLock(run, what="run directory", hint="").acquire()
     trainer.train()
+    assert not (run / checkpoint_module.LOCK_FILE).exists()  # removed at the end: nothing left behind
     checkpoint_module.DirectoryLock(run, what="run directory", hint="").acquire().release()
+    # a fresh run refused at setup (no such model) leaves no directory; a mistyped --resume no lock file
+    with pytest.raises(ConfigError, match="model.path: .* does not exist"):
+        Trainer(
+            tiny_config(tiny_model_dir, "run.steps=1", f"model.path={tmp_path / 'nowhere'}"),
+            run_dir=tmp_path / "new",
+        )
+    assert not (tmp_path / "new").exists()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="no checkpoint there"):
+        Trainer(tiny_config(tiny_model_dir, "run.steps=1"), resume=tmp_path / "typo")
+    assert not (tmp_path / checkpoint_module.LOCK_FILE).exists()
+
+
+def test_a_lock_file_removed_under_a_waiting_process_is_not_shared(tmp_path, monkeypatch):
+    """B opens .lock while A holds it; A removes it and lets go; C creates and locks a new one. B's flock on
+    the removed file then succeeds, but B sees that the file it locked is no longer there and tries again:
+    C holds the directory, so B is refused. Without that check B and C would both hold it."""
+    lock = checkpoint_module.DirectoryLock
+    a = lock(tmp_path, what="d", hint="h").acquire()
+    stale = open(tmp_path / checkpoint_module.LOCK_FILE, "a+", encoding="utf-8")  # B, mid-acquire
+    a.release()
+    c = lock(tmp_path, what="d", hint="h").acquire()
+    real_open, opened = open, []
+
+    def b_open(*args, **kwargs):
+        opened.append(args[0])
+        return stale if len(opened) == 1 else real_open(*args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", b_open)
+    with pytest.raises(checkpoint_module.DirectoryInUse, match=r"d .* is in use by pid \d+"):
+        lock(tmp_path, what="d", hint="h").acquire()
+    monkeypatch.undo()
+    assert len(opened) == 2  # the removed file, then the one C holds
+    c.release()
 
 
 @pytest.mark.parametrize(

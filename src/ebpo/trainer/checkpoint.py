@@ -9,7 +9,7 @@ A run directory holds::
     checkpoints/best/    the same at the best validation maj@k, + best.json
     summary.json         written at the end (``ebpo.trainer.report``)
     training.png         written at the end (``ebpo.trainer.plots``)
-    .lock                held by the process that trains in it (:class:`DirectoryLock`)
+    .lock                while a process trains in it (:class:`DirectoryLock`)
 
 A kill at any moment leaves a resumable run. A checkpoint is written to ``checkpoints/.<name>.tmp`` first;
 its ``trainer_state.pt`` goes last, through a temporary file and a rename, so a checkpoint directory that
@@ -70,7 +70,9 @@ class DirectoryInUse(ConfigError):
 class DirectoryLock:
     """One process at a time in a directory: an exclusive ``fcntl.flock`` on ``<directory>/.lock``, which
     records the holder's pid. The kernel drops the lock when the holder closes it or ends, however it ends,
-    so a killed run leaves no stale lock. Without ``fcntl`` (Windows) it does nothing.
+    so a killed run leaves no stale lock (only the file, which the next holder reuses). :meth:`release`
+    removes the file while still holding it; :meth:`acquire` retries when the file it locked was removed
+    meanwhile, so two processes never both hold it. Without ``fcntl`` (Windows) it does nothing.
 
     ``what`` names the directory in the error (``run directory``) and ``hint`` says what to do instead. Keep
     the object: the lock lasts as long as it does (or until :meth:`release`)."""
@@ -87,14 +89,25 @@ class DirectoryLock:
         if self._handle is not None:
             return self
         self.directory.mkdir(parents=True, exist_ok=True)
-        handle = open(self.directory / LOCK_FILE, "a+", encoding="utf-8")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            handle.close()
-            raise DirectoryInUse(f"{self.what} {self.directory} is in use by {holder}; {self.hint}") from None
+        path = self.directory / LOCK_FILE
+        while True:
+            handle = open(path, "a+", encoding="utf-8")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                handle.seek(0)
+                holder = handle.read().strip() or "another process"
+                handle.close()
+                raise DirectoryInUse(
+                    f"{self.what} {self.directory} is in use by {holder}; {self.hint}"
+                ) from None
+            try:
+                current = os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
+            except FileNotFoundError:
+                current = False
+            if current:
+                break
+            handle.close()  # its holder removed the file as we opened it: lock the one there now
         handle.seek(0)
         handle.truncate()
         handle.write(f"pid {os.getpid()} (since {time.strftime('%Y-%m-%d %H:%M:%S')})\n")
@@ -104,6 +117,10 @@ class DirectoryLock:
 
     def release(self) -> None:
         if self._handle is not None:
+            try:
+                os.unlink(self.directory / LOCK_FILE)  # still held: nobody can have locked it since
+            except FileNotFoundError:
+                pass
             self._handle.close()  # closing the descriptor drops the flock
             self._handle = None
 

@@ -133,6 +133,7 @@ class Trainer:
         self.run_dir = Path(run_dir)
         # one process per run directory, from here to the end of train(): a second `ebpo train --resume`
         # or `--overwrite` of a running run is one line, not two processes writing the same checkpoints
+        created = not self.run_dir.exists()
         self._lock = ckpt.DirectoryLock(
             self.run_dir,
             what="run directory",
@@ -142,6 +143,10 @@ class Trainer:
             self._setup(cfg, ckpt.find_checkpoint(resume) if resume is not None else None, overwrite)
         except BaseException:
             self._lock.release()
+            if created and not any(
+                self.run_dir.iterdir()
+            ):  # a run refused at setup leaves no empty directory
+                self.run_dir.rmdir()
             raise
 
     def _setup(self, cfg: TrainConfig, checkpoint: Path | None, overwrite: bool) -> None:
