@@ -216,15 +216,12 @@ def run_matrix(
     append this invocation to ``<root>/sessions.jsonl``. A kill loses at most the runs in flight, which
     continue from their last checkpoint when the same command is run again."""
     root = Path(root)
-    lock = DirectoryLock(
+    with DirectoryLock(
         root,
         what="benchmark runs directory",
         hint="two invocations would run the same runs twice; wait for it, or give this one another --runs-dir",
-    ).acquire()
-    try:
+    ):
         return _run_pending(runs, root, jobs, keep_checkpoints, command, log, worker)
-    finally:
-        lock.release()
 
 
 def _run_pending(

@@ -232,15 +232,12 @@ def best_method(selection: Selection | None, model_path: str) -> tuple[Method, s
         base = get_method(ESTIMATORS, DEFAULT_BEST)
         how = f"{DEFAULT_BEST} by default: NOT selected on this model (run --select-options first)"
     else:
-        same = (
-            selection.model_id == model_identity(model_path)
-            if selection.model_id
-            else selection.model_path == model_path
-        )
+        current = model_identity(model_path)  # hashes the weight files of a model without build_info.json
+        same = selection.model_id == current if selection.model_id else selection.model_path == model_path
         if not same:
             raise ValueError(
                 f"ebpo-best was selected on model {selection.model_path} ({selection.model_id or 'no id'}), "
-                f"not on {model_path} ({model_identity(model_path)}): rerun --select-options on this model (or "
+                f"not on {model_path} ({current}): rerun --select-options on this model (or "
                 "pass --model-path to the selection's model)"
             )
         base = get_method(ESTIMATORS, selection.method)

@@ -56,6 +56,14 @@ def write_text_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def save_torch_atomic(state: Any, path: Path) -> Path:
+    """``torch.save(state, path)`` so that a kill leaves the old file or the new one, never part of it."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+    return path
+
+
 # ---------------------------------------------------------------------------------------------------
 # the run directory
 
@@ -189,8 +197,7 @@ def save_checkpoint(
     tokenizer.save_pretrained(tmp / "model")
     for file_name, text in (extra_files or {}).items():
         (tmp / file_name).write_text(text, encoding="utf-8")
-    torch.save(state, tmp / f"{STATE_FILE}.tmp")
-    os.replace(tmp / f"{STATE_FILE}.tmp", tmp / STATE_FILE)  # from here on, tmp is complete
+    save_torch_atomic(state, tmp / STATE_FILE)  # from here on, tmp is complete
     if final.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)

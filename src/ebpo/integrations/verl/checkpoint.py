@@ -11,6 +11,7 @@ import torch
 
 from ebpo.integrations import ESTIMATOR_STATE_FILE
 from ebpo.integrations.verl.estimators import HOLDER, EstimatorHolder
+from ebpo.trainer.checkpoint import save_torch_atomic
 
 __all__ = [
     "ESTIMATOR_STATE_FILE",
@@ -27,10 +28,7 @@ SAMPLER_STATE_FILE = "ebpo_sampler.pt"
 
 def _save_atomic(state: Any, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    torch.save(state, partial)
-    os.replace(partial, path)
-    return path
+    return save_torch_atomic(state, path)
 
 
 def save_estimator_state(folder: str | os.PathLike, holder: EstimatorHolder | None = None) -> Path:
