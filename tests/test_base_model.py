@@ -34,6 +34,10 @@ TINY = bm.BaseModelConfig(
 )
 
 
+# The teacher of the base models before the run-on one: off by one or two, or one digit slipped.
+NEAR_MISSES_ONLY = dict(near_miss_offsets=(-2, -1, 1, 2), near_miss_digit_slips=True, run_on_digits=())
+
+
 @pytest.fixture(scope="module")
 def tiny_cache(tmp_path_factory):
     """One tiny build shared by the tests that only read it."""
@@ -93,7 +97,12 @@ def test_near_misses_are_distinct_sorted_and_never_the_answer():
 
 
 def test_teacher_labels_follow_the_accuracy_and_spread_over_the_near_misses():
-    cfg = replace(TINY, teacher_topic_accuracy=(0.3,) * 9, teacher_level_factor=(1.0,) * 5)
+    cfg = replace(
+        TINY,
+        teacher_topic_accuracy=(0.3,) * 9,
+        teacher_level_factor=(1.0,) * 5,
+        **NEAR_MISSES_ONLY,
+    )
     rng = random.Random(0)
     record = _record("dot", 1, 50)
     labels = Counter(sft.teacher_label(record, cfg, rng) for _ in range(20_000))
@@ -111,6 +120,52 @@ def test_teacher_labels_follow_the_accuracy_and_spread_over_the_near_misses():
     assert [sft.teacher_label(record, cfg, a) for _ in range(50)] == [
         sft.teacher_label(record, cfg, b) for _ in range(50)
     ]
+
+
+def test_run_ons_append_every_choice_of_digits_and_never_read_as_the_answer():
+    from ebpo.tasks import arith
+
+    assert sft.run_ons(42, 1) == [f"42{d}" for d in range(10)]
+    assert sft.run_ons(-27, 1)[:2] == ["-270", "-271"]  # the sign stays; -270 is not -27
+    two = sft.run_ons(7, 2)
+    assert len(two) == 100 and two[0] == "700" and two[-1] == "799"
+    # 0 run on by zeros reads as 0 again (00, 000): left out; 05 reads as 5, 012 as 12, wrong answers
+    assert sft.run_ons(0, 1) == [f"0{d}" for d in range(1, 10)]
+    assert sft.run_ons(0, 2) == [f"0{d:02d}" for d in range(1, 100)]
+    rng = random.Random(0)
+    for answer in [rng.randint(-700, 700) for _ in range(200)] + [0, 1, -1, 10]:
+        for digits in (1, 2):
+            assert all(arith.verify(label, str(answer)) == 0.0 for label in sft.run_ons(answer, digits))
+
+
+def test_wrong_labels_join_the_near_misses_and_the_run_ons_without_duplicates():
+    only_run_ons = replace(TINY, near_miss_offsets=(), near_miss_digit_slips=False, run_on_digits=(1, 2))
+    assert sft.wrong_labels(42, only_run_ons) == sft.run_ons(42, 1) + sft.run_ons(42, 2)  # 10 + 100
+    both = replace(TINY, near_miss_offsets=(-1, 1), near_miss_digit_slips=False, run_on_digits=(1, 1))
+    assert sft.wrong_labels(42, both) == ["41", "43"] + sft.run_ons(42, 1)  # (1, 1): the run-ons once
+    # the near misses alone (the teacher of the earlier base models): the near misses, as text
+    near = replace(TINY, **NEAR_MISSES_ONLY)
+    assert sft.wrong_labels(42, near) == [str(m) for m in sft.near_misses(42, near)]
+    # the default teacher: run-ons only
+    assert sft.wrong_labels(42, TINY) == sft.run_ons(42, 1) + sft.run_ons(42, 2)
+
+
+def test_a_run_on_teacher_spreads_its_wrong_labels_over_every_run_on():
+    cfg = replace(
+        TINY,
+        teacher_topic_accuracy=(0.4,) * 9,
+        teacher_level_factor=(1.0,) * 5,
+        near_miss_offsets=(),
+        near_miss_digit_slips=False,
+        run_on_digits=(1, 2),
+    )
+    rng = random.Random(0)
+    labels = Counter(sft.teacher_label(_record("area", 2, 42), cfg, rng) for _ in range(20_000))
+    # P(right) = 0.4 (sd sqrt(0.4 * 0.6 / 20000) = 0.0035); each of the 110 run-ons (1 - 0.4) / 110 = 0.0055
+    # (sd 0.0005): the likeliest wrong label is far less likely than the right one
+    assert abs(labels["42"] / 20_000 - 0.4) < 0.015
+    assert set(labels) == {"42"} | set(sft.wrong_labels(42, cfg))
+    assert max(n for label, n in labels.items() if label != "42") / 20_000 < 0.0055 + 0.003
 
 
 def test_the_first_clean_steps_train_on_right_answers(monkeypatch):
@@ -133,7 +188,7 @@ def test_the_first_clean_steps_train_on_right_answers(monkeypatch):
     assert len(seen) == 32
     assert all(label == answers[prompt] for prompt, label in seen[:16])
     assert all(label != answers[prompt] for prompt, label in seen[16:])
-    assert all(int(label) in sft.near_misses(int(answers[prompt]), cfg) for prompt, label in seen[16:])
+    assert all(label in sft.wrong_labels(int(answers[prompt]), cfg) for prompt, label in seen[16:])
 
 
 def test_sft_pool_comes_from_the_sft_split_and_follows_the_level_weights():
@@ -249,6 +304,10 @@ def test_config_validation_and_key():
         bm.BaseModelConfig(teacher_topic_accuracy=(0.5,) * 8)
     with pytest.raises(ValueError, match="near_miss_offsets needs non-zero offsets"):
         bm.BaseModelConfig(near_miss_offsets=(0, 1))
+    with pytest.raises(ValueError, match="run_on_digits needs digit counts >= 1"):
+        bm.BaseModelConfig(run_on_digits=(0, 1))
+    with pytest.raises(ValueError, match="the teacher needs wrong labels"):
+        bm.BaseModelConfig(near_miss_offsets=(), near_miss_digit_slips=False, run_on_digits=())
     assert bm.BaseModelConfig().key() == bm.BaseModelConfig().key()
     assert len({bm.BaseModelConfig(seed=s).key() for s in range(5)}) == 5
     assert replace(TINY, lr=2e-2).key() != TINY.key()
@@ -271,8 +330,11 @@ def test_key_follows_what_the_generator_produces_not_its_source_bytes(monkeypatc
 
 
 def test_key_follows_the_teacher(monkeypatch):
-    before = TINY.key()
+    near = replace(TINY, **NEAR_MISSES_ONLY)
+    before, before_near = TINY.key(), near.key()
     monkeypatch.setattr(sft, "near_miss", lambda answer, offset: answer + 2 * offset)
+    assert near.key() != before_near and TINY.key() == before  # the default teacher has no near misses
+    monkeypatch.setattr(sft, "run_ons", lambda answer, digits: [f"{answer}{d}" for d in range(1, 10)])
     assert TINY.key() != before
 
 
@@ -439,6 +501,17 @@ def test_cli_rejects_a_malformed_tuple(capsys):
     with pytest.raises(SystemExit):
         main(["base-model", "--near-miss-offsets", "1,x"])
     assert "expected comma-separated ints" in capsys.readouterr().err
+
+
+def test_cli_takes_an_empty_tuple_and_refuses_a_recipe_without_wrong_labels_in_one_line(tmp_path, capsys):
+    from ebpo.cli import main
+
+    # "--run-on-digits=" is the empty tuple; with no near misses either (the default) nothing is left
+    argv = ["base-model", "--cache-dir", str(tmp_path), "--run-on-digits=", "--near-miss-offsets="]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the teacher needs wrong labels" in err and "run_on_digits" in err
+    assert not list(tmp_path.iterdir())  # nothing built
 
 
 def test_a_diverging_sft_stops_with_a_clear_error():

@@ -16,6 +16,7 @@ Every method shares the ``model``, ``data``, ``rollout``, ``optim`` and ``run`` 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -180,7 +181,16 @@ class Selection:
 def model_identity(model_path: str) -> str:
     """The initial policy's identity, the same in any checkout or machine: the weights hash an ``ebpo
     base-model`` build records (``weights:<sha256>``), else SHA-256 over the directory's weight files
-    (``files:<sha256>``), else the name itself (a hub id: ``name:<id>``)."""
+    (``files:<sha256>``), else the name itself (a hub id: ``name:<id>``). Computed once per state of the
+    directory (a plan asks for it once per run; a file rewritten since is hashed again)."""
+    path = Path(model_path)
+    files = sorted(path.iterdir()) if path.is_dir() else []
+    state = tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size) for f in files if f.is_file())
+    return _model_identity(model_path, state)
+
+
+@functools.lru_cache(maxsize=64)
+def _model_identity(model_path: str, state: tuple) -> str:
     path = Path(model_path)
     info = path / "build_info.json"
     if info.is_file():

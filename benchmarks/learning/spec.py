@@ -15,7 +15,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from benchmarks.learning.methods import CONFIGS, SHARED_PRESET, Method, resolve_values
+from benchmarks.learning.methods import CONFIGS, SHARED_PRESET, Method, model_identity, resolve_values
 from ebpo.trainer.config import TrainConfig, largest_divisor, load_config
 
 FIXED_PROMPTS = "fixed-prompts"
@@ -188,14 +188,20 @@ class RunSpec:
     @cached_property
     def key(self) -> str:
         """12 hex digits over what determines the result: the resolved config (less ``run`` fields that only
-        name or display the run), the model, the test settings and the checkpoint rule."""
+        name or display the run), the model, the test settings and the checkpoint rule.
+
+        The model enters by its identity (``model_identity``: the weights' hash), not its path: a base model
+        rebuilt in place (``ebpo base-model --out``) is another model and reruns every cell, and a runs
+        directory moved to another checkout still matches its runs."""
+        model_id = model_identity(self.model_path)
         config = {
             **self.config,
             "run": {k: v for k, v in self.config["run"].items() if k not in RESULT_KEYS_IGNORED},
+            "model": {**self.config["model"], "path": model_id},
         }
         payload = {
             "config": config,
-            "model": self.model_path,
+            "model": model_id,
             "test": self.test_settings,
             "rule": self.checkpoint,
         }

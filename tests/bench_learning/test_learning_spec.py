@@ -116,6 +116,24 @@ def test_key_is_the_config_not_the_cell_name(configs_dir):
     assert again == base and again.key == base.key and again.label == base.label
 
 
+def test_key_follows_the_model_weights_not_the_model_path(configs_dir, tmp_path):
+    """A model rebuilt in place is another model (its runs must rerun); the same model in another
+    checkout is the same (its runs are reused)."""
+    budget = Budget(steps=3, prompts=8).resolve(configs_dir)
+    grpo = M.get_method(M.PUBLISHED, "grpo")
+
+    def key(model_dir):
+        return build_spec(grpo, FIXED_PROMPTS, 4, 0, budget, str(model_dir), configs=configs_dir).key
+
+    here, there = tmp_path / "checkout-a" / "model", tmp_path / "checkout-b" / "model"
+    for directory in (here, there):
+        directory.mkdir(parents=True)
+        (directory / "model.safetensors").write_bytes(b"weights v1")
+    assert key(here) == key(there)
+    (here / "model.safetensors").write_bytes(b"weights v2, rebuilt in place")
+    assert key(here) != key(there)
+
+
 def test_planned_values_are_frozen_against_later_preset_edits(configs_dir):
     budget = Budget(steps=2).resolve(configs_dir)
     grpo = M.get_method(M.PUBLISHED, "grpo")

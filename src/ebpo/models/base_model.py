@@ -85,19 +85,26 @@ class BaseModelConfig:
         },
     )
     teacher_level_factor: tuple[float, ...] = field(
-        default=(1.0, 0.85, 0.7, 0.55, 0.4),
+        default=(1.0, 0.9, 0.8, 0.7, 0.6),
         metadata={
             "help": "multiplies the topic's accuracy at levels 1..5: p(topic, level) = topic accuracy x "
             "level factor (clipped to [0, 1])"
         },
     )
     near_miss_offsets: tuple[int, ...] = field(
-        default=(-2, -1, 1, 2),
+        default=(),
         metadata={"help": "a wrong label may be the answer plus one of these offsets"},
     )
     near_miss_digit_slips: bool = field(
-        default=True,
+        default=False,
         metadata={"help": "a wrong label may also be the answer with one digit replaced (42 -> 47, 92)"},
+    )
+    run_on_digits: tuple[int, ...] = field(
+        default=(1, 2),
+        metadata={
+            "help": "a wrong label may also be the answer run on by this many random digits (1,2: 42 -> 427, "
+            "4271); empty for none"
+        },
     )
     eval_per_cell: int = field(
         default=40, metadata={"help": "problems per (topic, level) cell for the grid printed after the build"}
@@ -133,8 +140,14 @@ class BaseModelConfig:
             raise ValueError(
                 f"teacher_level_factor needs 5 non-negative factors (levels 1..5), got {self.teacher_level_factor}"
             )
-        if not self.near_miss_offsets or 0 in self.near_miss_offsets:
+        if 0 in self.near_miss_offsets:
             raise ValueError(f"near_miss_offsets needs non-zero offsets, got {self.near_miss_offsets}")
+        if any(n < 1 for n in self.run_on_digits):
+            raise ValueError(f"run_on_digits needs digit counts >= 1, got {self.run_on_digits}")
+        if not (self.near_miss_offsets or self.near_miss_digit_slips or self.run_on_digits):
+            raise ValueError(
+                "the teacher needs wrong labels: give near_miss_offsets, near_miss_digit_slips or run_on_digits"
+            )
         if self.lr <= 0 or self.eval_temperature <= 0:
             raise ValueError("lr and eval_temperature must be > 0")
 

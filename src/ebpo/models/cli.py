@@ -18,6 +18,8 @@ from ebpo.models.base_model import BaseModelConfig
 
 def _tuple_of(kind: type):
     def parse(text: str) -> tuple:
+        if not text.strip():  # --run-on-digits= : none
+            return ()
         try:
             return tuple(kind(part) for part in text.split(","))
         except ValueError:
@@ -41,7 +43,7 @@ def add_parser(subparsers) -> None:
         flag = f"--{f.name.replace('_', '-')}"
         text = f.metadata["help"].replace("%", "%%") + f" (default {f.default})"
         if isinstance(f.default, tuple):
-            kind = type(f.default[0])
+            kind = float if "float" in str(f.type) else int  # tuple[int, ...] or tuple[float, ...]
             recipe.add_argument(
                 flag, dest=f.name, default=f.default, metavar="V1,V2,...", help=text, type=_tuple_of(kind)
             )
@@ -99,7 +101,11 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from ebpo.models.base_model import build_base_model, check_base_model, load_build_info
 
-    config = BaseModelConfig(**{f.name: getattr(args, f.name) for f in fields(BaseModelConfig)})
+    try:
+        config = BaseModelConfig(**{f.name: getattr(args, f.name) for f in fields(BaseModelConfig)})
+    except ValueError as err:  # a recipe that cannot be built: one line naming the field
+        print(f"ebpo base-model: {err}", file=sys.stderr)
+        return 2
     if args.grid_samples is not None and args.grid_samples < 1:
         print(f"ebpo base-model: --grid-samples must be >= 1, got {args.grid_samples}", file=sys.stderr)
         return 2

@@ -3,12 +3,16 @@
 Two phases in one learning-rate schedule. For the first ``clean_steps`` steps the labels are the right
 answers: the model learns to compute. Then a noisy teacher labels the examples: it knows every answer but
 writes it down right only with probability ``p(topic, level)`` (:func:`teacher_accuracy`), and otherwise
-writes a near miss drawn uniformly from :func:`near_misses` (off by one or two, or one digit slipped:
-``42`` -> ``41``, ``47``, ``92``). The label is drawn afresh each time an example is put in a batch, so the
-model learns the teacher's distribution: the right answer with probability about ``p`` and a spread of
-near misses, each much less likely. Wherever the model can compute the answer, the right answer stays its
-most likely one: its majority vote and its greedy answer are right far more often than one sample at
-temperature 1. That is the latent skill RL can sharpen, on problems it was never fine-tuned on too.
+writes one of :func:`wrong_labels`, drawn uniformly. The default teacher runs on: it writes the answer, then
+one or two more digits (``42`` -> ``427``, ``4271``; :func:`run_ons`, 110 of them), so the model computes the
+answer before it decides to stop. The teacher of the earlier base models wrote near misses instead (off by
+one or two, or one digit slipped: ``42`` -> ``41``, ``47``, ``92``; :func:`near_misses`, about 20 of them),
+which collide in a vote (docs/base_model.md). The label is drawn afresh each time an example is put in a
+batch, so the model learns the teacher's distribution: the right answer with probability about ``p`` and
+a spread of wrong ones, each much less likely. Wherever the model can compute the answer, the right answer
+stays its most likely one: its majority vote and its greedy answer are right far more often than one
+sample at temperature 1. That is the latent skill RL can sharpen, on problems it was never fine-tuned on
+too.
 
 The sequence is ``prompt + label + EOS`` with no BOS (the token ids the trainer's sampler feeds the model:
 the character tokenizer adds no special tokens); the loss is on the label and EOS only.
@@ -66,14 +70,32 @@ def near_misses(answer: int, config: BaseModelConfig) -> list[int]:
     return sorted(candidates)
 
 
+def run_ons(answer: int, digits: int) -> list[str]:
+    """The answer run on by ``digits`` more digits, every choice of them: ``run_ons(42, 1)`` -> ``420``,
+    ``421``, ..., ``429``. Written as text (``0`` run on by ``5`` is ``05``); none reads as the answer itself."""
+    text = str(answer)
+    return [
+        f"{text}{tail:0{digits}d}" for tail in range(10**digits) if int(f"{text}{tail:0{digits}d}") != answer
+    ]
+
+
+def wrong_labels(answer: int, config: BaseModelConfig) -> list[str]:
+    """Every wrong label the teacher may write for ``answer``, each equally likely: the :func:`near_misses`
+    and, for each count in ``run_on_digits``, the :func:`run_ons` by that many digits (distinct texts)."""
+    labels = [str(miss) for miss in near_misses(answer, config)]
+    for digits in sorted(set(config.run_on_digits)):
+        labels += run_ons(answer, digits)
+    return list(dict.fromkeys(labels))
+
+
 def teacher_label(record: Record, config: BaseModelConfig, rng: random.Random) -> str:
     """One draw of the teacher's label for ``record``: the answer with probability ``teacher_accuracy``, else
-    one of its :func:`near_misses`, drawn uniformly."""
+    one of its :func:`wrong_labels`, drawn uniformly."""
     answer = int(record.answer)
     assert record.topic is not None and record.level is not None  # arith records carry both
     if rng.random() < teacher_accuracy(config, record.topic, record.level):
         return str(answer)
-    return str(rng.choice(near_misses(answer, config)))
+    return rng.choice(wrong_labels(answer, config))
 
 
 def sft_records(config: BaseModelConfig) -> list[Record]:
