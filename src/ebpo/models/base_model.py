@@ -39,6 +39,8 @@ SHIPPED_DIR = Path(__file__).resolve().parent / "arith_base"
 PREFIX_STEPS = 25
 """The build records a hash of the weights after this many SFT steps: the guard test retrains that prefix."""
 BUILD_THREADS = 1
+ADDED_FIELDS: dict[str, Any] = {"run_on_digits": ()}
+"""Recipe fields added after format 2, with the value that leaves a build as it was before them."""
 
 
 @dataclass(frozen=True)
@@ -85,22 +87,22 @@ class BaseModelConfig:
         },
     )
     teacher_level_factor: tuple[float, ...] = field(
-        default=(1.0, 0.9, 0.8, 0.7, 0.6),
+        default=(1.0, 0.85, 0.7, 0.55, 0.4),
         metadata={
             "help": "multiplies the topic's accuracy at levels 1..5: p(topic, level) = topic accuracy x "
             "level factor (clipped to [0, 1])"
         },
     )
     near_miss_offsets: tuple[int, ...] = field(
-        default=(),
+        default=(-2, -1, 1, 2),
         metadata={"help": "a wrong label may be the answer plus one of these offsets"},
     )
     near_miss_digit_slips: bool = field(
-        default=False,
+        default=True,
         metadata={"help": "a wrong label may also be the answer with one digit replaced (42 -> 47, 92)"},
     )
     run_on_digits: tuple[int, ...] = field(
-        default=(1, 2),
+        default=(),
         metadata={
             "help": "a wrong label may also be the answer run on by this many random digits (1,2: 42 -> 427, "
             "4271); empty for none"
@@ -152,9 +154,13 @@ class BaseModelConfig:
             raise ValueError("lr and eval_temperature must be > 0")
 
     def key(self) -> str:
-        """12 hex digits of SHA-256 over the config, :data:`FORMAT_VERSION` and :func:`data_fingerprint`."""
+        """12 hex digits of SHA-256 over the config, :data:`FORMAT_VERSION` and :func:`data_fingerprint`.
+
+        A field added after a recipe was built enters the key only away from its neutral value
+        (:data:`ADDED_FIELDS`), so the recipes built before it keep their keys (and the shipped model its)."""
+        fields_ = {k: v for k, v in asdict(self).items() if ADDED_FIELDS.get(k, object()) != v}
         payload = json.dumps(
-            {"format": FORMAT_VERSION, "data": data_fingerprint(self), **asdict(self)}, sort_keys=True
+            {"format": FORMAT_VERSION, "data": data_fingerprint(self), **fields_}, sort_keys=True
         )
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
