@@ -184,9 +184,8 @@ def model_identity(model_path: str) -> str:
     (``files:<sha256>``), else the name itself (a hub id: ``name:<id>``). Computed once per state of the
     directory (a plan asks for it once per run; a file rewritten since is hashed again)."""
     path = Path(model_path)
-    files = sorted(path.iterdir()) if path.is_dir() else []
-    state = tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size) for f in files if f.is_file())
-    return _model_identity(model_path, state)
+    stats = [(f.name, f.stat()) for f in sorted(path.iterdir()) if f.is_file()] if path.is_dir() else []
+    return _model_identity(model_path, tuple((name, st.st_mtime_ns, st.st_size) for name, st in stats))
 
 
 @functools.lru_cache(maxsize=64)

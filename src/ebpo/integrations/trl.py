@@ -31,6 +31,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -41,6 +42,7 @@ from ebpo.advantages import EBPOEstimator
 from ebpo.data.samplers import IndexStream, StreamSampler, get_sampler, list_samplers
 from ebpo.integrations import ESTIMATOR_STATE_FILE
 from ebpo.registry import check_choice
+from ebpo.trainer.checkpoint import save_torch_atomic
 
 __all__ = ["ESTIMATOR_STATE_FILE", "EBPOConfig", "EBPOTrainer"]
 
@@ -301,7 +303,7 @@ class EBPOTrainer(GRPOTrainer):
             state = {"estimator": self._estimator_state_to_save()}
             if self._prompt_stream is not None:
                 state["prompt_stream"] = self._prompt_stream.state_dict()
-            torch.save(state, os.path.join(folder, ESTIMATOR_STATE_FILE))
+            save_torch_atomic(state, Path(folder) / ESTIMATOR_STATE_FILE)  # a kill leaves no half file
 
     def _at_block_boundary(self) -> bool:
         """True when the next training micro-step generates a new block (``GRPOTrainer._prepare_inputs``)."""

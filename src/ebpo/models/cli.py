@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import typing
 from dataclasses import fields, replace
 
 from ebpo.models.base_model import BaseModelConfig
@@ -39,11 +40,12 @@ def add_parser(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     recipe = parser.add_argument_group("recipe (BaseModelConfig; defaults = the shipped model)")
+    hints = typing.get_type_hints(BaseModelConfig)
     for f in fields(BaseModelConfig):
         flag = f"--{f.name.replace('_', '-')}"
         text = f.metadata["help"].replace("%", "%%") + f" (default {f.default})"
         if isinstance(f.default, tuple):
-            kind = float if "float" in str(f.type) else int  # tuple[int, ...] or tuple[float, ...]
+            kind = typing.get_args(hints[f.name])[0]  # tuple[int, ...] -> int
             recipe.add_argument(
                 flag, dest=f.name, default=f.default, metavar="V1,V2,...", help=text, type=_tuple_of(kind)
             )

@@ -73,10 +73,8 @@ def near_misses(answer: int, config: BaseModelConfig) -> list[int]:
 def run_ons(answer: int, digits: int) -> list[str]:
     """The answer run on by ``digits`` more digits, every choice of them: ``run_ons(42, 1)`` -> ``420``,
     ``421``, ..., ``429``. Written as text (``0`` run on by ``5`` is ``05``); none reads as the answer itself."""
-    text = str(answer)
-    return [
-        f"{text}{tail:0{digits}d}" for tail in range(10**digits) if int(f"{text}{tail:0{digits}d}") != answer
-    ]
+    labels = (f"{answer}{tail:0{digits}d}" for tail in range(10**digits))
+    return [label for label in labels if int(label) != answer]
 
 
 def wrong_labels(answer: int, config: BaseModelConfig) -> list[str]:

@@ -57,7 +57,9 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 def save_torch_atomic(state: Any, path: Path) -> Path:
-    """``torch.save(state, path)`` so that a kill leaves the old file or the new one, never part of it."""
+    """``torch.save(state, path)`` so that a kill leaves the old file or the new one, never part of it
+    (creates the parent directory if needed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     torch.save(state, tmp)
     os.replace(tmp, path)

@@ -143,9 +143,8 @@ class Trainer:
             self._setup(cfg, ckpt.find_checkpoint(resume) if resume is not None else None, overwrite)
         except BaseException:
             self._lock.release()
-            if created and not any(
-                self.run_dir.iterdir()
-            ):  # a run refused at setup leaves no empty directory
+            # a run refused at setup leaves no empty directory behind
+            if created and not any(self.run_dir.iterdir()):
                 self.run_dir.rmdir()
             raise
 

@@ -26,15 +26,10 @@ __all__ = [
 SAMPLER_STATE_FILE = "ebpo_sampler.pt"
 
 
-def _save_atomic(state: Any, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return save_torch_atomic(state, path)
-
-
 def save_estimator_state(folder: str | os.PathLike, holder: EstimatorHolder | None = None) -> Path:
     """Write the holder's state to ``folder/ebpo_estimator.pt`` atomically (temporary file, then rename)."""
     owner = holder if holder is not None else HOLDER
-    return _save_atomic(owner.state_dict(), Path(folder) / ESTIMATOR_STATE_FILE)
+    return save_torch_atomic(owner.state_dict(), Path(folder) / ESTIMATOR_STATE_FILE)
 
 
 def load_estimator_state(folder: str | os.PathLike, holder: EstimatorHolder | None = None) -> bool:
@@ -54,7 +49,7 @@ def save_sampler_state(folder: str | os.PathLike, sampler: Any) -> Path | None:
 
     if not isinstance(sampler, StreamSampler):
         return None
-    return _save_atomic(sampler.state_dict(), Path(folder) / SAMPLER_STATE_FILE)
+    return save_torch_atomic(sampler.state_dict(), Path(folder) / SAMPLER_STATE_FILE)
 
 
 def load_sampler_state(folder: str | os.PathLike, sampler: Any) -> bool:
