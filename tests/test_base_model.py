@@ -347,6 +347,18 @@ def test_a_field_added_later_keeps_the_keys_of_recipes_built_before_it(monkeypat
     assert replace(TINY, run_on_digits=(1,)).key() != without
 
 
+def test_one_recipe_has_one_key_whatever_the_number_types():
+    """``(1, 0.9)`` and ``(1.0, 0.9)`` are one recipe; before the coercion their JSON differed ("1" vs "1.0"),
+    so the Python API keyed (and rebuilt, ~18 min) a recipe the CLI had already built."""
+    floats = replace(TINY, lr=1.0, teacher_level_factor=(1.0, 0.9, 0.8, 0.7, 0.6))
+    mixed = replace(TINY, lr=1, teacher_level_factor=[1, 0.9, 0.8, 0.7, 0.6])
+    assert mixed == floats and mixed.key() == floats.key()
+    assert mixed.teacher_level_factor == (1.0, 0.9, 0.8, 0.7, 0.6) and isinstance(mixed.lr, float)
+    assert replace(TINY, run_on_digits=[1, 2]).run_on_digits == (1, 2)
+    with pytest.raises(ValueError, match="run_on_digits needs whole numbers"):
+        replace(TINY, run_on_digits=(1.5,))
+
+
 def test_cache_location_follows_ebpo_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("EBPO_CACHE", str(tmp_path))
     expected = tmp_path / "base_models" / f"arith-{TINY.key()}"

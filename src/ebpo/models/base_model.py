@@ -25,6 +25,7 @@ import os
 import random
 import shutil
 import time
+import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,17 @@ class BaseModelConfig:
     max_new_tokens: int = field(default=10, metadata={"help": "longest response sampled for the grid"})
 
     def __post_init__(self) -> None:
+        # One recipe, one key: ``lr=1`` and ``lr=1.0``, ``(1, 0.9)`` and ``[1.0, 0.9]`` are the same recipe, but
+        # their JSON (what :meth:`key` hashes) differs. Coerce every field to its annotated type first.
+        for name, hint in typing.get_type_hints(type(self)).items():
+            value = getattr(self, name)
+            if hint is float and isinstance(value, int) and not isinstance(value, bool):
+                object.__setattr__(self, name, float(value))
+            elif typing.get_origin(hint) is tuple and isinstance(value, (tuple, list)):
+                kind = typing.get_args(hint)[0]
+                if kind is int and not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+                    raise ValueError(f"BaseModelConfig.{name} needs whole numbers, got {value}")
+                object.__setattr__(self, name, tuple(float(v) if kind is float else v for v in value))
         positive = ("hidden_size", "num_layers", "num_heads", "batch_size", "train_problems")
         for name in positive + ("eval_samples", "max_new_tokens"):
             if getattr(self, name) < 1:
