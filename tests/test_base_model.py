@@ -263,6 +263,9 @@ def test_grid_formatting_and_summary():
     assert (
         grid_mod.normalize_grid(json.loads(json.dumps(grid))) == grid
     )  # JSON's string level keys back to ints
+    # the report names the majority table by its n, like its summary line (it said "maj@n:" above "maj@8")
+    report = grid_mod.grid_report(grid, split="test", samples=8, temperature=1.0)
+    assert "\nmaj@8:\n" in report and "maj@n" not in report and "maj@8 0.438" in report
 
 
 def test_evaluate_grid_scores_pass_at_1_majority_and_greedy(monkeypatch):

@@ -137,7 +137,8 @@ def grid_report(grid: Grid, *, split: str, samples: int, temperature: float) -> 
     how = f"{samples} samples per problem at temperature {temperature:g}"
     parts = [f"{split} problems, {how}; greedy = one greedy answer per problem"]
     for metric in GRID_METRICS:
-        parts += [f"\n{metric}:", format_grid(grid, metric)]
+        title = f"maj@{samples}" if metric == "maj@n" else metric  # the same n as the summary line below
+        parts += [f"\n{title}:", format_grid(grid, metric)]
     parts.append(
         f"\nmean over cells: pass@1 {means['pass@1']:.3f}, maj@{samples} {means['maj@n']:.3f}, greedy "
         f"{means['greedy']:.3f}; cells with pass@1 <= 0.1: {counts['at_most_0.1']}, >= 0.9: "
