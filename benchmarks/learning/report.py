@@ -10,6 +10,7 @@ produced its runs (each result records the command that trained it).
 from __future__ import annotations
 
 import csv
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -263,6 +264,23 @@ def run_time_lines(rows: Sequence[Row], sessions: Sequence[dict[str, Any]]) -> l
     return lines
 
 
+def describe_model(path: str) -> str:
+    """The base model as the results page names it: its path relative to the working directory (the
+    repository root, where the benchmark runs) when it lies inside it, else with ``~`` for the home
+    directory, and the recipe key of a ``ebpo base-model`` build, so a page reads the same in any checkout."""
+    p = Path(path)
+    try:
+        shown = str(p.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        home = str(Path.home())
+        shown = "~" + path[len(home) :] if path.startswith(home + "/") else path
+    try:
+        key = json.loads((p / "build_info.json").read_text()).get("key")
+    except (OSError, ValueError):  # not a base-model build (a model of the user's own): no key to show
+        key = None
+    return f"`{shown}`" + (f" (base-model recipe key `{key}`)" if key else "")
+
+
 def report_markdown(
     rows: Sequence[Row],
     *,
@@ -290,7 +308,7 @@ def report_markdown(
         "percent (dynamics: raw), mean ± 95% t-interval half-width over seeds; **bold** differences have an "
         "interval that excludes 0.",
         "",
-        f"- **Model**: `{first['base_model']}`; training levels {config.get('data', {}).get('levels')}; "
+        f"- **Model**: {describe_model(first['base_model'])}; training levels {config.get('data', {}).get('levels')}; "
         f"{steps} steps per run.",
         f"- **Per run**: overrides `{' '.join(o for o in first['spec']['overrides'] if not o.startswith('model.'))}` "
         f"(this run: {first['label']}); test = first {int(first['test']['num_problems'])} `arith` test problems x "

@@ -129,3 +129,23 @@ def test_each_method_is_one_row_even_where_the_arm_registers_ebpo_best():
     assert names.count(report.BEST) == 1
     assert set(names) == {"grpo", "ebpo", report.BEST}
     assert report._methods(rows, "published") == ["grpo"]
+
+
+def test_the_page_names_the_model_by_a_path_any_checkout_shares_and_its_recipe_key(tmp_path, monkeypatch):
+    # the 2026-11-23 page printed `/work/main/src/ebpo/models/arith_base`: true in one checkout only
+    repo, home = tmp_path / "repo", tmp_path / "home"
+    shipped = repo / "src" / "ebpo" / "models" / "arith_base"
+    shipped.mkdir(parents=True)
+    (shipped / "build_info.json").write_text('{"key": "a33a8f87d156"}')
+    cached = home / ".cache" / "ebpo" / "base_models" / "arith-30e4105233de"
+    cached.mkdir(parents=True)
+    monkeypatch.chdir(repo)
+    monkeypatch.setenv("HOME", str(home))
+    assert report.describe_model(str(shipped)) == (
+        "`src/ebpo/models/arith_base` (base-model recipe key `a33a8f87d156`)"
+    )
+    # outside the repository: the home directory as ~; no build_info.json (a model of one's own): no key
+    assert report.describe_model(str(cached)) == "`~/.cache/ebpo/base_models/arith-30e4105233de`"
+    (cached / "build_info.json").write_text("{not json")
+    assert report.describe_model(str(cached)) == "`~/.cache/ebpo/base_models/arith-30e4105233de`"
+    assert report.describe_model("/elsewhere/model") == "`/elsewhere/model`"
