@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections import Counter
+from fractions import Fraction
 
 import pytest
 
@@ -271,3 +272,34 @@ def test_verify(completion, answer, expected):
 def test_verify_rejects_non_numeric_gold():
     with pytest.raises(ValueError, match="arith gold answer must be a number, got 'x'"):
         arith.verify("1", "x")
+
+
+@pytest.mark.parametrize(
+    ("predicted", "answer", "kind"),
+    [
+        ("42", "42", "right"),
+        (Fraction(12), "12", "right"),  # extract_answer's value, not only its text
+        ("12.0", "12", "right"),
+        ("427", "42", "run-on"),  # the answer's digits, then more
+        ("4271", "42", "run-on"),
+        ("-427", "-42", "run-on"),
+        ("100", "10", "run-on"),
+        ("41", "42", "near miss"),  # off by one or two
+        ("40", "42", "near miss"),
+        ("0", "-1", "near miss"),  # off by one across zero
+        ("47", "42", "near miss"),  # one digit slipped, as many digits
+        ("92", "42", "near miss"),
+        ("5", "0", "near miss"),  # a one-digit answer: any other digit is one slipped digit
+        ("07", "0", "near miss"),  # 0 run on reads as the number 7: by value, a slipped digit
+        ("-42", "42", "other"),  # the sign, not a digit
+        ("57", "42", "other"),  # two digits differ
+        ("142", "42", "other"),  # a digit in front is not a run-on
+        ("7/2", "3", "other"),
+        ("3.5", "3", "other"),
+        (None, "3", "no number"),
+        ("", "3", "no number"),
+    ],
+)
+def test_answer_kind(predicted, answer, kind):
+    assert arith.answer_kind(predicted, answer) == kind
+    assert kind in arith.ANSWER_KINDS

@@ -280,15 +280,36 @@ def test_evaluate_grid_scores_pass_at_1_majority_and_greedy(monkeypatch):
             right = answers[prompt]
             if temperature == 0:  # greedy: right
                 texts.append(str(right))
-            else:  # 4 samples: right, wrong (+1), right, wrong (+2): pass@1 1/2, majority right (2 vs 1 vs 1)
-                texts += [str(right), str(right + 1), str(right), str(right + 2)]
+            else:  # 4 samples: right, wrong (+1), right, run on (a 7 appended): pass@1 1/2, majority right
+                texts += [str(right), str(right + 1), str(right), f"{right}7"]
         return type("R", (), {"texts": texts})()
 
     monkeypatch.setattr(generation, "sample", fake_sample)
     grid = grid_mod.evaluate_grid(None, None, split="validation", per_cell=1, samples=4, seed=3)
     assert len(grid) == 9 and all(len(row) == 5 for row in grid.values())
+    # kinds: 2 of 4 right, 1 near miss (+1), 1 run-on (also for a negative answer: "-37" -> "-377"); but the one
+    # problem whose answer is 0 (mod, level 2: 25 mod 5 = 0) reads "07" as 7, one slipped digit: 2 near misses there
+    kinds = {"right": 0.5, "near miss": 0.25, "run-on": 0.25, "other": 0.0, "no number": 0.0}
+    zero = kinds | {"near miss": 0.5, "run-on": 0.0}
+    cells = [v for row in grid.values() for v in row.values()]
     assert all(
-        v == {"pass@1": 0.5, "maj@n": 1.0, "greedy": 1.0} for row in grid.values() for v in row.values()
+        v | {"kinds": None} == {"pass@1": 0.5, "maj@n": 1.0, "greedy": 1.0, "kinds": None} for v in cells
+    )
+    assert [v["kinds"] for v in cells].count(kinds) == 44 and grid["mod"][2]["kinds"] == zero
+    # the grid's shares: the mean over its 45 cells, near miss (44 x 0.25 + 0.5) / 45, run-on 44 x 0.25 / 45
+    shares = grid_mod.answer_kind_shares(grid)
+    assert shares == pytest.approx(kinds | {"near miss": 11.5 / 45, "run-on": 11 / 45})
+    report = grid_mod.grid_report(grid, split="validation", samples=4, temperature=1.0)
+    assert report.endswith(
+        "sampled answers: right 50.0%, near miss 25.6%, run-on 24.4%, other 0.0%, no number 0.0%"
+    )
+    # a grid recorded before the kinds were measured (an older build_info.json) reports without the line
+    old = {
+        t: {lv: {k: x for k, x in v.items() if k != "kinds"} for lv, v in row.items()}
+        for t, row in grid.items()
+    }
+    assert grid_mod.answer_kind_shares(old) == {} and "sampled answers" not in grid_mod.grid_report(
+        old, split="validation", samples=4, temperature=1.0
     )
 
 
@@ -406,7 +427,12 @@ def test_build_info_holds_recipe_hashes_and_a_full_grid(tiny_cache):
     assert info["prefix_steps"] == bm.PREFIX_STEPS and info["prefix_sha256"] == bm.train_prefix_sha256(TINY)
     grid = grid_mod.normalize_grid(info["grid_validation"])
     assert len(grid) == 9 and all(len(row) == 5 for row in grid.values())
-    assert all(0.0 <= v <= 1.0 for row in grid.values() for cell in row.values() for v in cell.values())
+    assert all(
+        0.0 <= cell[m] <= 1.0 for row in grid.values() for cell in row.values() for m in grid_mod.GRID_METRICS
+    )
+    assert all(
+        sum(cell["kinds"].values()) == pytest.approx(1.0) for row in grid.values() for cell in row.values()
+    )
     with pytest.raises(FileNotFoundError, match="not a finished base-model build"):
         bm.load_build_info(path.parent)
 

@@ -242,6 +242,22 @@ def breakdown_table(rows: Sequence[Row], arm: str, G: int, by: str) -> str:
     return markdown_table(["method"] + keys, out) if keys else ""
 
 
+def answer_kinds_table(
+    rows: Sequence[Row], groups: Sequence[tuple[str, dict[str, Any]]], first: str = "method"
+) -> str:
+    """The test samples by kind (``arith.answer_kind``: right, near miss, run-on, other, no number), % of all
+    samples, mean ± 95% over seeds, one row per ``(label, where)``: which errors training removed."""
+    out, kinds = [], None
+    for label, where in groups:
+        shares = [r.result["test"].get("answer_kinds") for r in rows if _match(r, where)]
+        shares = [x for x in shares if x]
+        if not shares:
+            continue
+        kinds = kinds or list(shares[0])
+        out.append([label] + [mean_ci([x.get(k) for x in shares]).format() for k in kinds])
+    return markdown_table([first] + list(kinds or []), out) if out else ""
+
+
 def run_time_lines(rows: Sequence[Row], sessions: Sequence[dict[str, Any]]) -> list[str]:
     """Sum of run times (each run's own clock, train + test) and CPU, beside the matrix wall time."""
     results = {row.result["key"]: row.result for row in rows}
@@ -343,6 +359,24 @@ def report_markdown(
         if table:
             sensitivity_rows = [r for r in rows if r.cell.arm == "published" and r.cell.method == REFERENCE]
             lines += [table, "", commands_line(sensitivity_rows), ""]
+            kinds = answer_kinds_table(
+                rows,
+                [
+                    (
+                        f"GRPO G={g}",
+                        {"arm": "published", "method": REFERENCE, "variant": FIXED_PROMPTS, "group_size": g},
+                    )
+                    for g in sensitivity_pair
+                ],
+                first="runs",
+            )
+            if kinds:
+                lines += [
+                    "Test samples by kind of answer (% of all samples; `arith.answer_kind`):",
+                    "",
+                    kinds,
+                    "",
+                ]
     for arm in ARMS:
         arm_rows = [r for r in rows if r.cell.arm == arm]
         if not arm_rows:
@@ -382,6 +416,23 @@ def report_markdown(
                     f"Test Pass@1 per level, G = {headline} (paper Figure 5)",
                     breakdown_table(rows, arm, headline, "level"),
                 ),
+                (
+                    f"Test samples by kind of answer, G = {headline} (% of all samples; `arith.answer_kind`)",
+                    answer_kinds_table(
+                        rows,
+                        [
+                            (m, {"arm": arm, "method": m, "variant": FIXED_PROMPTS, "group_size": headline})
+                            for m in _methods(
+                                [
+                                    r
+                                    for r in arm_rows
+                                    if r.cell.group_size == headline and r.cell.variant == FIXED_PROMPTS
+                                ],
+                                arm,
+                            )
+                        ],
+                    ),
+                ),
             ):
                 if table:
                     lines += [f"### {title}", "", table, ""]
@@ -419,6 +470,8 @@ def write_csv(rows: Sequence[Row], path: Path, threshold: float) -> None:
         for by in ("topic", "level"):
             for key, values in r["test"].get(f"by_{by}", {}).items():
                 line[f"test_{by}_{key}_pass1"] = values.get("pass@1")
+        for kind, share in r["test"].get("answer_kinds", {}).items():
+            line[f"test_answers_{kind.replace(' ', '_').replace('-', '_')}"] = share
         line.update({f"timing_{k}": v for k, v in r.get("timing", {}).items()})
         table.append(line)
     columns: list[str] = []

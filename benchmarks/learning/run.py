@@ -20,7 +20,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,8 @@ from benchmarks.learning.methods import REPO
 from benchmarks.learning.spec import RunSpec
 
 RESULT_FILE = "result.json"
+TEST_SAMPLES = "test_last.jsonl"
+"""The final checkpoint's test samples (the evaluation cache: per problem its rewards and answers)."""
 SPEC_FILE = "spec.json"
 LOG_FILE = "run.log"
 CURVE_METRICS = (
@@ -67,16 +69,50 @@ def read_result(root: Path, spec: RunSpec) -> dict[str, Any] | None:
 
 
 def load_results(root: Path) -> dict[str, dict[str, Any]]:
-    """Every readable ``result.json`` directly under ``root``, by key."""
+    """Every readable ``result.json`` directly under ``root``, by key. A result written before the test's
+    answer kinds were recorded gets them from its run's ``test_last.jsonl`` (:func:`backfill_answer_kinds`)."""
     out = {}
+    gold: dict[str, str] | None = None
     for path in sorted(Path(root).glob(f"*/{RESULT_FILE}")):
         try:
             result = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue
         if isinstance(result, dict) and "key" in result:
+            if "answer_kinds" not in result.get("test", {}) and (path.parent / TEST_SAMPLES).is_file():
+                gold = gold if gold is not None else arith_test_answers()
+                backfill_answer_kinds(result, path.parent / TEST_SAMPLES, gold)
             out[result["key"]] = result
     return out
+
+
+def answer_kind_shares(problems: Iterable[tuple[Sequence[str | None], str]]) -> dict[str, float]:
+    """The share of the sampled answers of each ``arith.ANSWER_KINDS`` (right, near miss, run-on, other, no
+    number) over ``(answers, gold answer)`` pairs: which errors a policy still makes."""
+    from ebpo.tasks import arith
+
+    kinds = [arith.answer_kind(a, gold) for answers, gold in problems for a in answers]
+    return {kind: kinds.count(kind) / len(kinds) for kind in arith.ANSWER_KINDS} if kinds else {}
+
+
+def arith_test_answers() -> dict[str, str]:
+    """The gold answer of every ``arith`` test problem, by id."""
+    from ebpo.eval import get_benchmark
+
+    return {str(rec.id): rec.answer for rec in get_benchmark("arith").load()}
+
+
+def backfill_answer_kinds(result: dict[str, Any], samples: Path, gold: dict[str, str]) -> None:
+    """Put the answer kinds of a run's test samples (``samples``: the evaluation cache, one JSON line per
+    problem with its ``answers``) into ``result["test"]``, in memory; unreadable lines leave it as it was."""
+    try:
+        lines = [json.loads(line) for line in samples.read_text().splitlines() if line.strip()]
+        pairs = [(line["answers"], gold[line["id"]]) for line in lines]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    shares = answer_kind_shares(pairs)
+    if shares:
+        result["test"]["answer_kinds"] = shares
 
 
 def code_fingerprint() -> str:
@@ -168,6 +204,7 @@ def evaluate_checkpoint(spec: RunSpec, model_dir: Path, cache: Path) -> dict[str
         if "/" not in name or name.endswith("se_problems")
     }
     by_id = {str(rec.id): rec for rec in records}
+    out["answer_kinds"] = answer_kind_shares((p.answers, by_id[p.id].answer) for p in result.problems)
     for attr in ("topic", "level"):
         groups: dict[str, list] = {}
         for problem in result.problems:
@@ -211,7 +248,7 @@ def execute(
 
     start, cpu_start = time.perf_counter(), time.process_time()
     checkpoints = directory / "checkpoints"
-    test = evaluate_checkpoint(spec, checkpoints / "last" / "model", directory / "test_last.jsonl")
+    test = evaluate_checkpoint(spec, checkpoints / "last" / "model", directory / TEST_SAMPLES)
     test_best, tests = None, 1
     if spec.test_settings["best"]:  # the paper's rule: best validation maj@k (EBPO-diff: the last)
         rule = spec.checkpoint

@@ -66,6 +66,9 @@ def test_results_page_csv_and_plots(configs_dir, tmp_path):
         groups=(4, 16),
         seeds=(0, 1, 2),
     )
+    for row in rows:  # test samples by kind: right as often as Pass@1 says, every other sample a run-on
+        right = row.result["test"]["pass@1"]
+        row.result["test"]["answer_kinds"] = {"right": right, "near miss": 0.0, "run-on": 1 - right}
     sessions = [{"wall_s": 90.0, "jobs": 2}, {"wall_s": 30.0, "jobs": 2}]
     written = report.write_report(
         rows,
@@ -105,11 +108,18 @@ def test_results_page_csv_and_plots(configs_dir, tmp_path):
     assert f"{distinct * 12 / 60:.1f} min; their CPU time {distinct * 9 / 60:.1f} min" in text
     assert "**Matrix wall time** (sum over the 2 invocations" in text and "2.0 min" in text
     assert "Runs produced by: `python -m benchmarks.learning --unit`" in text
+    # answer kinds: GRPO 0.2 right at G = 4, 0.25 at G = 16 on every seed; EBPO (0.3, 0.3, 0.5) as above
+    assert "| runs | right | near miss | run-on |\n" in text
+    assert "| GRPO G=4 | 20.0 ± 0.0 | 0.0 ± 0.0 | 80.0 ± 0.0 |" in text
+    assert "| GRPO G=16 | 25.0 ± 0.0 | 0.0 ± 0.0 | 75.0 ± 0.0 |" in text
+    assert "| ebpo | 36.7 ± 28.7 | 0.0 ± 0.0 | 63.3 ± 28.7 |" in text  # the headline cell's kinds, arm (a)
     with open(tmp_path / "learning_unit_cells.csv") as handle:
         table = list(csv.DictReader(handle))
     assert len(table) == len(plan.cells)  # one row per cell, runs shared between cells repeated
     ebpo = [r for r in table if r["method"] == "ebpo" and r["seed"] == "2"][0]
     assert float(ebpo["pass1"]) == pytest.approx(0.5) and ebpo["steps_to_threshold"] == "5"
+    assert float(ebpo["test_answers_right"]) == pytest.approx(0.5)
+    assert float(ebpo["test_answers_run_on"]) == pytest.approx(0.5)
     assert float(ebpo["auc"]) == pytest.approx((5 * 0.5 / 2 + 5 * 0.7 / 2) / 10)  # 0.2-0.3-0.4 over 10 steps
     assert "No finished runs yet" in report.report_markdown(
         [], tag="x", command="c", missing=3, headline=4, sensitivity_pair=None, threshold=0.1

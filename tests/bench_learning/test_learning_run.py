@@ -9,8 +9,18 @@ import math
 import pytest
 from benchmarks.learning import matrix
 from benchmarks.learning.methods import PUBLISHED, get_method
-from benchmarks.learning.run import RESULT_FILE, execute, read_result, run_dir
+from benchmarks.learning.run import (
+    RESULT_FILE,
+    TEST_SAMPLES,
+    answer_kind_shares,
+    execute,
+    load_results,
+    read_result,
+    run_dir,
+)
 from benchmarks.learning.spec import FIXED_PROMPTS, Budget, build_spec
+
+from ebpo.tasks import arith
 
 TINY = dict(
     steps=2, prompts=2, updates=1, eval_every=1, val_size=4, eval_n=2, test_size=9, test_n=2, max_new_tokens=4
@@ -33,6 +43,11 @@ def test_tiny_model_run_writes_its_result_and_is_not_rerun(tiny_model_dir, confi
     assert result["command"] == "python -m benchmarks.learning --unit" and result["steps"] == 2
     assert result["test"]["num_problems"] == 9 and 0.0 <= result["test"]["pass@1"] <= 1.0
     assert set(result["test"]["by_level"]) == {"1", "2", "3", "4", "5"}
+    # the 18 test samples by kind: shares of one whole, and "right" is exactly what Pass@1 counts
+    kinds = result["test"]["answer_kinds"]
+    assert list(kinds) == list(arith.ANSWER_KINDS) and sum(kinds.values()) == pytest.approx(1.0)
+    assert kinds["right"] == pytest.approx(result["test"]["pass@1"])
+    assert all(round(share * 18, 9).is_integer() for share in kinds.values())
     # validation at steps 0, 1, 2 (eval_every 1); training curves at steps 1, 2
     assert [s for s, _ in result["curves"]["eval/pass@1"]] == [0.0, 1.0, 2.0]
     assert [s for s, _ in result["curves"]["reward/mean"]] == [1.0, 2.0]
@@ -108,3 +123,43 @@ def test_process_pool_runs_a_real_run(tiny_model_dir, configs_dir, tmp_path):
     assert outcome.failed == {} and outcome.finished == 1
     assert read_result(tmp_path, spec)["steps"] == 1
     assert (run_dir(tmp_path, spec) / "run.log").is_file()  # the worker's output went to the run's log
+
+
+def test_answer_kind_shares_by_hand():
+    # answer 42: "42" right, "427" run-on, "41" near miss, "57" other, None no number; answer 5: "5", "5" right
+    shares = answer_kind_shares([(["42", "427", "41", "57", None], "42"), (["5", "5"], "5")])
+    assert shares == pytest.approx(
+        {"right": 3 / 7, "near miss": 1 / 7, "run-on": 1 / 7, "other": 1 / 7, "no number": 1 / 7}
+    )
+    assert answer_kind_shares([]) == {}
+
+
+def test_results_written_before_the_answer_kinds_get_them_from_their_test_samples(tmp_path):
+    gold = {str(r.id): r.answer for r in arith.generate("test", 2, seed=0)}
+    (a, answer_a), (b, answer_b) = gold.items()
+    old = tmp_path / "old"  # a result of 2026-11-23: no answer_kinds, its samples beside it
+    old.mkdir()
+    (old / RESULT_FILE).write_text(json.dumps({"key": "old", "test": {"pass@1": 0.5}}))
+    samples = [{"id": a, "answers": [answer_a, answer_a + "3"]}, {"id": b, "answers": [answer_b, None]}]
+    (old / TEST_SAMPLES).write_text("".join(json.dumps(x) + "\n" for x in samples))
+    torn = tmp_path / "torn"  # its samples file cut short by a kill: the result loads, without kinds
+    torn.mkdir()
+    (torn / RESULT_FILE).write_text(json.dumps({"key": "torn", "test": {"pass@1": 0.5}}))
+    (torn / TEST_SAMPLES).write_text('{"id": "' + a + '", "answ')
+    recorded = tmp_path / "new"  # kinds recorded at test time are kept as they are
+    recorded.mkdir()
+    (recorded / RESULT_FILE).write_text(json.dumps({"key": "new", "test": {"answer_kinds": {"right": 1.0}}}))
+    (recorded / TEST_SAMPLES).write_text("".join(json.dumps(x) + "\n" for x in samples))
+
+    results = load_results(tmp_path)
+    # 4 samples: 2 right, 1 run-on, 1 no number
+    assert results["old"]["test"]["answer_kinds"] == {
+        "right": 0.5,
+        "near miss": 0.0,
+        "run-on": 0.25,
+        "other": 0.0,
+        "no number": 0.25,
+    }
+    assert "answer_kinds" not in results["torn"]["test"]
+    assert results["new"]["test"]["answer_kinds"] == {"right": 1.0}
+    assert "answer_kinds" not in json.loads((old / RESULT_FILE).read_text())["test"]  # nothing rewritten

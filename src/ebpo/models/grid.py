@@ -7,7 +7,9 @@ generator), and scores them with ``arith.verify``. Per cell:
 - ``pass@1``: the fraction of correct samples, averaged over the cell's problems;
 - ``maj@n``: 1 when the most frequent extracted answer of the n samples is right (ties go to the answer
   sampled first; ``ebpo.eval.metrics``, the trainer's validation rule), averaged over problems;
-- ``greedy``: the fraction of problems whose greedy answer is right.
+- ``greedy``: the fraction of problems whose greedy answer is right;
+- ``kinds``: the share of the cell's samples of each ``arith.ANSWER_KINDS`` (right, near miss, run-on, other, no
+  number; ``arith.answer_kind``): which wrong answers there are for RL to remove.
 
 A model with latent skill has ``maj@n`` and ``greedy`` well above ``pass@1``.
 """
@@ -15,11 +17,12 @@ A model with latent skill has ``maj@n`` and ``greedy`` well above ``pass@1``.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 GRID_METRICS: tuple[str, ...] = ("pass@1", "maj@n", "greedy")
 
 # {topic: {level: {metric: value}}}
-Grid = dict[str, dict[int, dict[str, float]]]
+Grid = dict[str, dict[int, dict[str, Any]]]  # metric -> float; "kinds" -> {kind: share}
 
 
 def evaluate_grid(
@@ -37,7 +40,7 @@ def evaluate_grid(
 ) -> Grid:
     """``per_cell`` problems of each (topic, level) cell of ``split`` (``arith.generate(split, 45 * per_cell,
     seed)``), ``samples`` samples each at ``temperature`` plus one greedy answer; returns
-    ``{topic: {level: {"pass@1", "maj@n", "greedy"}}}``."""
+    ``{topic: {level: {"pass@1", "maj@n", "greedy", "kinds"}}}``."""
     import torch
     from tqdm.auto import tqdm
 
@@ -80,8 +83,11 @@ def evaluate_grid(
             problem = score_problem(
                 record.id, rewards, [None if a is None else str(a) for a in answers], lambda a, b: a == b
             )
-            cell = by_cell.setdefault((record.topic, record.level), {"problems": [], "greedy": []})
+            cell = by_cell.setdefault(
+                (record.topic, record.level), {"problems": [], "greedy": [], "kinds": []}
+            )
             cell["problems"].append(problem)
+            cell["kinds"] += [arith.answer_kind(a, record.answer) for a in answers]
             cell["greedy"].append(arith.verify(greedy.texts[m], record.answer))
     grid: Grid = {}
     for (topic, level), cell in by_cell.items():
@@ -90,6 +96,7 @@ def evaluate_grid(
             "pass@1": summary["pass@1"],
             "maj@n": summary[f"maj@{samples}"],
             "greedy": sum(cell["greedy"]) / len(cell["greedy"]),
+            "kinds": {kind: cell["kinds"].count(kind) / len(cell["kinds"]) for kind in arith.ANSWER_KINDS},
         }
     return {t: dict(sorted(grid[t].items())) for t in arith.TOPICS if t in grid}
 
@@ -144,4 +151,17 @@ def grid_report(grid: Grid, *, split: str, samples: int, temperature: float) -> 
         f"{means['greedy']:.3f}; cells with pass@1 <= 0.1: {counts['at_most_0.1']}, >= 0.9: "
         f"{counts['at_least_0.9']}, in between: {counts['between']}"
     )
+    kinds = answer_kind_shares(grid)
+    if kinds:  # grids recorded before the kinds were measured have none
+        shares = ", ".join(f"{kind} {share:.1%}" for kind, share in kinds.items())
+        parts.append(f"sampled answers: {shares}")
     return "\n".join(parts)
+
+
+def answer_kind_shares(grid: Grid) -> dict[str, float]:
+    """The share of every sampled answer of the grid of each ``arith.ANSWER_KINDS`` (the mean over cells: every
+    cell has as many samples); empty when the grid's cells carry no ``kinds``."""
+    cells = [values["kinds"] for row in grid.values() for values in row.values() if "kinds" in values]
+    if not cells:
+        return {}
+    return {kind: sum(c[kind] for c in cells) / len(cells) for kind in cells[0]}

@@ -358,3 +358,41 @@ def verify(completion: str, answer: str) -> float:
         raise ValueError(f"arith gold answer must be a number, got {answer!r}") from err
     predicted = extract_answer(completion)
     return 1.0 if predicted is not None and predicted == gold else 0.0
+
+
+ANSWER_KINDS: tuple[str, ...] = ("right", "near miss", "run-on", "other", "no number")
+"""What :func:`answer_kind` calls a sampled answer, in the order reports list them."""
+
+
+def answer_kind(predicted: Fraction | str | None, answer: str) -> str:
+    """What kind of answer ``predicted`` (an :func:`extract_answer` value, or its text) is for the integer
+    ``answer``: one of :data:`ANSWER_KINDS`.
+
+    - ``right``: equal to the answer;
+    - ``run-on``: the answer's digits followed by more digits, same sign (``42`` -> ``427``, ``4271``): the
+      base model's run-on teacher writes these (``ebpo.models.sft.run_ons``);
+    - ``near miss``: off by one or two, or, with as many digits and the same sign, one digit different
+      (``42`` -> ``41``, ``44``, ``47``, ``92``; for a one-digit answer any other digit): what the near-miss
+      teacher writes (``ebpo.models.sft.near_misses``) and what arithmetic slips look like;
+    - ``other``: any other number (a decimal included); ``no number``: nothing to extract.
+
+    Which errors RL removes tells sharpening a computation (near misses, others) from learning one shared
+    habit (run-ons: where to stop), docs/results/sensitivity_rechecks/README.md.
+    """
+    if predicted is None or predicted == "":
+        return "no number"
+    guess, gold = Fraction(predicted), Fraction(answer.strip())
+    if guess == gold:
+        return "right"
+    if guess.denominator != 1 or gold.denominator != 1:
+        return "other"
+    g, a = int(guess), int(gold)
+    same_sign = (g < 0) == (a < 0)
+    digits_g, digits_a = str(abs(g)), str(abs(a))
+    if same_sign and len(digits_g) > len(digits_a) and digits_g.startswith(digits_a):
+        return "run-on"
+    if abs(g - a) <= 2:
+        return "near miss"
+    if same_sign and len(digits_g) == len(digits_a) and sum(x != y for x, y in zip(digits_g, digits_a)) == 1:
+        return "near miss"
+    return "other"
