@@ -242,6 +242,16 @@ def breakdown_table(rows: Sequence[Row], arm: str, G: int, by: str) -> str:
     return markdown_table(["method"] + keys, out) if keys else ""
 
 
+def _kind_order(shares: dict[str, float]) -> list[str]:
+    """The kinds of ``shares`` in ``arith.ANSWER_KINDS`` order (a result read back from disk has its keys
+    sorted alphabetically), any unknown kind last."""
+    from ebpo.tasks.arith import ANSWER_KINDS
+
+    return sorted(
+        shares, key=lambda k: (ANSWER_KINDS.index(k) if k in ANSWER_KINDS else len(ANSWER_KINDS), k)
+    )
+
+
 def answer_kinds_table(
     rows: Sequence[Row], groups: Sequence[tuple[str, dict[str, Any]]], first: str = "method"
 ) -> str:
@@ -253,7 +263,7 @@ def answer_kinds_table(
         shares = [x for x in shares if x]
         if not shares:
             continue
-        kinds = kinds or list(shares[0])
+        kinds = kinds or _kind_order(shares[0])
         out.append([label] + [mean_ci([x.get(k) for x in shares]).format() for k in kinds])
     return markdown_table([first] + list(kinds or []), out) if out else ""
 
@@ -470,8 +480,9 @@ def write_csv(rows: Sequence[Row], path: Path, threshold: float) -> None:
         for by in ("topic", "level"):
             for key, values in r["test"].get(f"by_{by}", {}).items():
                 line[f"test_{by}_{key}_pass1"] = values.get("pass@1")
-        for kind, share in r["test"].get("answer_kinds", {}).items():
-            line[f"test_answers_{kind.replace(' ', '_').replace('-', '_')}"] = share
+        kinds = r["test"].get("answer_kinds", {})
+        for kind in _kind_order(kinds):
+            line[f"test_answers_{kind.replace(' ', '_').replace('-', '_')}"] = kinds[kind]
         line.update({f"timing_{k}": v for k, v in r.get("timing", {}).items()})
         table.append(line)
     columns: list[str] = []

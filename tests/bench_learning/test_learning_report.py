@@ -67,8 +67,8 @@ def test_results_page_csv_and_plots(configs_dir, tmp_path):
         seeds=(0, 1, 2),
     )
     for row in rows:  # test samples by kind: right as often as Pass@1 says, every other sample a run-on
-        right = row.result["test"]["pass@1"]
-        row.result["test"]["answer_kinds"] = {"right": right, "near miss": 0.0, "run-on": 1 - right}
+        right = row.result["test"]["pass@1"]  # keys sorted, as a result.json read back has them
+        row.result["test"]["answer_kinds"] = {"near miss": 0.0, "right": right, "run-on": 1 - right}
     sessions = [{"wall_s": 90.0, "jobs": 2}, {"wall_s": 30.0, "jobs": 2}]
     written = report.write_report(
         rows,
@@ -118,6 +118,8 @@ def test_results_page_csv_and_plots(configs_dir, tmp_path):
     assert len(table) == len(plan.cells)  # one row per cell, runs shared between cells repeated
     ebpo = [r for r in table if r["method"] == "ebpo" and r["seed"] == "2"][0]
     assert float(ebpo["pass1"]) == pytest.approx(0.5) and ebpo["steps_to_threshold"] == "5"
+    answer_columns = [c for c in table[0] if c.startswith("test_answers_")]  # in arith.ANSWER_KINDS order
+    assert answer_columns == ["test_answers_right", "test_answers_near_miss", "test_answers_run_on"]
     assert float(ebpo["test_answers_right"]) == pytest.approx(0.5)
     assert float(ebpo["test_answers_run_on"]) == pytest.approx(0.5)
     assert float(ebpo["auc"]) == pytest.approx((5 * 0.5 / 2 + 5 * 0.7 / 2) / 10)  # 0.2-0.3-0.4 over 10 steps
