@@ -297,7 +297,7 @@ def test_evaluate_grid_scores_pass_at_1_majority_and_greedy(monkeypatch):
     )
     assert [v["kinds"] for v in cells].count(kinds) == 44 and grid["mod"][2]["kinds"] == zero
     # the grid's shares: the mean over its 45 cells, near miss (44 x 0.25 + 0.5) / 45, run-on 44 x 0.25 / 45
-    shares = grid_mod.answer_kind_shares(grid)
+    shares = grid_mod.grid_answer_kinds(grid)
     assert shares == pytest.approx(kinds | {"near miss": 11.5 / 45, "run-on": 11 / 45})
     report = grid_mod.grid_report(grid, split="validation", samples=4, temperature=1.0)
     assert report.endswith(
@@ -308,7 +308,7 @@ def test_evaluate_grid_scores_pass_at_1_majority_and_greedy(monkeypatch):
         t: {lv: {k: x for k, x in v.items() if k != "kinds"} for lv, v in row.items()}
         for t, row in grid.items()
     }
-    assert grid_mod.answer_kind_shares(old) == {} and "sampled answers" not in grid_mod.grid_report(
+    assert grid_mod.grid_answer_kinds(old) == {} and "sampled answers" not in grid_mod.grid_report(
         old, split="validation", samples=4, temperature=1.0
     )
 

@@ -151,14 +151,14 @@ def grid_report(grid: Grid, *, split: str, samples: int, temperature: float) -> 
         f"{means['greedy']:.3f}; cells with pass@1 <= 0.1: {counts['at_most_0.1']}, >= 0.9: "
         f"{counts['at_least_0.9']}, in between: {counts['between']}"
     )
-    kinds = answer_kind_shares(grid)
+    kinds = grid_answer_kinds(grid)
     if kinds:  # grids recorded before the kinds were measured have none
         shares = ", ".join(f"{kind} {share:.1%}" for kind, share in kinds.items())
         parts.append(f"sampled answers: {shares}")
     return "\n".join(parts)
 
 
-def answer_kind_shares(grid: Grid) -> dict[str, float]:
+def grid_answer_kinds(grid: Grid) -> dict[str, float]:
     """The share of every sampled answer of the grid of each ``arith.ANSWER_KINDS`` (the mean over cells: every
     cell has as many samples); empty when the grid's cells carry no ``kinds``."""
     cells = [values["kinds"] for row in grid.values() for values in row.values() if "kinds" in values]
