@@ -30,7 +30,7 @@ from benchmarks.learning.methods import (
     read_selection,
     select_best,
 )
-from benchmarks.learning.run import LOG_FILE, load_results, run_dir, write_json_atomic
+from benchmarks.learning.run import LOG_FILE, add_answer_kinds, load_results, run_dir, write_json_atomic
 from benchmarks.learning.spec import FIXED_PROMPTS, VARIANTS, Budget, model_path_from
 
 DEFAULTS: dict[str, Any] = {
@@ -335,6 +335,7 @@ def _main(args: argparse.Namespace, command: str) -> int:
             f"{len(outcome.failed)} failed, {outcome.already_done} were already done"
         )
     results = load_results(root)
+    add_answer_kinds(results, root)
     rows = [
         report.Row(cell, results[spec.key])
         for cell, spec in zip(plan.cells, plan.specs)

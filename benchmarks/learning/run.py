@@ -69,21 +69,28 @@ def read_result(root: Path, spec: RunSpec) -> dict[str, Any] | None:
 
 
 def load_results(root: Path) -> dict[str, dict[str, Any]]:
-    """Every readable ``result.json`` directly under ``root``, by key. A result written before the test's
-    answer kinds were recorded gets them from its run's ``test_last.jsonl`` (:func:`backfill_answer_kinds`)."""
+    """Every readable ``result.json`` directly under ``root``, by key."""
     out = {}
-    gold: dict[str, str] | None = None
     for path in sorted(Path(root).glob(f"*/{RESULT_FILE}")):
         try:
             result = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue
         if isinstance(result, dict) and "key" in result:
-            if "answer_kinds" not in result.get("test", {}) and (path.parent / TEST_SAMPLES).is_file():
-                gold = gold if gold is not None else arith_test_answers()
-                backfill_answer_kinds(result, path.parent / TEST_SAMPLES, gold)
             out[result["key"]] = result
     return out
+
+
+def add_answer_kinds(results: dict[str, dict[str, Any]], root: Path) -> None:
+    """Give each result written before the test's answer kinds were recorded its kinds, from its run's
+    ``test_last.jsonl`` under ``root`` (:func:`backfill_answer_kinds`), in memory. The report calls it; planning
+    and time estimates do not need the kinds."""
+    gold: dict[str, str] | None = None
+    for key, result in results.items():
+        samples = Path(root) / key / TEST_SAMPLES
+        if "answer_kinds" not in result.get("test", {}) and samples.is_file():
+            gold = gold if gold is not None else arith_test_answers()
+            backfill_answer_kinds(result, samples, gold)
 
 
 def answer_kind_shares(problems: Iterable[tuple[Sequence[str | None], str]]) -> dict[str, float]:

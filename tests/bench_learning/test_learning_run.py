@@ -12,6 +12,7 @@ from benchmarks.learning.methods import PUBLISHED, get_method
 from benchmarks.learning.run import (
     RESULT_FILE,
     TEST_SAMPLES,
+    add_answer_kinds,
     answer_kind_shares,
     execute,
     load_results,
@@ -152,6 +153,10 @@ def test_results_written_before_the_answer_kinds_get_them_from_their_test_sample
     (recorded / TEST_SAMPLES).write_text("".join(json.dumps(x) + "\n" for x in samples))
 
     results = load_results(tmp_path)
+    assert all(
+        "answer_kinds" not in r["test"] for k, r in results.items() if k != "new"
+    )  # loading reads no samples
+    add_answer_kinds(results, tmp_path)
     # 4 samples: 2 right, 1 run-on, 1 no number
     assert results["old"]["test"]["answer_kinds"] == {
         "right": 0.5,
