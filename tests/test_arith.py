@@ -303,3 +303,12 @@ def test_verify_rejects_non_numeric_gold():
 def test_answer_kind(predicted, answer, kind):
     assert arith.answer_kind(predicted, answer) == kind
     assert kind in arith.ANSWER_KINDS
+
+
+def test_answer_kind_shares_by_hand():
+    # answer 42: "42" right, "427" run-on, "41" near miss, "57" other, None no number; answer 5: "5", "5" right
+    shares = arith.answer_kind_shares([(["42", "427", "41", "57", None], "42"), (["5", "5"], "5")])
+    assert shares == pytest.approx(
+        {"right": 3 / 7, "near miss": 1 / 7, "run-on": 1 / 7, "other": 1 / 7, "no number": 1 / 7}
+    )
+    assert arith.answer_kind_shares([]) == {}

@@ -20,7 +20,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,15 +93,6 @@ def add_answer_kinds(results: dict[str, dict[str, Any]], root: Path) -> None:
             backfill_answer_kinds(result, samples, gold)
 
 
-def answer_kind_shares(problems: Iterable[tuple[Sequence[str | None], str]]) -> dict[str, float]:
-    """The share of the sampled answers of each ``arith.ANSWER_KINDS`` (right, near miss, run-on, other, no
-    number) over ``(answers, gold answer)`` pairs: which errors a policy still makes."""
-    from ebpo.tasks import arith
-
-    kinds = [arith.answer_kind(a, gold) for answers, gold in problems for a in answers]
-    return {kind: kinds.count(kind) / len(kinds) for kind in arith.ANSWER_KINDS} if kinds else {}
-
-
 def arith_test_answers() -> dict[str, str]:
     """The gold answer of every ``arith`` test problem, by id."""
     from ebpo.eval import get_benchmark
@@ -117,6 +108,8 @@ def backfill_answer_kinds(result: dict[str, Any], samples: Path, gold: dict[str,
         pairs = [(line["answers"], gold[line["id"]]) for line in lines]
     except (OSError, ValueError, KeyError, TypeError):
         return
+    from ebpo.tasks.arith import answer_kind_shares
+
     shares = answer_kind_shares(pairs)
     if shares:
         result["test"]["answer_kinds"] = shares
@@ -180,6 +173,7 @@ def evaluate_checkpoint(spec: RunSpec, model_dir: Path, cache: Path) -> dict[str
     numbers across the methods of a seed)."""
     from ebpo.eval import SamplingConfig, evaluate, get_benchmark
     from ebpo.eval.metrics import summarize
+    from ebpo.tasks.arith import answer_kind_shares
 
     t = spec.test_settings
     seed, max_new_tokens = spec.config["run"]["seed"], spec.config["rollout"]["max_new_tokens"]

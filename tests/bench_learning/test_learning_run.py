@@ -13,7 +13,6 @@ from benchmarks.learning.run import (
     RESULT_FILE,
     TEST_SAMPLES,
     add_answer_kinds,
-    answer_kind_shares,
     execute,
     load_results,
     read_result,
@@ -124,15 +123,6 @@ def test_process_pool_runs_a_real_run(tiny_model_dir, configs_dir, tmp_path):
     assert outcome.failed == {} and outcome.finished == 1
     assert read_result(tmp_path, spec)["steps"] == 1
     assert (run_dir(tmp_path, spec) / "run.log").is_file()  # the worker's output went to the run's log
-
-
-def test_answer_kind_shares_by_hand():
-    # answer 42: "42" right, "427" run-on, "41" near miss, "57" other, None no number; answer 5: "5", "5" right
-    shares = answer_kind_shares([(["42", "427", "41", "57", None], "42"), (["5", "5"], "5")])
-    assert shares == pytest.approx(
-        {"right": 3 / 7, "near miss": 1 / 7, "run-on": 1 / 7, "other": 1 / 7, "no number": 1 / 7}
-    )
-    assert answer_kind_shares([]) == {}
 
 
 def test_results_written_before_the_answer_kinds_get_them_from_their_test_samples(tmp_path):

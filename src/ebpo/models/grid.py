@@ -84,10 +84,10 @@ def evaluate_grid(
                 record.id, rewards, [None if a is None else str(a) for a in answers], lambda a, b: a == b
             )
             cell = by_cell.setdefault(
-                (record.topic, record.level), {"problems": [], "greedy": [], "kinds": []}
+                (record.topic, record.level), {"problems": [], "greedy": [], "answers": []}
             )
             cell["problems"].append(problem)
-            cell["kinds"] += [arith.answer_kind(a, record.answer) for a in answers]
+            cell["answers"].append((answers, record.answer))
             cell["greedy"].append(arith.verify(greedy.texts[m], record.answer))
     grid: Grid = {}
     for (topic, level), cell in by_cell.items():
@@ -96,7 +96,7 @@ def evaluate_grid(
             "pass@1": summary["pass@1"],
             "maj@n": summary[f"maj@{samples}"],
             "greedy": sum(cell["greedy"]) / len(cell["greedy"]),
-            "kinds": {kind: cell["kinds"].count(kind) / len(cell["kinds"]) for kind in arith.ANSWER_KINDS},
+            "kinds": arith.answer_kind_shares(cell["answers"]),
         }
     return {t: dict(sorted(grid[t].items())) for t in arith.TOPICS if t in grid}
 

@@ -396,3 +396,10 @@ def answer_kind(predicted: Fraction | str | None, answer: str) -> str:
     if same_sign and len(digits_g) == len(digits_a) and sum(x != y for x, y in zip(digits_g, digits_a)) == 1:
         return "near miss"
     return "other"
+
+
+def answer_kind_shares(problems: Iterable[tuple[Sequence[Fraction | str | None], str]]) -> dict[str, float]:
+    """The share of the sampled answers of each :data:`ANSWER_KINDS` over ``(answers, gold answer)`` pairs
+    (:func:`answer_kind` of each answer): which errors a policy still makes. Empty when there are no answers."""
+    kinds = [answer_kind(a, gold) for answers, gold in problems for a in answers]
+    return {kind: kinds.count(kind) / len(kinds) for kind in ANSWER_KINDS} if kinds else {}
