@@ -34,7 +34,8 @@ TINY = bm.BaseModelConfig(
 )
 
 
-# The default teacher: off by one or two, or one digit slipped (no run-ons).
+# The teacher of the earlier shipped models (D2): off by one or two, or one digit slipped (no run-ons). The
+# default teacher runs on by one or two digits and writes no near misses.
 NEAR_MISSES_ONLY = dict(near_miss_offsets=(-2, -1, 1, 2), near_miss_digit_slips=True, run_on_digits=())
 
 
@@ -143,8 +144,11 @@ def test_wrong_labels_join_the_near_misses_and_the_run_ons_without_duplicates():
     assert sft.wrong_labels(42, only_run_ons) == sft.run_ons(42, 1) + sft.run_ons(42, 2)  # 10 + 100
     both = replace(TINY, near_miss_offsets=(-1, 1), near_miss_digit_slips=False, run_on_digits=(1, 1))
     assert sft.wrong_labels(42, both) == ["41", "43"] + sft.run_ons(42, 1)  # (1, 1): the run-ons once
-    # the near misses alone (the default teacher): the near misses, as text, in their order
-    assert sft.wrong_labels(42, TINY) == [str(m) for m in sft.near_misses(42, TINY)]
+    # the near misses alone (D2's teacher): the near misses, as text, in their order
+    near = replace(TINY, **NEAR_MISSES_ONLY)
+    assert sft.wrong_labels(42, near) == [str(m) for m in sft.near_misses(42, near)]
+    # the default teacher: the run-ons only
+    assert sft.wrong_labels(42, TINY) == sft.run_ons(42, 1) + sft.run_ons(42, 2)
 
 
 def test_a_run_on_teacher_spreads_its_wrong_labels_over_every_run_on():
@@ -351,11 +355,11 @@ def test_key_follows_what_the_generator_produces_not_its_source_bytes(monkeypatc
 
 
 def test_key_follows_the_teacher(monkeypatch):
-    run_on = replace(TINY, near_miss_offsets=(), near_miss_digit_slips=False, run_on_digits=(1,))
-    before, before_run_on = TINY.key(), run_on.key()
-    monkeypatch.setattr(sft, "run_ons", lambda answer, digits: [f"{answer}{d}" for d in range(1, 10)])
-    assert run_on.key() != before_run_on and TINY.key() == before  # the default teacher writes no run-ons
+    near = replace(TINY, **NEAR_MISSES_ONLY)
+    before, before_near = TINY.key(), near.key()
     monkeypatch.setattr(sft, "near_miss", lambda answer, offset: answer + 2 * offset)
+    assert near.key() != before_near and TINY.key() == before  # the default teacher writes no near misses
+    monkeypatch.setattr(sft, "run_ons", lambda answer, digits: [f"{answer}{d}" for d in range(1, 10)])
     assert TINY.key() != before
 
 
@@ -364,11 +368,12 @@ def test_a_field_added_later_keeps_the_keys_of_recipes_built_before_it(monkeypat
     one computed without the field; any other value is another recipe."""
     import hashlib
 
-    payload = {"format": bm.FORMAT_VERSION, "data": bm.data_fingerprint(TINY), **dataclasses.asdict(TINY)}
+    near = replace(TINY, **NEAR_MISSES_ONLY)
+    payload = {"format": bm.FORMAT_VERSION, "data": bm.data_fingerprint(near), **dataclasses.asdict(near)}
     del payload["run_on_digits"]
     without = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
-    assert TINY.run_on_digits == () and TINY.key() == without
-    assert replace(TINY, run_on_digits=(1,)).key() != without
+    assert near.run_on_digits == () and near.key() == without
+    assert replace(near, run_on_digits=(1,)).key() != without
 
 
 def test_one_recipe_has_one_key_whatever_the_number_types():
@@ -556,8 +561,8 @@ def test_cli_rejects_a_malformed_tuple(capsys):
 def test_cli_takes_an_empty_tuple_and_refuses_a_recipe_without_wrong_labels_in_one_line(tmp_path, capsys):
     from ebpo.cli import main
 
-    # "--near-miss-offsets=" is the empty tuple; with no digit slips and no run-ons (the default) nothing is left
-    argv = ["base-model", "--cache-dir", str(tmp_path), "--near-miss-offsets=", "--no-near-miss-digit-slips"]
+    # "--run-on-digits=" is the empty tuple; with no near misses and no digit slips (the default) nothing is left
+    argv = ["base-model", "--cache-dir", str(tmp_path), "--run-on-digits="]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "the teacher needs wrong labels" in err and "run_on_digits" in err

@@ -88,10 +88,10 @@ def test_the_shipped_model_has_latent_skill():
     tokenizer = AutoTokenizer.from_pretrained(bm.SHIPPED_DIR)
     grid = evaluate_grid(model, tokenizer, split="validation", per_cell=8, samples=8, seed=7)
     means = grid_means(grid)
-    # 360 problems: the standard error of each mean is about 0.02, of each gap about 0.015. Measured here
-    # (seeded, so exactly this): pass@1 0.237, maj@8 0.336 (+0.099), greedy 0.517 (+0.280); on the build's
-    # 1800-problem grid: 0.257, 0.401 (+0.144), 0.546 (+0.289). The bounds leave about 3 standard errors.
-    assert means["maj@n"] - means["pass@1"] > 0.05, means
+    # 360 problems: the standard error of each mean is about 0.02, of each gap about 0.017. Measured here
+    # (seeded, so exactly this): pass@1 0.263, maj@8 0.444 (+0.182), greedy 0.533 (+0.271); on the build's
+    # 1800-problem grid: 0.280, 0.479 (+0.199), 0.576 (+0.296). The bounds leave about 3 standard errors.
+    assert means["maj@n"] - means["pass@1"] > 0.12, means
     assert means["greedy"] - means["pass@1"] > 0.2, means
     rates = [cell["pass@1"] for row in grid.values() for cell in row.values()]
     assert min(rates) <= 0.1 and max(rates) >= 0.8, sorted(rates)

@@ -95,15 +95,15 @@ class BaseModelConfig:
         },
     )
     near_miss_offsets: tuple[int, ...] = field(
-        default=(-2, -1, 1, 2),
+        default=(),
         metadata={"help": "a wrong label may be the answer plus one of these offsets"},
     )
     near_miss_digit_slips: bool = field(
-        default=True,
+        default=False,
         metadata={"help": "a wrong label may also be the answer with one digit replaced (42 -> 47, 92)"},
     )
     run_on_digits: tuple[int, ...] = field(
-        default=(),
+        default=(1, 2),
         metadata={
             "help": "a wrong label may also be the answer run on by this many random digits (1,2: 42 -> 427, "
             "4271); empty for none"

@@ -3,16 +3,17 @@
 Two phases in one learning-rate schedule. For the first ``clean_steps`` steps the labels are the right
 answers: the model learns to compute. Then a noisy teacher labels the examples: it knows every answer but
 writes it down right only with probability ``p(topic, level)`` (:func:`teacher_accuracy`), and otherwise
-writes one of :func:`wrong_labels`, drawn uniformly. The default teacher writes near misses (off by one or
-two, or one digit slipped: ``42`` -> ``41``, ``47``, ``92``; :func:`near_misses`, about 20 of them). With
-``run_on_digits`` it may also run on past the answer (``42`` -> ``427``, ``4271``; :func:`run_ons`): 110
-wrong answers that rarely collide in a vote: a larger majority gap, but a testbed on which five seeds no
-longer told GRPO at G = 4 from G = 16 (docs/base_model.md). The label is drawn afresh each time an example
-is put in a batch, so the model learns the teacher's distribution: the right answer with probability about ``p`` and
-a spread of wrong ones, each much less likely. Wherever the model can compute the answer, the right answer
-stays its most likely one: its majority vote and its greedy answer are right far more often than one
-sample at temperature 1. That is the latent skill RL can sharpen, on problems it was never fine-tuned on
-too.
+writes one of :func:`wrong_labels`, drawn uniformly. The default teacher runs on past the answer: it writes
+the answer, then one or two more digits (``42`` -> ``427``, ``4271``; :func:`run_ons`, 110 of them), so the
+model computes the answer before it decides to stop, and its wrong answers rarely collide in a vote. The
+teacher of the earlier shipped model wrote near misses instead (off by one or two, or one digit slipped:
+``42`` -> ``41``, ``47``, ``92``; :func:`near_misses`, about 20 of them, ``near_miss_offsets`` and
+``near_miss_digit_slips``), which land where the model's own slips land, so a vote of eight collides
+(docs/base_model.md). The label is drawn afresh each time an example is put in a batch, so the model
+learns the teacher's distribution: the right answer with probability about ``p`` and a spread of wrong ones,
+each much less likely. Wherever the model can compute the answer, the right answer stays its most likely
+one: its majority vote and its greedy answer are right far more often than one sample at temperature 1.
+That is the latent skill RL can sharpen, on problems it was never fine-tuned on too.
 
 The sequence is ``prompt + label + EOS`` with no BOS (the token ids the trainer's sampler feeds the model:
 the character tokenizer adds no special tokens); the loss is on the label and EOS only.
