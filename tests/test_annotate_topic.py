@@ -556,3 +556,37 @@ def test_cli_topic_ctrl_c_keeps_finished_labels_and_resumes(raw_judge, tmp_path)
         "Algebra & Number Theory",
         "Geometry & Trigonometry",
     ]
+
+
+def test_judge_goes_through_the_proxy_the_environment_names(raw_judge, monkeypatch):
+    """``http_proxy`` with credentials: the request goes to the proxy, with the full URL as its target and
+    the credentials as Basic proxy authorization; ``no_proxy`` naming the host sends it straight there."""
+    heads: list[bytes] = []
+    proxy = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        conn, _ = proxy.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            heads.append(data.split(b"\r\n\r\n")[0])
+            conn.sendall(RawJudge._ok("Linear Algebra"))
+
+    threading.Thread(target=serve, daemon=True).start()
+    for name in ("no_proxy", "NO_PROXY", "all_proxy", "ALL_PROXY", "HTTP_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("http_proxy", f"http://user:secret@127.0.0.1:{proxy.getsockname()[1]}")
+    clf = JudgeTopicClassifier(base_url="http://judge.invalid/v1", model="m", max_retries=0)
+    assert clf.label(["a matrix"]) == ["Linear Algebra"]
+    proxy.close()
+    request_line, *header_lines = heads[0].decode().split("\r\n")
+    headers = {name.lower(): value for name, value in (line.split(": ", 1) for line in header_lines)}
+    assert request_line == "POST http://judge.invalid/v1/chat/completions HTTP/1.1"
+    assert headers["proxy-authorization"] == "Basic dXNlcjpzZWNyZXQ="  # base64 of "user:secret"
+
+    judge = raw_judge()  # on 127.0.0.1: excluded from the proxy, answered directly
+    monkeypatch.setenv("no_proxy", "127.0.0.1")
+    direct = JudgeTopicClassifier(base_url=judge.url, model="m", max_retries=0)
+    assert direct.label(["plain: direct"]) == ["Algebra & Number Theory"]
+    assert judge.requests == ["plain: direct"]

