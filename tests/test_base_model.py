@@ -15,11 +15,11 @@ import torch
 from ebpo.data import Record
 from ebpo.models import base_model as bm
 from ebpo.models import grid as grid_mod
-from ebpo.models import sft
+from ebpo.models import recipe, sft
 from ebpo.models.tiny import build_char_tokenizer
 
 # A build that takes a few seconds: a 2-layer width-32 model, 40 steps, one validation problem per cell.
-TINY = bm.BaseModelConfig(
+TINY = recipe.BaseModelConfig(
     hidden_size=32,
     num_layers=2,
     num_heads=2,
@@ -64,37 +64,37 @@ def test_teacher_accuracy_is_topic_times_level_factor_clipped():
     cfg = replace(
         TINY, teacher_topic_accuracy=(0.8,) * 8 + (1.0,), teacher_level_factor=(1.0, 0.5, 0.25, 2.0, 0.0)
     )
-    assert sft.teacher_accuracy(cfg, "mod", 1) == 0.8  # mod is TOPICS[0]: 0.8 x 1.0
-    assert sft.teacher_accuracy(cfg, "mod", 2) == 0.4  # 0.8 x 0.5
-    assert sft.teacher_accuracy(cfg, "power", 3) == 0.25  # power is TOPICS[8]: 1.0 x 0.25
-    assert sft.teacher_accuracy(cfg, "power", 4) == 1.0  # 1.0 x 2.0, clipped to 1
-    assert sft.teacher_accuracy(cfg, "units", 5) == 0.0
+    assert recipe.teacher_accuracy(cfg, "mod", 1) == 0.8  # mod is TOPICS[0]: 0.8 x 1.0
+    assert recipe.teacher_accuracy(cfg, "mod", 2) == 0.4  # 0.8 x 0.5
+    assert recipe.teacher_accuracy(cfg, "power", 3) == 0.25  # power is TOPICS[8]: 1.0 x 0.25
+    assert recipe.teacher_accuracy(cfg, "power", 4) == 1.0  # 1.0 x 2.0, clipped to 1
+    assert recipe.teacher_accuracy(cfg, "units", 5) == 0.0
 
 
 def test_near_miss_adds_the_offset_but_never_turns_a_non_negative_answer_negative():
-    assert sft.near_miss(42, 10) == 52 and sft.near_miss(42, -3) == 39
-    assert sft.near_miss(2, -3) == 5  # 2 - 3 = -1 < 0: reflected to 2 + 3
-    assert sft.near_miss(0, -1) == 1
-    assert sft.near_miss(-27, -10) == -37  # negative answers (powers, dot products) stay free
-    assert sft.near_miss(-2, 3) == 1
+    assert recipe.near_miss(42, 10) == 52 and recipe.near_miss(42, -3) == 39
+    assert recipe.near_miss(2, -3) == 5  # 2 - 3 = -1 < 0: reflected to 2 + 3
+    assert recipe.near_miss(0, -1) == 1
+    assert recipe.near_miss(-27, -10) == -37  # negative answers (powers, dot products) stay free
+    assert recipe.near_miss(-2, 3) == 1
 
 
 def test_digit_slips_replace_one_digit_without_a_leading_zero():
-    assert sft.digit_slips(7) == [0, 1, 2, 3, 4, 5, 6, 8, 9]
+    assert recipe.digit_slips(7) == [0, 1, 2, 3, 4, 5, 6, 8, 9]
     # 42: first digit 1..9 but 4 (no leading 0), then second digit 0..9 but 2: 8 + 9 = 17 numbers
-    assert sft.digit_slips(42) == [12, 22, 32, 52, 62, 72, 82, 92, 40, 41, 43, 44, 45, 46, 47, 48, 49]
-    assert sft.digit_slips(-5) == [-0, -1, -2, -3, -4, -6, -7, -8, -9]  # the sign stays
-    assert all(len(str(x)) == 3 for x in sft.digit_slips(105))
+    assert recipe.digit_slips(42) == [12, 22, 32, 52, 62, 72, 82, 92, 40, 41, 43, 44, 45, 46, 47, 48, 49]
+    assert recipe.digit_slips(-5) == [-0, -1, -2, -3, -4, -6, -7, -8, -9]  # the sign stays
+    assert all(len(str(x)) == 3 for x in recipe.digit_slips(105))
 
 
 def test_near_misses_are_distinct_sorted_and_never_the_answer():
     cfg = replace(TINY, near_miss_offsets=(-2, -1, 1, 2), near_miss_digit_slips=True)
     # 42 +- 1, 2 = 40, 41, 43, 44 are digit slips too: the union is the 17 slips
-    assert sft.near_misses(42, cfg) == sorted(sft.digit_slips(42))
+    assert recipe.near_misses(42, cfg) == sorted(recipe.digit_slips(42))
     # 0: offsets -2, -1 reflect to 2, 1; slips 1..9
-    assert sft.near_misses(0, cfg) == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert recipe.near_misses(0, cfg) == [1, 2, 3, 4, 5, 6, 7, 8, 9]
     no_slips = replace(cfg, near_miss_digit_slips=False, near_miss_offsets=(-10, 10, 20))
-    assert sft.near_misses(5, no_slips) == [15, 25]  # 5 - 10 reflects to 15, a duplicate of 5 + 10
+    assert recipe.near_misses(5, no_slips) == [15, 25]  # 5 - 10 reflects to 15, a duplicate of 5 + 10
 
 
 def test_teacher_labels_follow_the_accuracy_and_spread_over_the_near_misses():
@@ -106,9 +106,9 @@ def test_teacher_labels_follow_the_accuracy_and_spread_over_the_near_misses():
     )
     rng = random.Random(0)
     record = _record("dot", 1, 50)
-    labels = Counter(sft.teacher_label(record, cfg, rng) for _ in range(20_000))
+    labels = Counter(recipe.teacher_label(record, cfg, rng) for _ in range(20_000))
     # 17 digit slips (10..90 but 50: 8; 51..59: 9) plus 48 and 49 (50 - 2, 50 - 1 change both digits)
-    misses = sft.near_misses(50, cfg)
+    misses = recipe.near_misses(50, cfg)
     assert len(misses) == 19 and set(labels) == {"50"} | {str(m) for m in misses}
     # P(right) = 0.3, each near miss (1 - 0.3) / 19 = 0.037; binomial sd over 20,000 draws:
     # sqrt(0.3 * 0.7 / 20000) = 0.0032 and sqrt(0.037 * 0.963 / 20000) = 0.0013.
@@ -118,37 +118,37 @@ def test_teacher_labels_follow_the_accuracy_and_spread_over_the_near_misses():
     assert labels.most_common(1)[0][0] == "50"
     # seeded: the same generator state gives the same labels
     a, b = random.Random(5), random.Random(5)
-    assert [sft.teacher_label(record, cfg, a) for _ in range(50)] == [
-        sft.teacher_label(record, cfg, b) for _ in range(50)
+    assert [recipe.teacher_label(record, cfg, a) for _ in range(50)] == [
+        recipe.teacher_label(record, cfg, b) for _ in range(50)
     ]
 
 
 def test_run_ons_append_every_choice_of_digits_and_never_read_as_the_answer():
     from ebpo.tasks import arith
 
-    assert sft.run_ons(42, 1) == [f"42{d}" for d in range(10)]
-    assert sft.run_ons(-27, 1)[:2] == ["-270", "-271"]  # the sign stays; -270 is not -27
-    two = sft.run_ons(7, 2)
+    assert recipe.run_ons(42, 1) == [f"42{d}" for d in range(10)]
+    assert recipe.run_ons(-27, 1)[:2] == ["-270", "-271"]  # the sign stays; -270 is not -27
+    two = recipe.run_ons(7, 2)
     assert len(two) == 100 and two[0] == "700" and two[-1] == "799"
     # 0 run on by zeros reads as 0 again (00, 000): left out; 05 reads as 5, 012 as 12, wrong answers
-    assert sft.run_ons(0, 1) == [f"0{d}" for d in range(1, 10)]
-    assert sft.run_ons(0, 2) == [f"0{d:02d}" for d in range(1, 100)]
+    assert recipe.run_ons(0, 1) == [f"0{d}" for d in range(1, 10)]
+    assert recipe.run_ons(0, 2) == [f"0{d:02d}" for d in range(1, 100)]
     rng = random.Random(0)
     for answer in [rng.randint(-700, 700) for _ in range(200)] + [0, 1, -1, 10]:
         for digits in (1, 2):
-            assert all(arith.verify(label, str(answer)) == 0.0 for label in sft.run_ons(answer, digits))
+            assert all(arith.verify(label, str(answer)) == 0.0 for label in recipe.run_ons(answer, digits))
 
 
 def test_wrong_labels_join_the_near_misses_and_the_run_ons_without_duplicates():
     only_run_ons = replace(TINY, near_miss_offsets=(), near_miss_digit_slips=False, run_on_digits=(1, 2))
-    assert sft.wrong_labels(42, only_run_ons) == sft.run_ons(42, 1) + sft.run_ons(42, 2)  # 10 + 100
+    assert recipe.wrong_labels(42, only_run_ons) == recipe.run_ons(42, 1) + recipe.run_ons(42, 2)  # 10 + 100
     both = replace(TINY, near_miss_offsets=(-1, 1), near_miss_digit_slips=False, run_on_digits=(1, 1))
-    assert sft.wrong_labels(42, both) == ["41", "43"] + sft.run_ons(42, 1)  # (1, 1): the run-ons once
+    assert recipe.wrong_labels(42, both) == ["41", "43"] + recipe.run_ons(42, 1)  # (1, 1): the run-ons once
     # the near misses alone (D2's teacher): the near misses, as text, in their order
     near = replace(TINY, **NEAR_MISSES_ONLY)
-    assert sft.wrong_labels(42, near) == [str(m) for m in sft.near_misses(42, near)]
+    assert recipe.wrong_labels(42, near) == [str(m) for m in recipe.near_misses(42, near)]
     # the default teacher: the run-ons only
-    assert sft.wrong_labels(42, TINY) == sft.run_ons(42, 1) + sft.run_ons(42, 2)
+    assert recipe.wrong_labels(42, TINY) == recipe.run_ons(42, 1) + recipe.run_ons(42, 2)
 
 
 def test_a_run_on_teacher_spreads_its_wrong_labels_over_every_run_on():
@@ -161,11 +161,11 @@ def test_a_run_on_teacher_spreads_its_wrong_labels_over_every_run_on():
         run_on_digits=(1, 2),
     )
     rng = random.Random(0)
-    labels = Counter(sft.teacher_label(_record("area", 2, 42), cfg, rng) for _ in range(20_000))
+    labels = Counter(recipe.teacher_label(_record("area", 2, 42), cfg, rng) for _ in range(20_000))
     # P(right) = 0.4 (sd sqrt(0.4 * 0.6 / 20000) = 0.0035); each of the 110 run-ons (1 - 0.4) / 110 = 0.0055
     # (sd 0.0005): the likeliest wrong label is far less likely than the right one
     assert abs(labels["42"] / 20_000 - 0.4) < 0.015
-    assert set(labels) == {"42"} | set(sft.wrong_labels(42, cfg))
+    assert set(labels) == {"42"} | set(recipe.wrong_labels(42, cfg))
     assert max(n for label, n in labels.items() if label != "42") / 20_000 < 0.0055 + 0.003
 
 
@@ -189,7 +189,7 @@ def test_the_first_clean_steps_train_on_right_answers(monkeypatch):
     assert len(seen) == 32
     assert all(label == answers[prompt] for prompt, label in seen[:16])
     assert all(label != answers[prompt] for prompt, label in seen[16:])
-    assert all(label in sft.wrong_labels(int(answers[prompt]), cfg) for prompt, label in seen[16:])
+    assert all(label in recipe.wrong_labels(int(answers[prompt]), cfg) for prompt, label in seen[16:])
 
 
 def test_sft_pool_comes_from_the_sft_split_and_follows_the_level_weights():
@@ -322,19 +322,19 @@ def test_evaluate_grid_scores_pass_at_1_majority_and_greedy(monkeypatch):
 
 def test_config_validation_and_key():
     with pytest.raises(ValueError, match="hidden_size .* divisible by num_heads"):
-        bm.BaseModelConfig(hidden_size=30, num_heads=4)
+        recipe.BaseModelConfig(hidden_size=30, num_heads=4)
     with pytest.raises(ValueError, match="BaseModelConfig.batch_size must be >= 1"):
-        bm.BaseModelConfig(batch_size=0)
+        recipe.BaseModelConfig(batch_size=0)
     with pytest.raises(ValueError, match="teacher_topic_accuracy needs 9 probabilities"):
-        bm.BaseModelConfig(teacher_topic_accuracy=(0.5,) * 8)
+        recipe.BaseModelConfig(teacher_topic_accuracy=(0.5,) * 8)
     with pytest.raises(ValueError, match="near_miss_offsets needs non-zero offsets"):
-        bm.BaseModelConfig(near_miss_offsets=(0, 1))
+        recipe.BaseModelConfig(near_miss_offsets=(0, 1))
     with pytest.raises(ValueError, match="run_on_digits needs digit counts >= 1"):
-        bm.BaseModelConfig(run_on_digits=(0, 1))
+        recipe.BaseModelConfig(run_on_digits=(0, 1))
     with pytest.raises(ValueError, match="the teacher needs wrong labels"):
-        bm.BaseModelConfig(near_miss_offsets=(), near_miss_digit_slips=False, run_on_digits=())
-    assert bm.BaseModelConfig().key() == bm.BaseModelConfig().key()
-    assert len({bm.BaseModelConfig(seed=s).key() for s in range(5)}) == 5
+        recipe.BaseModelConfig(near_miss_offsets=(), near_miss_digit_slips=False, run_on_digits=())
+    assert recipe.BaseModelConfig().key() == recipe.BaseModelConfig().key()
+    assert len({recipe.BaseModelConfig(seed=s).key() for s in range(5)}) == 5
     assert replace(TINY, lr=2e-2).key() != TINY.key()
     assert replace(TINY, near_miss_offsets=(1, 2)).key() != TINY.key()
 
@@ -357,9 +357,9 @@ def test_key_follows_what_the_generator_produces_not_its_source_bytes(monkeypatc
 def test_key_follows_the_teacher(monkeypatch):
     near = replace(TINY, **NEAR_MISSES_ONLY)
     before, before_near = TINY.key(), near.key()
-    monkeypatch.setattr(sft, "near_miss", lambda answer, offset: answer + 2 * offset)
+    monkeypatch.setattr(recipe, "near_miss", lambda answer, offset: answer + 2 * offset)
     assert near.key() != before_near and TINY.key() == before  # the default teacher writes no near misses
-    monkeypatch.setattr(sft, "run_ons", lambda answer, digits: [f"{answer}{d}" for d in range(1, 10)])
+    monkeypatch.setattr(recipe, "run_ons", lambda answer, digits: [f"{answer}{d}" for d in range(1, 10)])
     assert TINY.key() != before
 
 
@@ -369,7 +369,11 @@ def test_a_field_added_later_keeps_the_keys_of_recipes_built_before_it(monkeypat
     import hashlib
 
     near = replace(TINY, **NEAR_MISSES_ONLY)
-    payload = {"format": bm.FORMAT_VERSION, "data": bm.data_fingerprint(near), **dataclasses.asdict(near)}
+    payload = {
+        "format": recipe.FORMAT_VERSION,
+        "data": recipe.data_fingerprint(near),
+        **dataclasses.asdict(near),
+    }
     del payload["run_on_digits"]
     without = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
     assert near.run_on_digits == () and near.key() == without
@@ -520,7 +524,7 @@ def test_cli_builds_into_cache_dir_and_prints_the_path_last(tmp_path, capsys):
     assert main(argv) == 0
     printed = capsys.readouterr().out.strip().splitlines()
     expected = bm.base_model_path(
-        bm.BaseModelConfig(
+        recipe.BaseModelConfig(
             hidden_size=32,
             num_layers=1,
             num_heads=2,
@@ -545,7 +549,7 @@ def test_cli_help_documents_every_config_field(capsys):
         main(["base-model", "--help"])
     assert exit_info.value.code == 0
     text = " ".join(capsys.readouterr().out.split())  # undo argparse's line wrapping
-    for f in dataclasses.fields(bm.BaseModelConfig):
+    for f in dataclasses.fields(recipe.BaseModelConfig):
         assert f"--{f.name.replace('_', '-')}" in text
     assert "--force" in text and "--check" in text and "--out" in text and "cosine decay to 10%" in text
 
@@ -598,20 +602,20 @@ def test_cli_grid_samples_and_temperature_change_the_measurement_not_the_recipe(
     argv = ["base-model", "--cache-dir", str(tmp_path), "--hidden-size", "32", "--num-layers", "1"]
     argv += ["--num-heads", "2", "--steps", "3", "--batch-size", "8", "--train-problems", "45"]
     argv += ["--eval-per-cell", "0"]
-    recipe = bm.BaseModelConfig(
+    built = recipe.BaseModelConfig(
         hidden_size=32, num_layers=1, num_heads=2, steps=3, batch_size=8, train_problems=45, eval_per_cell=0
     )
     assert main(argv + ["--quiet"]) == 0
-    assert capsys.readouterr().out.strip() == str(bm.base_model_path(recipe, tmp_path))
+    assert capsys.readouterr().out.strip() == str(bm.base_model_path(built, tmp_path))
     assert main(argv + ["--grid", "test", "--grid-samples", "3"]) == 0
     out = capsys.readouterr().out
-    assert "reusing the base model" in out and out.strip().endswith(str(bm.base_model_path(recipe, tmp_path)))
+    assert "reusing the base model" in out and out.strip().endswith(str(bm.base_model_path(built, tmp_path)))
     assert seen == {"samples": 3, "temperature": 1.0, "split": "test"}
     assert main(argv + ["--grid", "validation", "--grid-temperature", "2.5"]) == 0
     assert seen == {"samples": 8, "temperature": 2.5, "split": "validation"}
     capsys.readouterr()
     assert sorted(p.name for p in (tmp_path / "base_models").iterdir()) == [
-        bm.base_model_path(recipe, tmp_path).name
+        bm.base_model_path(built, tmp_path).name
     ]
     assert main(argv + ["--grid", "test", "--grid-samples", "0"]) == 2
     assert capsys.readouterr().err.strip() == "ebpo base-model: --grid-samples must be >= 1, got 0"

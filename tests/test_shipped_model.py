@@ -17,11 +17,13 @@ that, ``ebpo base-model --check`` (about 20 minutes on one core).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from ebpo.models import base_model as bm
-from ebpo.models import sft
+from ebpo.models import recipe, sft
 
 
 @pytest.fixture(scope="module")
@@ -34,14 +36,16 @@ def info():
 
 
 def test_the_shipped_model_was_built_from_the_current_recipe(info):
-    assert info["key"] == bm.BaseModelConfig().key(), (
+    assert info["key"] == recipe.BaseModelConfig().key(), (
         "the recipe, FORMAT_VERSION, the arith generator or the teacher changed since the shipped model was "
         "built: rebuild it (`ebpo base-model --force --out src/ebpo/models/arith_base`) and commit the files"
     )
-    current = bm.asdict(bm.BaseModelConfig())
+    current = dataclasses.asdict(recipe.BaseModelConfig())
     current |= {k: list(v) for k, v in current.items() if isinstance(v, tuple)}
-    # fields added since the build (bm.ADDED_FIELDS) are absent from its record; at their neutral value
-    recorded = info["config"] | {k: list(v) for k, v in bm.ADDED_FIELDS.items() if k not in info["config"]}
+    # fields added since the build (recipe.ADDED_FIELDS) are absent from its record; at their neutral value
+    recorded = info["config"] | {
+        k: list(v) for k, v in recipe.ADDED_FIELDS.items() if k not in info["config"]
+    }
     assert recorded == current
     assert info["threads"] == 1
 
@@ -62,7 +66,7 @@ def test_the_first_sft_steps_rebuild_bit_for_bit(info):
     if recorded != here:
         pytest.skip(f"built with {recorded}, here {here}: float rounding may differ in the last bits")
     assert info["prefix_steps"] == bm.PREFIX_STEPS
-    assert bm.train_prefix_sha256(bm.BaseModelConfig()) == info["prefix_sha256"]
+    assert bm.train_prefix_sha256(recipe.BaseModelConfig()) == info["prefix_sha256"]
 
 
 def test_build_base_model_returns_the_shipped_directory_without_training(monkeypatch, tmp_path):

@@ -4,7 +4,7 @@ For each of the 1,800 test problems of ``ebpo base-model --grid test`` (40 per t
 samples 64 answers at T = 1 and measures, on the problems whose most frequent answer of the 64 is right:
 the right answer's share, the likeliest wrong answer's share and kind (``arith.answer_kind``), the expected
 maj@8 over random 8-subsets of the 64 (``ebpo.eval.metrics.maj_at_k``), and, for comparison, the probability
-with which the model's teacher writes any one wrong label (``ebpo.models.sft``).
+with which the model's teacher writes any one wrong label (``ebpo.models.recipe``).
 
     python docs/results/long_sft/vote_collisions.py src/ebpo/models/arith_base            # D2, about a minute
     python docs/results/long_sft/vote_collisions.py ~/.cache/ebpo/base_models/arith-6cacd0f01581   # L2
@@ -25,8 +25,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ebpo.eval.metrics import maj_at_k, score_problem
 from ebpo.generation import sample
-from ebpo.models import sft
-from ebpo.models.base_model import BaseModelConfig
+from ebpo.models import recipe
+from ebpo.models.recipe import BaseModelConfig
 from ebpo.tasks import arith
 
 SAMPLES, VOTERS, BATCH = 64, 8, 128
@@ -49,8 +49,8 @@ def problem_row(record, texts: list[str], config: BaseModelConfig) -> dict:
         "top_kind": arith.answer_kind(top_answer, record.answer) if wrong else "none",
         "distinct_wrong": len(wrong),
         "maj8": maj_at_k(scores.clusters, scores.cluster_correct, VOTERS),
-        "teacher_one_wrong": (1 - sft.teacher_accuracy(config, record.topic, record.level))
-        / len(sft.wrong_labels(int(record.answer), config)),
+        "teacher_one_wrong": (1 - recipe.teacher_accuracy(config, record.topic, record.level))
+        / len(recipe.wrong_labels(int(record.answer), config)),
     }
 
 

@@ -14,7 +14,7 @@ import sys
 import typing
 from dataclasses import fields, replace
 
-from ebpo.models.base_model import BaseModelConfig
+from ebpo.models.recipe import BaseModelConfig
 
 
 def _tuple_of(kind: type):

@@ -1,15 +1,9 @@
 """Supervised fine-tuning of the ``arith`` base model: right answers first, then a noisy teacher.
 
 Two phases in one learning-rate schedule. For the first ``clean_steps`` steps the labels are the right
-answers: the model learns to compute. Then a noisy teacher labels the examples: it knows every answer but
-writes it down right only with probability ``p(topic, level)`` (:func:`teacher_accuracy`), and otherwise
-writes one of :func:`wrong_labels`, drawn uniformly. The default teacher runs on past the answer: it writes
-the answer, then one or two more digits (``42`` -> ``427``, ``4271``; :func:`run_ons`, 110 of them), so the
-model computes the answer before it decides to stop, and its wrong answers rarely collide in a vote. The
-teacher of the earlier shipped model wrote near misses instead (off by one or two, or one digit slipped:
-``42`` -> ``41``, ``47``, ``92``; :func:`near_misses`, about 20 of them, ``near_miss_offsets`` and
-``near_miss_digit_slips``), which land where the model's own slips land, so a vote of eight collides
-(docs/base_model.md). The label is drawn afresh each time an example is put in a batch, so the model
+answers: the model learns to compute. Then the recipe's noisy teacher labels the examples
+(``ebpo.models.recipe.teacher_label``: the right answer with probability ``p(topic, level)``, else one of its
+wrong labels, drawn uniformly). The label is drawn afresh each time an example is put in a batch, so the model
 learns the teacher's distribution: the right answer with probability about ``p`` and a spread of wrong ones,
 each much less likely. Wherever the model can compute the answer, the right answer stays its most likely
 one: its majority vote and its greedy answer are right far more often than one sample at temperature 1.
@@ -25,76 +19,12 @@ import math
 import random
 from typing import TYPE_CHECKING
 
+from ebpo.models.recipe import BaseModelConfig, teacher_label
+
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from ebpo.data import Record
-    from ebpo.models.base_model import BaseModelConfig
-
-
-def teacher_accuracy(config: BaseModelConfig, topic: str, level: int) -> float:
-    """Probability that the teacher's label is right: ``teacher_topic_accuracy[topic] * teacher_level_factor[level]``
-    (clipped to [0, 1]), with the topic's entry in ``ebpo.tasks.arith.TOPICS`` order."""
-    from ebpo.tasks import arith
-
-    value = config.teacher_topic_accuracy[arith.TOPICS.index(topic)] * config.teacher_level_factor[level - 1]
-    return min(1.0, max(0.0, value))
-
-
-def near_miss(answer: int, offset: int) -> int:
-    """``answer + offset``, reflected to ``answer - offset`` when that would turn a non-negative answer negative
-    (a remainder, a count or an area is never written as a negative number, even by mistake)."""
-    missed = answer + offset
-    return answer - offset if answer >= 0 and missed < 0 else missed
-
-
-def digit_slips(answer: int) -> list[int]:
-    """The answer with one digit replaced by another (the sign kept; no leading zero): ``42`` -> 12, 22, ...,
-    92, 40, 41, 43, ..., 49."""
-    digits, sign = str(abs(answer)), -1 if answer < 0 else 1
-    slips = []
-    for i, old in enumerate(digits):
-        for new in "0123456789":
-            if new != old and not (i == 0 and new == "0" and len(digits) > 1):
-                slips.append(sign * int(digits[:i] + new + digits[i + 1 :]))
-    return slips
-
-
-def near_misses(answer: int, config: BaseModelConfig) -> list[int]:
-    """The teacher's wrong labels for ``answer``, each equally likely: ``answer + offset`` for every offset of
-    ``near_miss_offsets`` (:func:`near_miss`) and, with ``near_miss_digit_slips``, every :func:`digit_slips`
-    variant; distinct, sorted, never the answer itself."""
-    candidates = {near_miss(answer, offset) for offset in config.near_miss_offsets}
-    if config.near_miss_digit_slips:
-        candidates.update(digit_slips(answer))
-    candidates.discard(answer)
-    return sorted(candidates)
-
-
-def run_ons(answer: int, digits: int) -> list[str]:
-    """The answer run on by ``digits`` more digits, every choice of them: ``run_ons(42, 1)`` -> ``420``,
-    ``421``, ..., ``429``. Written as text (``0`` run on by ``5`` is ``05``); none reads as the answer itself."""
-    labels = (f"{answer}{tail:0{digits}d}" for tail in range(10**digits))
-    return [label for label in labels if int(label) != answer]
-
-
-def wrong_labels(answer: int, config: BaseModelConfig) -> list[str]:
-    """Every wrong label the teacher may write for ``answer``, each equally likely: the :func:`near_misses`
-    and, for each count in ``run_on_digits``, the :func:`run_ons` by that many digits (distinct texts)."""
-    labels = [str(miss) for miss in near_misses(answer, config)]
-    for digits in sorted(set(config.run_on_digits)):
-        labels += run_ons(answer, digits)
-    return list(dict.fromkeys(labels))
-
-
-def teacher_label(record: Record, config: BaseModelConfig, rng: random.Random) -> str:
-    """One draw of the teacher's label for ``record``: the answer with probability ``teacher_accuracy``, else
-    one of its :func:`wrong_labels`, drawn uniformly."""
-    answer = int(record.answer)
-    assert record.topic is not None and record.level is not None  # arith records carry both
-    if rng.random() < teacher_accuracy(config, record.topic, record.level):
-        return str(answer)
-    return rng.choice(wrong_labels(answer, config))
 
 
 def sft_records(config: BaseModelConfig) -> list[Record]:
