@@ -47,8 +47,8 @@ test-verl: $(VERL_STAMP)
 	$(VERL_PY) -m pytest -q $(VERL_TESTS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks examples
-	$(VENV)/bin/ruff format --check src tests benchmarks examples
+	$(VENV)/bin/ruff check src tests benchmarks examples tools
+	$(VENV)/bin/ruff format --check src tests benchmarks examples tools
 	$(VENV)/bin/mypy src
 
 bench: $(STAMP) $(VERL_STAMP)
