@@ -53,44 +53,66 @@ POLICIES = ("stationary", "improving")
 
 @dataclass
 class SimulateConfig:
-    """Settings of ``ebpo simulate`` (every field is a CLI flag)."""
+    """Settings of ``ebpo simulate``; every field is a flag (``--group-size``, ...)."""
 
-    group_size: int = 4
-    """G: responses per prompt (the paper's setting is 4)."""
-    num_topics: int = 4
-    """K: topics, with mean success rates evenly spaced in [topic_mean_low, topic_mean_high]."""
-    prompts_per_step: int = 32
-    """M: prompts (groups) per training step."""
-    steps: int = 150
-    """Training steps per run."""
-    seeds: list[int] = field(default_factory=lambda: [0, 1])
-    """One run per seed; tables report the mean over seeds (and the standard error across them)."""
-    warmup: int = 20
-    """Steps left out of every average, while the running priors fill up."""
-    topic_mean_low: float = 0.1
-    """Mean latent success rate of the hardest topic."""
-    topic_mean_high: float = 0.8
-    """Mean latent success rate of the easiest topic."""
-    concentration: float = 6.0
-    """kappa of the within-topic Beta(kappa mu_k, kappa (1 - mu_k)) of latent rates."""
-    pool_size: int = 256
-    """Prompts per topic; a step samples its prompts from these pools."""
-    topic_block: int = 15
-    """Topic-coherent stream: consecutive steps drawn from one topic before moving to the next."""
-    drift: float = 2.0
-    """Improving policy: every latent logit rises linearly by this much from the first to the last step."""
-    half_life: float = 10.0
-    """Half-life in steps of the EBPO variants with ``prior_memory`` = half-life."""
-    theorem2_steps: int = 300
-    """Steps of the Gaussian Theorem 2 run (M prompts each)."""
-    theorem2_mu: float = 0.5
-    """Theorem 2: prior mean of the latent rates."""
-    theorem2_tau2: float = 0.01
-    """Theorem 2: variance of the latent rates (between prompts)."""
-    theorem2_sigma2: float = 0.04
-    """Theorem 2: variance of a reward around its prompt's latent rate (within a group)."""
-    out_dir: str = "runs/simulate"
-    """Where simulate.csv and simulate.png go."""
+    group_size: int = field(default=4, metadata={"help": "G, responses per prompt", "aliases": ["-G"]})
+    num_topics: int = field(
+        default=4,
+        metadata={
+            "help": "K, topics of distinct mean difficulty, with mean success rates evenly spaced in "
+            "[topic_mean_low, topic_mean_high]",
+            "aliases": ["-K"],
+        },
+    )
+    prompts_per_step: int = field(
+        default=32, metadata={"help": "M, prompts (groups) per step", "aliases": ["-M"]}
+    )
+    steps: int = field(default=150, metadata={"help": "steps per run"})
+    seeds: list[int] = field(
+        default_factory=lambda: [0, 1],
+        metadata={
+            "help": "one run per seed; tables average over them (and give the standard error across them)"
+        },
+    )
+    warmup: int = field(default=20, metadata={"help": "steps left out of the averages while priors fill"})
+    topic_mean_low: float = field(
+        default=0.1, metadata={"help": "mean latent success rate of the hardest topic"}
+    )
+    topic_mean_high: float = field(
+        default=0.8, metadata={"help": "mean latent success rate of the easiest topic"}
+    )
+    concentration: float = field(
+        default=6.0,
+        metadata={"help": "kappa of the within-topic Beta(kappa mu_k, kappa (1 - mu_k)) of latent rates"},
+    )
+    pool_size: int = field(
+        default=256, metadata={"help": "prompts per topic; a step samples its prompts from these pools"}
+    )
+    topic_block: int = field(
+        default=15, metadata={"help": "topic-coherent stream: consecutive steps drawn from one topic"}
+    )
+    drift: float = field(
+        default=2.0,
+        metadata={"help": "improving policy: rise of every latent logit from the first to the last step"},
+    )
+    half_life: float = field(
+        default=10.0,
+        metadata={"help": "half-life in steps of the EBPO variants with prior_memory = half-life"},
+    )
+    theorem2_steps: int = field(
+        default=300, metadata={"help": "steps of the Gaussian Theorem 2 run (M prompts each)"}
+    )
+    theorem2_mu: float = field(default=0.5, metadata={"help": "Theorem 2: prior mean of the latent rates"})
+    theorem2_tau2: float = field(
+        default=0.01, metadata={"help": "Theorem 2: variance of the latent rates (between prompts)"}
+    )
+    theorem2_sigma2: float = field(
+        default=0.04,
+        metadata={"help": "Theorem 2: variance of a reward around its prompt's latent rate (within a group)"},
+    )
+    out_dir: str = field(
+        default="runs/simulate", metadata={"help": "output folder for simulate.csv and simulate.png"}
+    )
 
     def __post_init__(self) -> None:
         checks = {
@@ -611,111 +633,32 @@ def write_plot(result: SimulateResult, path: Path) -> None:
 # CLI
 
 
+DESCRIPTION = (
+    "Reproduce Theorem 2 (EBPO's baseline MSE equals (1-S) sigma2/G under the Gaussian model) and compare the "
+    "estimators (baseline MSE against the latent success rate, zero-advantage fraction, advantage in all-fail "
+    "groups) and EBPO's prior scopes and memories on shuffled vs topic-coherent, stationary vs improving "
+    "streams. Prints tables; writes simulate.csv and simulate.png to --out-dir."
+)
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``ebpo simulate`` to the CLI."""
-    defaults = SimulateConfig()
-    parser = subparsers.add_parser(
+    """Add ``ebpo simulate`` to the CLI: one flag per :class:`SimulateConfig` field."""
+    from ebpo.dataclass_cli import add_command, dataclass_parser
+
+    add_command(
+        subparsers,
         "simulate",
         help="Monte Carlo study of the advantage estimators on a synthetic RLVR stream",
-        description=(
-            "Reproduce Theorem 2 (EBPO's baseline MSE equals (1-S) sigma2/G under the Gaussian model) and "
-            "compare the estimators (baseline MSE against the latent success rate, zero-advantage fraction, "
-            "advantage in all-fail groups) and EBPO's prior scopes and memories on shuffled vs "
-            "topic-coherent, stationary vs improving streams. Prints tables; writes simulate.csv and "
-            "simulate.png to --out-dir."
-        ),
+        parser=lambda prog: dataclass_parser(prog, DESCRIPTION, [SimulateConfig]),
+        run=run,
     )
-    parser.add_argument(
-        "--group-size",
-        "-G",
-        type=int,
-        default=defaults.group_size,
-        help="G, responses per prompt (default %(default)s)",
-    )
-    parser.add_argument(
-        "--num-topics",
-        "-K",
-        type=int,
-        default=defaults.num_topics,
-        help="K, topics of distinct mean difficulty (default %(default)s)",
-    )
-    parser.add_argument(
-        "--prompts-per-step",
-        "-M",
-        type=int,
-        default=defaults.prompts_per_step,
-        help="M, prompts per step (default %(default)s)",
-    )
-    parser.add_argument(
-        "--steps", type=int, default=defaults.steps, help="steps per run (default %(default)s)"
-    )
-    parser.add_argument(
-        "--seeds",
-        type=int,
-        nargs="+",
-        default=defaults.seeds,
-        help="one run per seed; tables average over them (default %(default)s)",
-    )
-    parser.add_argument(
-        "--warmup",
-        type=int,
-        default=defaults.warmup,
-        help="steps left out of the averages while priors fill (default %(default)s)",
-    )
-    parser.add_argument(
-        "--topic-block",
-        type=int,
-        default=defaults.topic_block,
-        help="topic-coherent stream: consecutive steps per topic (default %(default)s)",
-    )
-    parser.add_argument(
-        "--drift",
-        type=float,
-        default=defaults.drift,
-        help="improving policy: rise of every latent logit over the run (default %(default)s)",
-    )
-    parser.add_argument(
-        "--half-life",
-        type=float,
-        default=defaults.half_life,
-        help="half-life in steps of the EBPO prior_memory variants (default %(default)s)",
-    )
-    parser.add_argument(
-        "--concentration",
-        type=float,
-        default=defaults.concentration,
-        help="kappa of the within-topic Beta of latent rates (default %(default)s)",
-    )
-    parser.add_argument(
-        "--theorem2-steps",
-        type=int,
-        default=defaults.theorem2_steps,
-        help="steps of the Gaussian Theorem 2 run (default %(default)s)",
-    )
-    parser.add_argument(
-        "--out-dir",
-        default=defaults.out_dir,
-        help="output folder for simulate.csv and simulate.png (default %(default)s)",
-    )
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``ebpo simulate``: run, print the tables, write CSV and PNG, print their folder."""
-    cfg = SimulateConfig(
-        group_size=args.group_size,
-        num_topics=args.num_topics,
-        prompts_per_step=args.prompts_per_step,
-        steps=args.steps,
-        seeds=list(args.seeds),
-        warmup=args.warmup,
-        topic_block=args.topic_block,
-        drift=args.drift,
-        half_life=args.half_life,
-        concentration=args.concentration,
-        theorem2_steps=args.theorem2_steps,
-        out_dir=args.out_dir,
-    )
+    from ebpo.dataclass_cli import from_args
+
+    cfg = from_args(SimulateConfig, args)
     result = simulate(cfg)
     print(format_tables(result))
     out_dir = Path(cfg.out_dir)

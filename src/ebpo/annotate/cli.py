@@ -13,10 +13,67 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ebpo.dataclass_cli import add_command, dataclass_parser, from_args
+
 DEFAULT_BENCHMARKS = Path(os.environ.get("EBPO_SHARED", "../shared")) / "data" / "benchmarks"
+SCHEMA_HELP = (
+    "read the input with this ebpo.data.loaders schema (shared, math500, olympiadbench, dapo_math_17k, "
+    "records, ...) and write our record format, ready for `ebpo train`; default: keep the file's own columns"
+)
+
+
+@dataclass
+class DifficultyFiles:
+    """The files of ``ebpo annotate difficulty`` (its sampling settings are ``DifficultyConfig``'s)."""
+
+    input: str = field(metadata={"help": "JSONL or Parquet with a prompt/problem and an answer column"})
+    output: str = field(metadata={"help": "new JSONL or Parquet file (input columns + difficulty)"})
+    schema: str | None = field(default=None, metadata={"help": SCHEMA_HELP})
+    no_progress: bool = field(default=False, metadata={"help": "hide the progress bar"})
+
+
+@dataclass
+class TopicFiles:
+    """The files and backend of ``ebpo annotate topic`` (the judge's settings are ``JudgeConfig``'s)."""
+
+    input: str | None = field(
+        default=None, metadata={"help": "JSONL or Parquet with a prompt/problem column"}
+    )
+    output: str | None = field(
+        default=None, metadata={"help": "new JSONL or Parquet file (input columns + topic)"}
+    )
+    schema: str | None = field(default=None, metadata={"help": SCHEMA_HELP})
+    backend: str = field(
+        default="keyword",
+        metadata={
+            "help": "labeller: keyword (rules), embedding (MiniLM, offline) or judge (an LLM over HTTP)"
+        },
+    )
+    relabel: bool = field(
+        default=False, metadata={"help": "relabel rows that already have a topic (default: keep them)"}
+    )
+    evaluate: str | None = field(
+        default=None,
+        metadata={
+            "help": "instead of labelling, print the backend's agreement with a hand-labelled sample "
+            "(e.g. data/topic_labels_hand.jsonl)",
+            "metavar": "HAND_JSONL",
+        },
+    )
+    benchmarks: str = field(
+        default=str(DEFAULT_BENCHMARKS), metadata={"help": "benchmark directory for --evaluate"}
+    )
+    embedding_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "embedding backend: sentence-transformers directory (default: bundled all-MiniLM-L6-v2)"
+        },
+    )
+    device: str = field(default="cpu", metadata={"help": "embedding backend: torch device of the model"})
 
 
 def add_parser(subparsers: Any) -> None:
@@ -28,154 +85,38 @@ def add_parser(subparsers: Any) -> None:
     )
     sub = parser.add_subparsers(dest="annotate_command", metavar="KIND")
     parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
-    _add_difficulty(sub)
-    _add_topic(sub)
-
-
-def _add_difficulty(sub: Any) -> None:
-    from ebpo.annotate.difficulty import DifficultyConfig
-
-    d = DifficultyConfig(model="")
-    p = sub.add_parser(
+    add_command(
+        sub,
         "difficulty",
         help="pass rate of a model over k samples per prompt, written as a 'difficulty' column",
-        description="difficulty = (# correct of k samples at temperature T) / k; resumable (see docs/annotate.md).",
+        parser=_difficulty_parser,
+        run=run_difficulty,
     )
-    p.add_argument(
-        "--input", required=True, help="JSONL or Parquet with a prompt/problem and an answer column"
-    )
-    p.add_argument("--output", required=True, help="new JSONL or Parquet file (input columns + difficulty)")
-    p.add_argument(
-        "--schema",
-        default=None,
-        help="read the input with this ebpo.data.loaders schema (shared, math500, olympiadbench, dapo_math_17k, "
-        "records, ...) and write our record format, ready for `ebpo train`; default: keep the file's own columns",
-    )
-    p.add_argument("--model", required=True, help="Hugging Face model directory or name (the base model)")
-    p.add_argument("--reward", default=d.reward, help=f"reward name from ebpo.rewards (default {d.reward})")
-    p.add_argument("--k", type=int, default=d.k, help=f"samples per prompt (default {d.k}, as in the paper)")
-    p.add_argument(
-        "--temperature",
-        type=float,
-        default=d.temperature,
-        help=f"sampling temperature (default {d.temperature})",
-    )
-    p.add_argument(
-        "--top-p", type=float, default=d.top_p, help=f"nucleus sampling mass (default {d.top_p}: off)"
-    )
-    p.add_argument(
-        "--max-new-tokens",
-        type=int,
-        default=d.max_new_tokens,
-        help=f"longest response (default {d.max_new_tokens})",
-    )
-    p.add_argument(
-        "--prompts-per-call",
-        type=int,
-        default=d.prompts_per_call,
-        help=f"prompts sampled together, k rows each (default {d.prompts_per_call}); keep it fixed across a resume",
-    )
-    p.add_argument("--seed", type=int, default=d.seed, help=f"sampling seed (default {d.seed})")
-    p.add_argument(
-        "--threshold",
-        type=float,
-        default=d.threshold,
-        help=f"reward above this counts as correct (default {d.threshold})",
-    )
-    p.add_argument(
-        "--chat-template",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="apply the tokenizer's chat template (default: when the tokenizer has one)",
-    )
-    p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    p.add_argument(
-        "--dtype", default=d.dtype, help=f"model dtype: auto, float32, bfloat16, float16 (default {d.dtype})"
-    )
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    p.set_defaults(func=run_difficulty)
-
-
-def _add_topic(sub: Any) -> None:
-    from ebpo.annotate.topic import JudgeConfig, list_topic_backends
-
-    j = JudgeConfig.__dataclass_fields__
-    p = sub.add_parser(
+    add_command(
+        sub,
         "topic",
         help="one of the paper's nine topics per prompt (LLM judge, MiniLM embedding, or keyword rules)",
-        description="Label each prompt with one of the nine topics of the paper (SPEC section 4).",
+        parser=_topic_parser,
+        run=run_topic,
     )
-    p.add_argument("--input", help="JSONL or Parquet with a prompt/problem column")
-    p.add_argument("--output", help="new JSONL or Parquet file (input columns + topic)")
-    p.add_argument(
-        "--schema",
-        default=None,
-        help="read the input with this ebpo.data.loaders schema (shared, math500, olympiadbench, dapo_math_17k, "
-        "records, ...) and write our record format, ready for `ebpo train`; default: keep the file's own columns",
+
+
+def _difficulty_parser(prog: str) -> argparse.ArgumentParser:
+    from ebpo.annotate.difficulty import DifficultyConfig
+
+    description = (
+        "difficulty = (# correct of k samples at temperature T) / k; resumable (see docs/annotate.md)."
     )
-    p.add_argument(
-        "--backend", default="keyword", choices=list_topic_backends(), help="labeller (default keyword)"
+    return dataclass_parser(
+        prog, description, [DifficultyFiles, DifficultyConfig], negatable=["chat_template"]
     )
-    p.add_argument(
-        "--relabel", action="store_true", help="relabel rows that already have a topic (default: keep them)"
-    )
-    p.add_argument(
-        "--evaluate",
-        metavar="HAND_JSONL",
-        help="instead of labelling, print the backend's agreement with a hand-labelled sample "
-        "(e.g. data/topic_labels_hand.jsonl)",
-    )
-    p.add_argument("--benchmarks", default=str(DEFAULT_BENCHMARKS), help="benchmark directory for --evaluate")
-    g = p.add_argument_group("judge backend (OpenAI-compatible /v1/chat/completions)")
-    g.add_argument(
-        "--base-url", default=None, help="endpoint root, e.g. https://api.openai.com/v1 (env OPENAI_BASE_URL)"
-    )
-    g.add_argument(
-        "--judge-model", default=None, help="model name, e.g. gpt-4.1 as in the paper (env OPENAI_MODEL)"
-    )
-    g.add_argument("--api-key", default=None, help="bearer key (env OPENAI_API_KEY; prefer the env variable)")
-    g.add_argument("--cache", default=None, help="JSONL answer cache (default: OUTPUT.judge_cache.jsonl)")
-    g.add_argument(
-        "--concurrency", type=int, default=j["concurrency"].default, help="requests in flight (default 8)"
-    )
-    g.add_argument(
-        "--judge-batch-size",
-        type=int,
-        default=j["batch_size"].default,
-        help="problems per batch; cache written after each (default 64)",
-    )
-    g.add_argument(
-        "--max-retries",
-        type=int,
-        default=j["max_retries"].default,
-        help="retries on 5xx/429/timeouts, exponential backoff (default 5)",
-    )
-    g.add_argument(
-        "--backoff",
-        type=float,
-        default=j["backoff_s"].default,
-        help="first retry delay in seconds, doubling (default 1.0)",
-    )
-    g.add_argument(
-        "--timeout",
-        type=float,
-        default=j["timeout_s"].default,
-        help="per-request timeout in seconds (default 60)",
-    )
-    g.add_argument(
-        "--max-reasks",
-        type=int,
-        default=j["max_reasks"].default,
-        help="re-asks after an invalid label (default 2)",
-    )
-    e = p.add_argument_group("embedding backend")
-    e.add_argument(
-        "--embedding-model",
-        default=None,
-        help="sentence-transformers directory (default: bundled all-MiniLM-L6-v2)",
-    )
-    e.add_argument("--device", default="cpu", help="torch device for the embedding model (default cpu)")
-    p.set_defaults(func=run_topic)
+
+
+def _topic_parser(prog: str) -> argparse.ArgumentParser:
+    from ebpo.annotate.topic import JudgeConfig
+
+    description = "Label each prompt with one of the nine topics of the paper (SPEC section 4)."
+    return dataclass_parser(prog, description, [TopicFiles, JudgeConfig])
 
 
 def _one_line(err: BaseException) -> str:
@@ -215,20 +156,7 @@ def run_difficulty(args: argparse.Namespace) -> int:
 def _run_difficulty(args: argparse.Namespace) -> int:
     from ebpo.annotate.difficulty import DifficultyConfig, annotate_difficulty
 
-    cfg = DifficultyConfig(
-        model=args.model,
-        reward=args.reward,
-        k=args.k,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        max_new_tokens=args.max_new_tokens,
-        prompts_per_call=args.prompts_per_call,
-        seed=args.seed,
-        threshold=args.threshold,
-        chat_template=args.chat_template,
-        device=args.device,
-        dtype=args.dtype,
-    )
+    cfg = from_args(DifficultyConfig, args)
     rows = annotate_difficulty(
         args.input, args.output, cfg, progress=not args.no_progress, schema=args.schema
     )
@@ -239,19 +167,10 @@ def _run_difficulty(args: argparse.Namespace) -> int:
 
 def _backend_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.backend == "judge":
-        cache = args.cache or (f"{args.output}.judge_cache.jsonl" if args.output else None)
-        return {
-            "base_url": args.base_url,
-            "model": args.judge_model,
-            "api_key": args.api_key,
-            "cache_path": cache,
-            "concurrency": args.concurrency,
-            "batch_size": args.judge_batch_size,
-            "max_retries": args.max_retries,
-            "backoff_s": args.backoff,
-            "timeout_s": args.timeout,
-            "max_reasks": args.max_reasks,
-        }
+        from ebpo.annotate.topic import JudgeConfig
+
+        cache = args.cache_path or (f"{args.output}.judge_cache.jsonl" if args.output else None)
+        return {"config": from_args(JudgeConfig, args, cache_path=cache)}
     if args.backend == "embedding":
         return {"model_path": args.embedding_model, "device": args.device}
     return {}

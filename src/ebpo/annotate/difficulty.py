@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,35 +28,43 @@ __all__ = ["DifficultyConfig", "annotate_difficulty", "partial_path", "chunk_see
 
 @dataclass
 class DifficultyConfig:
-    """Settings of ``ebpo annotate difficulty``.
+    """Settings of ``ebpo annotate difficulty``; every field is a flag (``--model``, ``--k``, ...)."""
 
-    Attributes:
-        model: Hugging Face model directory or name (the base model whose pass rate defines difficulty).
-        reward: reward name from ``ebpo.rewards`` (``math``, ``math_dapo``, ``arith``).
-        k: samples per prompt (paper: 16).
-        temperature: sampling temperature (paper: 1.0).
-        top_p: nucleus mass (1.0: off).
-        max_new_tokens: longest response.
-        prompts_per_call: prompts sampled together in one ``generation.sample`` call (k rows each).
-        seed: seed of the sampling; chunk c uses ``chunk_seed(seed, c)``.
-        threshold: a sample counts as correct when its reward is above this.
-        chat_template: apply the tokenizer's chat template to string prompts (``None``: when it has one).
-        device: torch device (``None``: CUDA when available, else CPU).
-        dtype: model dtype name (``auto``, ``float32``, ``bfloat16``, ``float16``).
-    """
-
-    model: str
-    reward: str = "math"
-    k: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 1024
-    prompts_per_call: int = 8
-    seed: int = 0
-    threshold: float = 0.5
-    chat_template: bool | None = None
-    device: str | None = None
-    dtype: str = "auto"
+    model: str = field(
+        metadata={
+            "help": "Hugging Face model directory or name (the base model whose pass rate defines difficulty)"
+        }
+    )
+    reward: str = field(
+        default="math", metadata={"help": "reward name from ebpo.rewards (math, math_dapo, arith)"}
+    )
+    k: int = field(default=16, metadata={"help": "samples per prompt (16 in the paper)"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature (1.0 in the paper)"})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling mass (1.0: off)"})
+    max_new_tokens: int = field(default=1024, metadata={"help": "longest response"})
+    prompts_per_call: int = field(
+        default=8,
+        metadata={
+            "help": "prompts sampled together in one generation.sample call, k rows each; keep it fixed "
+            "across a resume"
+        },
+    )
+    seed: int = field(default=0, metadata={"help": "sampling seed; chunk c uses chunk_seed(seed, c)"})
+    threshold: float = field(
+        default=0.5, metadata={"help": "a sample counts as correct when its reward is above this"}
+    )
+    chat_template: bool | None = field(
+        default=None,
+        metadata={
+            "help": "apply the tokenizer's chat template to string prompts (default: when the tokenizer has one)",
+            "nargs": "?",
+            "const": True,
+        },
+    )
+    device: str | None = field(
+        default=None, metadata={"help": "torch device (default: cuda if available, else cpu)"}
+    )
+    dtype: str = field(default="auto", metadata={"help": "model dtype: auto, float32, bfloat16, float16"})
 
     def __post_init__(self) -> None:
         if self.k < 1:

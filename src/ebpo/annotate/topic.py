@@ -369,35 +369,73 @@ JUDGE_REASK = (
 
 @dataclass
 class JudgeConfig:
-    """Settings of the LLM-judge backend.
+    """Settings of the LLM-judge backend; each field is a flag of ``ebpo annotate topic``."""
 
-    Attributes:
-        base_url: the server root or its ``/v1`` (``https://api.openai.com/v1``); env ``OPENAI_BASE_URL``.
-        model: the model name sent in each request; env ``OPENAI_MODEL``.
-        api_key: sent as ``Authorization: Bearer``; env ``OPENAI_API_KEY``; may be empty for local servers.
-        cache_path: JSONL cache (one ``{"key", "label"}`` per line, appended as each label arrives);
-            ``None`` disables caching.
-        concurrency: requests in flight at once.
-        batch_size: problems started at a time; the next batch starts when this one is done.
-        max_retries: extra tries of one request after a transport failure: a 5xx or 429, a timeout, a
-            refused or dropped connection, a bad status line, a truncated, non-UTF-8 or malformed body.
-        backoff_s: first retry delay; doubles each retry (exponential backoff).
-        timeout_s: wall-clock limit of one request (connect, send, status, headers and the whole body).
-        max_reasks: times an answer that is not a valid label is re-asked before giving up on the problem.
-        temperature: sampling temperature of the judge (0: deterministic where the server allows).
-    """
+    _argument_group_name = "judge backend (OpenAI-compatible /v1/chat/completions)"
 
-    base_url: str | None = None
-    model: str | None = None
-    api_key: str | None = None
-    cache_path: str | Path | None = None
-    concurrency: int = 8
-    batch_size: int = 64
-    max_retries: int = 5
-    backoff_s: float = 1.0
-    timeout_s: float = 60.0
-    max_reasks: int = 2
-    temperature: float = 0.0
+    base_url: str | None = field(
+        default=None,
+        metadata={"help": "endpoint root or its /v1, e.g. https://api.openai.com/v1 (env OPENAI_BASE_URL)"},
+    )
+    model: str | None = field(
+        default=None,
+        metadata={
+            "help": "judge model name sent in each request, e.g. gpt-4.1 as in the paper (env OPENAI_MODEL)",
+            "aliases": ["--judge-model"],
+        },
+    )
+    api_key: str | None = field(
+        default=None,
+        metadata={
+            "help": "sent as Authorization: Bearer (env OPENAI_API_KEY; prefer the env variable); may be empty "
+            "for local servers"
+        },
+    )
+    cache_path: str | Path | None = field(
+        default=None,
+        metadata={
+            "help": "JSONL answer cache, one {key, label} per line, appended as each label arrives; none: no "
+            "cache (ebpo annotate topic: OUTPUT.judge_cache.jsonl)",
+            "aliases": ["--cache"],
+        },
+    )
+    concurrency: int = field(default=8, metadata={"help": "requests in flight at once"})
+    batch_size: int = field(
+        default=64,
+        metadata={
+            "help": "problems started at a time; the next batch starts when this one is done",
+            "aliases": ["--judge-batch-size"],
+        },
+    )
+    max_retries: int = field(
+        default=5,
+        metadata={
+            "help": "extra tries of one request after a transport failure: a 5xx or 429, a timeout, a refused "
+            "or dropped connection, a bad status line, a truncated, non-UTF-8 or malformed body"
+        },
+    )
+    backoff_s: float = field(
+        default=1.0,
+        metadata={"help": "first retry delay in seconds; doubles each retry", "aliases": ["--backoff"]},
+    )
+    timeout_s: float = field(
+        default=60.0,
+        metadata={
+            "help": "wall-clock limit of one request in seconds (connect, send, status, headers and the whole "
+            "body)",
+            "aliases": ["--timeout"],
+        },
+    )
+    max_reasks: int = field(
+        default=2,
+        metadata={
+            "help": "times an answer that is not a valid label is re-asked before giving up on the problem"
+        },
+    )
+    temperature: float = field(
+        default=0.0,
+        metadata={"help": "sampling temperature of the judge (0: deterministic where the server allows)"},
+    )
 
     def __post_init__(self) -> None:
         self.base_url = self.base_url or os.environ.get("OPENAI_BASE_URL")

@@ -11,100 +11,81 @@ from __future__ import annotations
 
 import argparse
 import sys
-import typing
-from dataclasses import fields, replace
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
+from ebpo.dataclass_cli import add_command, dataclass_parser, from_args
 from ebpo.models.recipe import BaseModelConfig
 
 
-def _tuple_of(kind: type):
-    def parse(text: str) -> tuple:
-        if not text.strip():  # --run-on-digits= : none
-            return ()
-        try:
-            return tuple(kind(part) for part in text.split(","))
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected comma-separated {kind.__name__}s, got {text!r}"
-            ) from None
+@dataclass
+class BaseModelCommand:
+    """What ``ebpo base-model`` does with the recipe (the recipe itself is :class:`BaseModelConfig`)."""
 
-    return parse
+    force: bool = field(default=False, metadata={"help": "build even if a build of this recipe exists"})
+    check: bool = field(
+        default=False,
+        metadata={
+            "help": "rebuild the recipe in full (about 20 minutes on one core) and compare every tensor with the "
+            "shipped model; exit 1 on any difference"
+        },
+    )
+    grid: Literal["validation", "test"] | None = field(
+        default=None,
+        metadata={
+            "help": "also measure the pass@1 / maj@n / greedy grid of the model on this split (eval_per_cell "
+            "problems per cell, eval_samples samples each)"
+        },
+    )
+    grid_samples: int | None = field(
+        default=None,
+        metadata={
+            "metavar": "N",
+            "help": "samples per problem of --grid only (default: the recipe's eval_samples); the recipe and "
+            "its key are unchanged. A large N (64) estimates the majority answer's limit: how often the "
+            "model's most likely answer is right",
+        },
+    )
+    grid_temperature: float | None = field(
+        default=None,
+        metadata={
+            "metavar": "T",
+            "help": "sampling temperature of --grid only (default: the recipe's eval_temperature); the recipe "
+            "and its key are unchanged. T > 1 measures the model as if its logits were divided by T",
+        },
+    )
+    out: str | None = field(
+        default=None, metadata={"help": "build into this directory instead of the cache (implies a build)"}
+    )
+    cache_dir: str | None = field(
+        default=None,
+        metadata={"help": "cache root (default: $EBPO_CACHE or ~/.cache/ebpo); builds go in base_models/"},
+    )
+    quiet: bool = field(default=False, metadata={"help": "no progress bars or tables; print only the path"})
 
 
-def add_parser(subparsers) -> None:
-    """One flag per ``BaseModelConfig`` field, plus ``--force``, ``--check``, ``--grid``, ``--out``."""
-    parser = subparsers.add_parser(
+def add_parser(subparsers: Any) -> None:
+    """``ebpo base-model``: one flag per :class:`BaseModelCommand` and :class:`BaseModelConfig` field."""
+    add_command(
+        subparsers,
         "base-model",
         help="show, build or verify the arith base model (the default one ships with the package)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parser=lambda prog: dataclass_parser(
+            prog,
+            __doc__ or "",
+            [BaseModelCommand, BaseModelConfig],
+            negatable=["near_miss_digit_slips"],
+            raw_description=True,
+        ),
+        run=run,
     )
-    recipe = parser.add_argument_group("recipe (BaseModelConfig; defaults = the shipped model)")
-    hints = typing.get_type_hints(BaseModelConfig)
-    for f in fields(BaseModelConfig):
-        flag = f"--{f.name.replace('_', '-')}"
-        text = f.metadata["help"].replace("%", "%%") + f" (default {f.default})"
-        if isinstance(f.default, tuple):
-            kind = typing.get_args(hints[f.name])[0]  # tuple[int, ...] -> int
-            recipe.add_argument(
-                flag, dest=f.name, default=f.default, metavar="V1,V2,...", help=text, type=_tuple_of(kind)
-            )
-        elif isinstance(f.default, bool):
-            recipe.add_argument(
-                flag, dest=f.name, default=f.default, help=text, action=argparse.BooleanOptionalAction
-            )
-        else:
-            recipe.add_argument(flag, dest=f.name, type=type(f.default), default=f.default, help=text)
-    parser.add_argument("--force", action="store_true", help="build even if a build of this recipe exists")
-    parser.add_argument(
-        "--check",
-        action="store_true",
-        help="rebuild the recipe in full (about 20 minutes on one core) and compare every tensor with the "
-        "shipped model; exit 1 on any difference",
-    )
-    parser.add_argument(
-        "--grid",
-        choices=["validation", "test"],
-        default=None,
-        help="also measure the pass@1 / maj@n / greedy grid of the model on this split (eval_per_cell "
-        "problems per cell, eval_samples samples each)",
-    )
-    parser.add_argument(
-        "--grid-samples",
-        type=int,
-        default=None,
-        metavar="N",
-        help="samples per problem of --grid only (default: the recipe's eval_samples); the recipe and its key "
-        "are unchanged. A large N (64) estimates the majority answer's limit: how often the model's most likely "
-        "answer is right",
-    )
-    parser.add_argument(
-        "--grid-temperature",
-        type=float,
-        default=None,
-        metavar="T",
-        help="sampling temperature of --grid only (default: the recipe's eval_temperature); the recipe and its "
-        "key are unchanged. T > 1 measures the model as if its logits were divided by T",
-    )
-    parser.add_argument(
-        "--out", default=None, help="build into this directory instead of the cache (implies a build)"
-    )
-    parser.add_argument(
-        "--cache-dir",
-        default=None,
-        help="cache root (default: $EBPO_CACHE or ~/.cache/ebpo); builds go in base_models/",
-    )
-    parser.add_argument(
-        "--quiet", action="store_true", help="no progress bars or tables; print only the path"
-    )
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ebpo.models.base_model import build_base_model, check_base_model, load_build_info
 
     try:
-        config = BaseModelConfig(**{f.name: getattr(args, f.name) for f in fields(BaseModelConfig)})
+        config = from_args(BaseModelConfig, args)
     except ValueError as err:  # a recipe that cannot be built: one line naming the field
         print(f"ebpo base-model: {err}", file=sys.stderr)
         return 2

@@ -37,7 +37,10 @@ ADDED_FIELDS: dict[str, Any] = {"run_on_digits": ()}
 
 @dataclass(frozen=True)
 class BaseModelConfig:
-    """Everything that determines the built model (its hash, :meth:`key`, names the cache directory)."""
+    """Everything that determines the built model (its hash, :meth:`key`, names the cache directory); each
+    field is a flag of ``ebpo base-model``."""
+
+    _argument_group_name = "recipe (BaseModelConfig; defaults = the shipped model)"
 
     seed: int = field(
         default=0, metadata={"help": "seed of the initial weights, the SFT data, its order and labels"}
@@ -69,25 +72,33 @@ class BaseModelConfig:
     )
     level_weights: tuple[float, ...] = field(
         default=(0.6, 0.8, 1.0, 1.2, 1.4),
-        metadata={"help": "share of the SFT pool per level 1..5 (normalised); harder levels get more"},
+        metadata={
+            "metavar": "V1,V2,...",
+            "help": "share of the SFT pool per level 1..5 (normalised); harder levels get more",
+        },
     )
     teacher_topic_accuracy: tuple[float, ...] = field(
         default=(0.5, 0.5, 0.5, 0.5, 1.0, 0.5, 0.5, 1.0, 0.5),
         metadata={
+            "metavar": "V1,V2,...",
             "help": "the teacher's probability of a right label at level 1, per topic in arith.TOPICS order "
-            "(mod, sequence, area, count, max, dot, word, units, power)"
+            "(mod, sequence, area, count, max, dot, word, units, power)",
         },
     )
     teacher_level_factor: tuple[float, ...] = field(
         default=(1.0, 0.85, 0.7, 0.55, 0.4),
         metadata={
+            "metavar": "V1,V2,...",
             "help": "multiplies the topic's accuracy at levels 1..5: p(topic, level) = topic accuracy x "
-            "level factor (clipped to [0, 1])"
+            "level factor (clipped to [0, 1])",
         },
     )
     near_miss_offsets: tuple[int, ...] = field(
         default=(),
-        metadata={"help": "a wrong label may be the answer plus one of these offsets"},
+        metadata={
+            "metavar": "V1,V2,...",
+            "help": "a wrong label may be the answer plus one of these offsets",
+        },
     )
     near_miss_digit_slips: bool = field(
         default=False,
@@ -96,8 +107,9 @@ class BaseModelConfig:
     run_on_digits: tuple[int, ...] = field(
         default=(1, 2),
         metadata={
+            "metavar": "V1,V2,...",
             "help": "a wrong label may also be the answer run on by this many random digits (1,2: 42 -> 427, "
-            "4271); empty for none"
+            "4271); empty for none",
         },
     )
     eval_per_cell: int = field(

@@ -1,0 +1,135 @@
+"""Command lines generated from dataclasses (``ebpo.dataclass_cli``): ``simulate``, ``annotate difficulty``,
+``annotate topic`` and ``base-model`` accept the flags they always took, document each field in ``--help``
+with its default, parse into the dataclasses, and ``ebpo --help`` imports no transformers."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ebpo.annotate.cli import DifficultyFiles, TopicFiles
+from ebpo.annotate.difficulty import DifficultyConfig
+from ebpo.annotate.topic import JudgeConfig
+from ebpo.cli import main
+from ebpo.dataclass_cli import comma_tuple, dataclass_parser, from_args
+from ebpo.models.cli import BaseModelCommand
+from ebpo.models.recipe import BaseModelConfig
+from ebpo.simulate import SimulateConfig
+
+# Every flag each command documented before its parser was generated: none may go.
+FLAGS = {
+    "simulate": "--concentration --drift --group-size --half-life --num-topics --out-dir --prompts-per-step "
+    "--seeds --steps --theorem2-steps --topic-block --warmup -G -K -M",
+    "annotate topic": "--api-key --backend --backoff --base-url --benchmarks --cache --concurrency --device "
+    "--embedding-model --evaluate --input --judge-batch-size --judge-model --max-reasks --max-retries --output "
+    "--relabel --schema --timeout",
+    "annotate difficulty": "--chat-template --device --dtype --input --k --max-new-tokens --model "
+    "--no-chat-template --no-progress --output --prompts-per-call --reward --schema --seed --temperature "
+    "--threshold --top-p",
+    "base-model": "--batch-size --cache-dir --check --clean-steps --eval-per-cell --eval-samples "
+    "--eval-temperature --force --grad-clip --grid --grid-samples --grid-temperature --hidden-size "
+    "--level-weights --lr --max-new-tokens --near-miss-digit-slips --near-miss-offsets "
+    "--no-near-miss-digit-slips --num-heads --num-layers --out --quiet --run-on-digits --seed --steps "
+    "--teacher-level-factor --teacher-topic-accuracy --train-problems --warmup-steps --weight-decay",
+}
+DATACLASSES = {
+    "simulate": [SimulateConfig],
+    "annotate topic": [TopicFiles, JudgeConfig],
+    "annotate difficulty": [DifficultyFiles, DifficultyConfig],
+    "base-model": [BaseModelCommand, BaseModelConfig],
+}
+
+
+def _help(command: str, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command.split(), "--help"])
+    assert exit_info.value.code == 0
+    return " ".join(capsys.readouterr().out.split())  # undo argparse's line wrapping
+
+
+@pytest.mark.parametrize("command", list(FLAGS))
+def test_help_lists_the_old_flags_and_every_field_with_its_help_and_default(command, capsys):
+    text = _help(command, capsys)
+    assert text.startswith(f"usage: ebpo {command} ")
+    for flag in FLAGS[command].split():
+        assert f"{flag} " in text or f"{flag}," in text, flag
+    for cls in DATACLASSES[command]:
+        for f in dataclasses.fields(cls):
+            flag = f"--{f.name.replace('_', '-')}"
+            help_text = " ".join(f.metadata["help"].split())
+            assert f"{flag} " in text or f"{flag}," in text, flag
+            assert help_text in text, f.name
+            default = f.default_factory() if callable(f.default_factory) else f.default
+            if not any(default is nothing for nothing in (None, False, dataclasses.MISSING)):
+                assert f"{help_text} (default {default})" in text, f.name
+
+
+def test_simulate_flags_parse_into_the_config():
+    parser = dataclass_parser("ebpo simulate", "", [SimulateConfig])
+    args = parser.parse_args(["-G", "8", "--seeds", "3", "4", "--theorem2-steps", "50", "--out_dir", "x"])
+    assert from_args(SimulateConfig, args) == SimulateConfig(
+        group_size=8, seeds=[3, 4], theorem2_steps=50, out_dir="x"
+    )
+    assert from_args(SimulateConfig, parser.parse_args([])) == SimulateConfig()
+
+
+def test_judge_flags_keep_their_short_spellings():
+    parser = dataclass_parser("ebpo annotate topic", "", [TopicFiles, JudgeConfig])
+    argv = ["--judge-model", "m", "--base-url", "http://h/v1", "--backoff", "0.5", "--timeout", "3"]
+    args = parser.parse_args([*argv, "--judge-batch-size", "4", "--cache", "c.jsonl", "--relabel"])
+    config = from_args(JudgeConfig, args)
+    assert (config.model, config.base_url, config.backoff_s, config.timeout_s) == (
+        "m",
+        "http://h/v1",
+        0.5,
+        3.0,
+    )
+    assert config.batch_size == 4 and str(config.cache_path) == "c.jsonl"
+    assert from_args(TopicFiles, args).relabel is True and from_args(TopicFiles, args).backend == "keyword"
+
+
+def test_booleans_with_a_negative_flag():
+    parser = dataclass_parser("d", "", [DifficultyFiles, DifficultyConfig], negatable=["chat_template"])
+    base = ["--input", "i", "--output", "o", "--model", "m"]
+    assert parser.parse_args(base).chat_template is None  # the tokenizer decides
+    assert parser.parse_args([*base, "--chat-template"]).chat_template is True
+    assert parser.parse_args([*base, "--no-chat-template"]).chat_template is False
+    assert parser.parse_args([*base, "--no-progress"]).no_progress is True
+
+
+def test_tuple_fields_take_comma_separated_values():
+    parser = dataclass_parser(
+        "b", "", [BaseModelCommand, BaseModelConfig], negatable=["near_miss_digit_slips"]
+    )
+    args = parser.parse_args(["--level-weights", "1,2,3,4,5", "--near-miss-offsets=-1,1", "--run-on-digits="])
+    config = from_args(BaseModelConfig, args, near_miss_digit_slips=True)
+    assert config.level_weights == (1.0, 2.0, 3.0, 4.0, 5.0) and config.near_miss_offsets == (-1, 1)
+    assert config.run_on_digits == () and config.near_miss_digit_slips is True
+    assert parser.parse_args(["--grid", "test"]).grid == "test"
+    with pytest.raises(argparse.ArgumentTypeError, match="expected comma-separated ints, got '1,x'"):
+        comma_tuple(int)("1,x")
+
+
+def test_a_bad_value_is_a_usage_error_naming_the_flag(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["simulate", "--steps", "many"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: ebpo simulate") and "argument --steps: invalid int value: 'many'" in err
+
+
+def test_ebpo_help_imports_no_transformers():
+    """The generated parsers import transformers (HfArgumentParser): they are built only when their command
+    runs, so listing the commands stays fast."""
+    code = "import sys; from ebpo.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+    code += "print('transformers' in sys.modules)"
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={"PYTHONPATH": src}
+    )
+    assert "simulate" in out.stdout and out.stdout.strip().endswith("False")
