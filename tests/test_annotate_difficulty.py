@@ -146,7 +146,7 @@ def test_row_helpers_and_errors(tmp_path):
 
 
 def test_cli_difficulty_errors_and_ctrl_c_are_one_line(arith_jsonl, tmp_path, monkeypatch, capsys):
-    """Issue 13.10 (the difficulty side): a missing input and Ctrl-C give one line and an exit code."""
+    """A missing input and Ctrl-C give one line and an exit code (2, 130), no traceback."""
     import ebpo.annotate.difficulty as difficulty
 
     out = tmp_path / "o.jsonl"

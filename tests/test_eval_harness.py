@@ -279,10 +279,10 @@ def test_limit_does_not_change_responses():
 
 
 def test_limit_batch_size_and_cache_mixing_do_not_change_real_samples(tiny_model_dir, tmp_path):
-    """Issue 13.12, with the real sampler (a scripted generator that draws row by row cannot see it): one
-    multinomial call used to sample a whole chunk, so the last partial chunk of --limit 5 (problems 3, 4
-    with 3 per chunk) sampled differently from --limit 16. Now each problem has its own generator and a
-    chunk is always the same records of the full list."""
+    """With the real sampler (a scripted generator that draws row by row cannot tell): each problem has its
+    own generator, so a problem's samples do not depend on --limit, the chunk size or the cache. One
+    multinomial call over a whole chunk would sample the last partial chunk of --limit 5 (problems 3, 4
+    with 3 per chunk) differently from --limit 16."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ebpo.tasks import get_task
@@ -300,7 +300,7 @@ def test_limit_batch_size_and_cache_mixing_do_not_change_real_samples(tiny_model
 
     full = run(16, 12)  # 3 problems per chunk
     assert len({t for texts in full for t in texts}) > 40  # 64 random responses, nearly all distinct
-    assert run(5, 12) == full[:5]  # failed before the fix on problems 3 and 4
+    assert run(5, 12) == full[:5]  # problems 3 and 4 form a partial chunk here, not in the full run
     assert run(5, 4) == full[:5]  # one problem per chunk
     assert run(7, 40) == full[:7]  # ten problems per chunk
     # mixing limits against one cache gives what a fresh run gives
@@ -435,7 +435,7 @@ def test_markdown_se_average_by_hand():
     )
 
 
-# --- issue 13: CLI errors, Ctrl-C, skipped metrics, truncation -------------------------------------------
+# --- CLI errors, Ctrl-C, skipped metrics, truncation ----------------------------------------------------
 
 
 def _quick_args(tmp_path, *extra: str) -> argparse.Namespace:
@@ -476,8 +476,8 @@ def test_cli_missing_benchmark_file_is_one_line(tmp_path, monkeypatch, capsys):
 
 
 def test_cli_ctrl_c_keeps_finished_chunks_and_says_how_to_resume(tmp_path, capsys):
-    """Issue 13.10: Ctrl-C printed a traceback. The scripted generator raises KeyboardInterrupt (what SIGINT
-    raises in the main thread) while sampling the third chunk: the first two chunks stay cached."""
+    """Ctrl-C ends in one line and exit 130, no traceback. The scripted generator raises KeyboardInterrupt
+    (what SIGINT raises in the main thread) while sampling the third chunk: the first two chunks stay cached."""
     args = _quick_args(tmp_path, "--ks", "1,2", "--maj-ks", "2")
     interrupted = SeededGenerator(fail_after=2, error=KeyboardInterrupt())
     assert eval_cli.run(args, generate_fns={"scripted": interrupted}) == 130
@@ -499,7 +499,7 @@ def test_cli_ctrl_c_keeps_finished_chunks_and_says_how_to_resume(tmp_path, capsy
 
 
 def test_cli_warns_when_n_is_below_k(tmp_path, capsys, recwarn):
-    """Issue 13.13: with --n below 16 the default pass@16 and maj@16 vanished silently."""
+    """With --n below 16 the default pass@16 and maj@16 cannot be computed: a warning says so."""
     assert eval_cli.run(_quick_args(tmp_path), generate_fns={"scripted": arith_scripted}) == 0
     err = capsys.readouterr().err
     assert (

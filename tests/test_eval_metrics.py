@@ -191,7 +191,7 @@ def test_summarize_pass_at_k_equals_brute_force_average():
 
 
 def test_summarize_warns_which_metrics_n_is_too_small_for(recwarn):
-    """Issue 13.13: with n below k, pass@k and maj@k used to vanish without a word."""
+    """With n below k, pass@k and maj@k cannot be computed: a warning names each one left out."""
     problems = [score_problem("a", [1, 0, 0], ["1", "2", "2"], exact_eq)]
     with pytest.warns(UserWarning) as caught:
         s = summarize(problems, ks=(1, 2, 16), maj_ks=(3, 16))

@@ -242,7 +242,7 @@ def test_training_mode_restored_and_bad_input(spiky):
 
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.8, 0.9)])
 def test_per_prompt_generators_make_rows_independent_of_the_batch(spiky, temperature, top_p):
-    """Issue 13.12 (ebpo eval --limit): with ``generators`` (one per prompt), prompt b's rows equal sampling
+    """With ``generators`` (one per prompt, what ``ebpo eval --limit`` relies on), prompt b's rows equal sampling
     prompt b alone with a generator seeded the same, whichever prompts share the call, in which order, and
     however batch_size chunks them. Rows stop at different steps, so prompts drop rows mid-call."""
     model, tok = spiky
@@ -286,8 +286,8 @@ def test_generators_argument_errors(spiky):
 
 
 def test_non_text_prompt_names_the_prompt(spiky):
-    """A prompt that is neither a string nor token ids (issue 13.9: a number from a data file) fails with
-    its index, not inside the tokenizer."""
+    """A prompt that is neither a string nor token ids (a number from a data file) fails with its index,
+    not inside the tokenizer."""
     model, tok = spiky
     with pytest.raises(TypeError, match="prompt 1 is a int, not a string or a list of token ids"):
         sample(model, tok, ["1+1=", 7], max_new_tokens=2)

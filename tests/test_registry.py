@@ -169,7 +169,7 @@ def test_ebpo_options_are_validated_from_one_table_with_the_one_wording():
         expected = f"unknown EBPO {option} 'bogus'; valid choices: {', '.join(sorted(choices))}"
         with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
             ebpo.get_estimator("ebpo", **{option: "bogus"})
-    # the pure function checks the same table (it used to raise a bare KeyError)
+    # the pure function checks the same table, with the same message (not a bare KeyError)
     one_M = torch.ones(1, dtype=torch.float64)
     stats = GroupStats(one_M * 2, one_M * 0.5, one_M * 0.5)
     with pytest.raises(

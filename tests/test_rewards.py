@@ -11,6 +11,7 @@ import pytest
 
 from ebpo.rewards import get_reward, list_rewards, register_reward
 from ebpo.rewards.math import MathReward, extract_final_answer, normalize_answer
+from ebpo.tasks import arith
 
 # -- extraction: hand cases --------------------------------------------------------------------------
 
@@ -159,7 +160,6 @@ def test_reward_pickles_without_its_pool():
 
 
 def test_arith_reward_wraps_the_task_verifier():
-    arith = pytest.importorskip("ebpo.tasks.arith")
     reward = get_reward("arith")
     records = arith.generate("test", 20, 0)
     right = [f"{r.answer}" for r in records]

@@ -15,14 +15,9 @@ import torch
 
 from ebpo import rewards
 from ebpo.trainer.config import ConfigError, load_config
-from ebpo.trainer.trainer import (
-    EXCLUDED_FROM_REPRODUCIBILITY,
-    RewardError,
-    Trainer,
-    _concat_padded,
-    forward_logp,
-    read_metrics,
-)
+from ebpo.trainer.metrics_log import EXCLUDED_FROM_REPRODUCIBILITY, read_metrics
+from ebpo.trainer.rollout import _concat_padded, forward_logp
+from ebpo.trainer.trainer import RewardError, Trainer
 
 FLAKY = {"armed": False, "fail_first": "", "calls": 0}
 """Switches of the test reward: when armed, a completion whose first character is in ``fail_first``

@@ -175,7 +175,7 @@ def test_ebpo_preset_is_the_builtin_default():
 
 
 # ---------------------------------------------------------------------------------------------------
-# issue 13, item 11: bad values end in one line that names the key and the fix, never a traceback
+# bad values end in one line that names the key and the fix, never a traceback
 
 
 @pytest.mark.parametrize(

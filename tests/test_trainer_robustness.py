@@ -1,7 +1,7 @@
-"""Hostile and unlucky users of ``ebpo train`` (issue 13): kills at any moment, reused run directories, torn
-files, duplicate record ids, damaged checkpoints, and the reward's own counters in the metrics.
+"""Hostile and unlucky users of ``ebpo train``: kills at any moment, reused run directories, torn files,
+duplicate record ids, damaged checkpoints, and the reward's own counters in the metrics.
 
-Each test reproduces one defect of the issue; the tiny random model and the dense digit-fraction reward of
+Each test stages one such event; the tiny random model and the dense digit-fraction reward of
 ``tests/test_trainer.py`` keep every run at a few tenths of a second.
 """
 
@@ -22,7 +22,8 @@ from ebpo.data.records import Record
 from ebpo.trainer import checkpoint as checkpoint_module
 from ebpo.trainer import setup as trainer_setup
 from ebpo.trainer.config import ConfigError, load_config
-from ebpo.trainer.trainer import Trainer, read_metrics
+from ebpo.trainer.metrics_log import read_metrics
+from ebpo.trainer.trainer import Trainer
 from test_trainer import final_params, tiny_config, training_rows
 
 
@@ -63,12 +64,12 @@ class Killed(BaseException):
 
 
 # ---------------------------------------------------------------------------------------------------
-# item 1: two prompts that share a record id are still two groups
+# two prompts that share a record id are still two groups
 
 
 def test_duplicate_record_ids_do_not_merge_groups(tiny_model_dir, tmp_path, monkeypatch):
-    # Eight different prompts, all with id "dup". The loaders reject such files (another fix of the same
-    # issue), so the records are handed to the trainer directly: its group ids must not depend on them.
+    # Eight different prompts, all with id "dup". The loaders reject such files, so the records are handed
+    # to the trainer directly: its group ids must not depend on them.
     records = [Record(id="dup", prompt=f"{i}+{i}=", answer=str(2 * i)) for i in range(8)]
     monkeypatch.setattr(trainer_setup, "load_records", lambda path, schema: list(records))
     train_file = tmp_path / "train.jsonl"
@@ -76,12 +77,13 @@ def test_duplicate_record_ids_do_not_merge_groups(tiny_model_dir, tmp_path, monk
     cfg = tiny_config(tiny_model_dir, f"data.train_file={train_file}", "data.batch_size=4", "run.steps=2")
     Trainer(cfg, run_dir=tmp_path / "run").train()
     for row in read_metrics(tmp_path / "run")[1:]:
-        # 4 prompts x G = 4 per step: four baselines, not one over the 16 samples (the old `groups/num` 1)
+        # 4 prompts x G = 4 per step: four baselines, not one over the 16 samples (`groups/num` 1)
         assert row["groups/num"] == 4
 
 
 def test_duplicate_record_ids_with_dynamic_sampling(tiny_model_dir, tmp_path, monkeypatch):
-    # dynamic sampling checks that every sampled group has its own id; duplicates used to abort the step
+    # dynamic sampling checks that every sampled group has its own id; duplicate record ids must not abort
+    # the step
     records = [Record(id="dup", prompt=f"{i}*{i}=", answer=str(i * i)) for i in range(8)]
     monkeypatch.setattr(trainer_setup, "load_records", lambda path, schema: list(records))
     train_file = tmp_path / "train.jsonl"
@@ -99,7 +101,7 @@ def test_duplicate_record_ids_with_dynamic_sampling(tiny_model_dir, tmp_path, mo
 
 
 # ---------------------------------------------------------------------------------------------------
-# item 2: a kill at any moment of a checkpoint save leaves a resumable run
+# a kill at any moment of a checkpoint save leaves a resumable run
 
 
 def _kill_at(point: str, monkeypatch) -> None:
@@ -172,7 +174,7 @@ def test_kill_during_a_checkpoint_save_leaves_a_resumable_run(
 
 
 # ---------------------------------------------------------------------------------------------------
-# item 3: resuming a finished run keeps its summary
+# resuming a finished run keeps its summary
 
 
 def test_resuming_a_finished_run_keeps_its_summary(tiny_model_dir, tmp_path):
@@ -195,7 +197,7 @@ def test_resuming_a_finished_run_keeps_its_summary(tiny_model_dir, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------
-# item 4: a fresh run into a run directory that holds a run is refused
+# a fresh run into a run directory that holds a run is refused
 
 
 def test_fresh_run_into_an_existing_run_directory_is_refused(tiny_model_dir, tmp_path, capsys):
@@ -354,7 +356,7 @@ def test_run_dir_of_a_resume_path_matches_the_checkpoint_it_finds(tiny_model_dir
 
 
 # ---------------------------------------------------------------------------------------------------
-# item 5: a torn last line of metrics.jsonl
+# a torn last line of metrics.jsonl
 
 
 def test_torn_last_metrics_line_is_dropped_with_a_warning_on_resume(tiny_model_dir, tmp_path):
@@ -379,7 +381,7 @@ def test_a_damaged_metrics_line_in_the_middle_is_reported(tiny_model_dir, tmp_pa
 
 
 # ---------------------------------------------------------------------------------------------------
-# item 11: a damaged checkpoint, and a config that skipped validation
+# a damaged checkpoint, and a config that skipped validation
 
 
 def test_truncated_trainer_state_is_one_clear_line(tiny_model_dir, tmp_path, capsys):
@@ -406,7 +408,7 @@ def test_trainer_validates_the_config_itself(tiny_model_dir, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------
-# item 14: the reward's own counters reach metrics.jsonl
+# the reward's own counters reach metrics.jsonl
 
 
 def test_reward_counters_reach_the_metrics(tiny_model_dir, tmp_path):

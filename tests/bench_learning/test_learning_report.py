@@ -144,7 +144,7 @@ def test_each_method_is_one_row_even_where_the_arm_registers_ebpo_best():
 
 
 def test_the_page_names_the_model_by_a_path_any_checkout_shares_and_its_recipe_key(tmp_path, monkeypatch):
-    # the 2026-11-23 page printed `/work/main/src/ebpo/models/arith_base`: true in one checkout only
+    # an absolute path (`/work/main/src/ebpo/models/arith_base`) would be true in one checkout only
     repo, home = tmp_path / "repo", tmp_path / "home"
     shipped = repo / "src" / "ebpo" / "models" / "arith_base"
     shipped.mkdir(parents=True)

@@ -128,7 +128,7 @@ def test_process_pool_runs_a_real_run(tiny_model_dir, configs_dir, tmp_path):
 def test_results_written_before_the_answer_kinds_get_them_from_their_test_samples(tmp_path):
     gold = {str(r.id): r.answer for r in arith.generate("test", 2, seed=0)}
     (a, answer_a), (b, answer_b) = gold.items()
-    old = tmp_path / "old"  # a result of 2026-11-23: no answer_kinds, its samples beside it
+    old = tmp_path / "old"  # a result written before answer kinds were recorded: its samples beside it
     old.mkdir()
     (old / RESULT_FILE).write_text(json.dumps({"key": "old", "test": {"pass@1": 0.5}}))
     samples = [{"id": a, "answers": [answer_a, answer_a + "3"]}, {"id": b, "answers": [answer_b, None]}]
