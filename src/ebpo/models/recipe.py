@@ -5,10 +5,9 @@ The teacher knows every answer but writes it down right only with probability ``
 (:func:`teacher_accuracy`), and otherwise writes one of :func:`wrong_labels`, drawn uniformly. The default
 teacher runs on past the answer: it writes the answer, then one or two more digits (``42`` -> ``427``,
 ``4271``; :func:`run_ons`, 110 of them), so the model computes the answer before it decides to stop, and its
-wrong answers rarely collide in a vote. The teacher of the earlier shipped model wrote near misses instead
-(off by one or two, or one digit slipped: ``42`` -> ``41``, ``47``, ``92``; :func:`near_misses`, about 20 of
-them, ``near_miss_offsets`` and ``near_miss_digit_slips``), which land where the model's own slips land, so a
-vote of eight collides (docs/base_model.md).
+wrong answers rarely collide in a vote. A near-miss teacher (``near_miss_offsets``, ``near_miss_digit_slips``:
+off by one or two, or one digit slipped, ``42`` -> ``41``, ``47``, ``92``; :func:`near_misses`, about 20 of
+them) writes wrong answers where the model's own slips land, so a vote of eight collides (docs/base_model.md).
 
 The teacher lives beside the recipe because the recipe's key hashes what the teacher writes
 (:func:`data_fingerprint`); ``ebpo.models.sft`` trains on its labels and ``ebpo.models.base_model`` builds,
