@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ebpo.annotate.cli import DifficultyFiles, TopicFiles
+from ebpo.annotate.cli import DifficultyCommand, TopicCommand
 from ebpo.annotate.difficulty import DifficultyConfig
 from ebpo.annotate.topic import JudgeConfig
 from ebpo.cli import main
@@ -39,8 +39,8 @@ FLAGS = {
 }
 DATACLASSES = {
     "simulate": [SimulateConfig],
-    "annotate topic": [TopicFiles, JudgeConfig],
-    "annotate difficulty": [DifficultyFiles, DifficultyConfig],
+    "annotate topic": [TopicCommand, JudgeConfig],
+    "annotate difficulty": [DifficultyCommand, DifficultyConfig],
     "base-model": [BaseModelCommand, BaseModelConfig],
 }
 
@@ -79,7 +79,7 @@ def test_simulate_flags_parse_into_the_config():
 
 
 def test_judge_flags_keep_their_short_spellings():
-    parser = dataclass_parser("ebpo annotate topic", "", [TopicFiles, JudgeConfig])
+    parser = dataclass_parser("ebpo annotate topic", "", [TopicCommand, JudgeConfig])
     argv = ["--judge-model", "m", "--base-url", "http://h/v1", "--backoff", "0.5", "--timeout", "3"]
     args = parser.parse_args([*argv, "--judge-batch-size", "4", "--cache", "c.jsonl", "--relabel"])
     config = from_args(JudgeConfig, args)
@@ -90,11 +90,13 @@ def test_judge_flags_keep_their_short_spellings():
         3.0,
     )
     assert config.batch_size == 4 and str(config.cache_path) == "c.jsonl"
-    assert from_args(TopicFiles, args).relabel is True and from_args(TopicFiles, args).backend == "keyword"
+    assert (
+        from_args(TopicCommand, args).relabel is True and from_args(TopicCommand, args).backend == "keyword"
+    )
 
 
 def test_booleans_with_a_negative_flag():
-    parser = dataclass_parser("d", "", [DifficultyFiles, DifficultyConfig], negatable=["chat_template"])
+    parser = dataclass_parser("d", "", [DifficultyCommand, DifficultyConfig], negatable=["chat_template"])
     base = ["--input", "i", "--output", "o", "--model", "m"]
     assert parser.parse_args(base).chat_template is None  # the tokenizer decides
     assert parser.parse_args([*base, "--chat-template"]).chat_template is True

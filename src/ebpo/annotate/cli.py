@@ -27,8 +27,8 @@ SCHEMA_HELP = (
 
 
 @dataclass
-class DifficultyFiles:
-    """The files of ``ebpo annotate difficulty`` (its sampling settings are ``DifficultyConfig``'s)."""
+class DifficultyCommand:
+    """The files and display of ``ebpo annotate difficulty`` (its sampling settings are ``DifficultyConfig``'s)."""
 
     input: str = field(metadata={"help": "JSONL or Parquet with a prompt/problem and an answer column"})
     output: str = field(metadata={"help": "new JSONL or Parquet file (input columns + difficulty)"})
@@ -37,7 +37,7 @@ class DifficultyFiles:
 
 
 @dataclass
-class TopicFiles:
+class TopicCommand:
     """The files and backend of ``ebpo annotate topic`` (the judge's settings are ``JudgeConfig``'s)."""
 
     input: str | None = field(
@@ -108,7 +108,7 @@ def _difficulty_parser(prog: str) -> argparse.ArgumentParser:
         "difficulty = (# correct of k samples at temperature T) / k; resumable (see docs/annotate.md)."
     )
     return dataclass_parser(
-        prog, description, [DifficultyFiles, DifficultyConfig], negatable=["chat_template"]
+        prog, description, [DifficultyCommand, DifficultyConfig], negatable=["chat_template"]
     )
 
 
@@ -116,7 +116,7 @@ def _topic_parser(prog: str) -> argparse.ArgumentParser:
     from ebpo.annotate.topic import JudgeConfig
 
     description = "Label each prompt with one of the nine topics of the paper (SPEC section 4)."
-    return dataclass_parser(prog, description, [TopicFiles, JudgeConfig])
+    return dataclass_parser(prog, description, [TopicCommand, JudgeConfig])
 
 
 def _one_line(err: BaseException) -> str:
