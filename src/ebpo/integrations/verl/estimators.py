@@ -185,6 +185,8 @@ class EstimatorHolder:
         self._clusters: dict[Any, Any] = {}
         self.filtered_uids: set[Any] = set()
         self.managed = False
+        #: False where the trainer filters groups itself before the advantage (verl's v1 replay buffer)
+        self.filter_in_estimator = True
         self._warned = False
 
     def get(self, name: str, options: Mapping[str, Any] | None = None) -> Any:
@@ -217,14 +219,20 @@ class EstimatorHolder:
             raise ValueError(f"note_clusters: {len(uids)} uids but {len(keys)} cluster keys")
         self._clusters.update(zip(uids, keys))
 
-    def clusters_for(self, index: Sequence[Any]) -> list[Any] | None:
-        """Cluster keys of the rows ``index`` (uids), or None unless every uid is known."""
+    def clusters_for(self, index: Sequence[Any], known: Sequence[bool] | None = None) -> list[Any] | None:
+        """Cluster keys of the rows ``index`` (uids), or None unless every uid is known. Rows where
+        ``known`` is False (padding, rejected rows: never given to the estimator) may be unknown: None there."""
         if not self._clusters:
             return None
-        try:
-            return [self._clusters[uid] for uid in index]
-        except KeyError:
-            return None
+        out = []
+        for row, uid in enumerate(index):
+            if uid in self._clusters:
+                out.append(self._clusters[uid])
+            elif known is not None and not known[row]:
+                out.append(None)
+            else:
+                return None
+        return out
 
     def forget_clusters(self) -> None:
         self._clusters.clear()
@@ -305,7 +313,7 @@ def make_verl_estimator(
         with torch.no_grad():
             rewards_B = token_level_rewards.detach().sum(dim=-1).cpu()  # sequence reward r_i (verl's reading)
             keep_B = (response_mask.detach().sum(dim=-1) > 0).cpu()  # all-zero mask: rejected, no token
-            cluster_B = owner.clusters_for(uids)
+            cluster_B = owner.clusters_for(uids, keep_B.tolist())
             if cluster_B is None and options.get("prior_scope") == "cluster":
                 raise ValueError(
                     f"algorithm.{name}.prior_scope=cluster needs each prompt's cluster, but no cluster keys "
@@ -314,7 +322,7 @@ def make_verl_estimator(
                     f"algorithm.{name}.cluster_key (default {DEFAULT_CLUSTER_KEY!r})"
                 )
             owner.filtered_uids = set()
-            if filter_groups_enabled(config):
+            if owner.filter_in_estimator and filter_groups_enabled(config):
                 drop_B = saturated_rows(rewards_B, uids, keep_B)
                 if drop_B.any():
                     rows = drop_B.nonzero().flatten().tolist()
