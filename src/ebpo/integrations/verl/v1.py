@@ -8,9 +8,10 @@ piece by piece:
 
 - :class:`EBPOReplayBuffer`, the replay buffer (extension point ``custom_sampler``): verl's own sync
   :class:`ReplayBuffer`, whose DAPO filter (``algorithm.filter_groups``) evicts finished groups whose rewards
-  are all equal and refills the batch with fresh prompts. Before a group is evicted, its rewards go to the
-  estimator's prior (``observe_groups``), once: the buffer clears an evicted group from TransferQueue.
-  The training batch then holds only kept groups, at full size (rows removed and refilled, none masked).
+  are all equal and refills the batch with fresh prompts. Before a finished group is cleared without being
+  trained on (evicted, or surplus of a refill), its rewards go to the estimator's prior (``observe_groups``),
+  once: a cleared group is gone from TransferQueue. The training batch then holds only kept groups, at full
+  size (rows removed and refilled, none masked).
 - :class:`EBPOTrainerSync`, a subclass of verl's ``PPOTrainerSync`` for what has no extension point:
 
   * ``_save_checkpoint``: ``global_step_N/ebpo_estimator.pt`` (and a clustered sampler's cursor,
@@ -83,8 +84,8 @@ def unsupported_mode(config: Any) -> str | None:
 
 def replay_buffer_settings(config: Any) -> dict[str, Any]:
     """What verl's ``_build_replay_buffer`` hands its own sync buffer and withholds from a custom one: the DAPO
-    metric, batch sizes, in-flight bound, failed-group refill; plus the estimator name and options, so the
-    buffer can feed evicted groups to the prior. Goes to ``trainer.v1.sampler.sampler_kwargs.ebpo``."""
+    metric, batch sizes, in-flight bound, failed-group refill (and a shorter poll interval in the CPU mode);
+    plus the estimator name and options, so the buffer can feed evicted groups to the prior. Goes to ``trainer.v1.sampler.sampler_kwargs.ebpo``."""
     sampler = config.trainer.v1.sampler
     filter_groups = config.algorithm.get("filter_groups", None)
     enabled = bool(filter_groups is not None and filter_groups.get("enable", False))
@@ -102,7 +103,12 @@ def replay_buffer_settings(config: Any) -> dict[str, Any]:
     refill_failed = bool(sampler.get("sync_refill_failed_groups", False))
     train_batch_size = int(config.data.train_batch_size)
     name = str(config.algorithm.adv_estimator)
+    # verl polls TransferQueue every 2 s while a batch finishes; a CPU step takes seconds, not minutes
+    poll = {"poll_interval": 0.2} if str(config.trainer.get("device", "")) == "cpu" else {}
+    rollout_dir = config.trainer.get("rollout_data_dir", None)
     return {
+        **poll,
+        "observed_dir": os.path.join(str(rollout_dir), "observed") if rollout_dir else None,
         "filter_groups_metric": None if metric is None else str(metric),
         "train_batch_size": train_batch_size,
         "gen_batch_size": 1
@@ -116,7 +122,15 @@ def replay_buffer_settings(config: Any) -> dict[str, Any]:
 
 
 class EBPOReplayBuffer(ReplayBuffer):
-    """verl's sync replay buffer whose DAPO evictions feed the estimator's prior (see the module docstring).
+    """verl's sync replay buffer whose discarded groups feed the estimator's prior (module docstring).
+
+    Every finished training group verl clears without training on it goes to ``observe_groups`` just before
+    it leaves TransferQueue: the groups the DAPO filter evicts, and the surplus of kept groups a refill round
+    produced beyond the batch (sync DAPO drops them), as the reference trainer's dynamic sampling does.
+    Failed groups (a session errored: incomplete) are not observed. A cleared group is gone from
+    TransferQueue, so each reaches the prior once. Each step's metrics gain ``ebpo/observed_groups`` and
+    ``ebpo/observed_reward_sum``; with ``observed_dir`` set (``trainer.rollout_data_dir``/observed) the
+    observed groups are written to ``<step>.jsonl`` there, one ``{"uid", "rewards"}`` line per group.
 
     verl constructs a custom buffer with its generic arguments only; the rest comes from
     ``sampler_kwargs["ebpo"]`` (:func:`replay_buffer_settings`, set by ``python -m ebpo.integrations.verl``).
@@ -132,19 +146,33 @@ class EBPOReplayBuffer(ReplayBuffer):
         settings = dict(extra.pop("ebpo", None) or {})
         self.estimator = settings.pop("estimator", None)
         self.estimator_options = settings.pop("estimator_options", {})
+        self.observed_dir = settings.pop("observed_dir", None)
         super().__init__(trainer_mode=trainer_mode, sampler_kwargs=extra, **settings, **kwargs)
-        #: (uid, sequence rewards) of every group fed to the prior, in eviction order (tests read it)
-        self.observed: list[tuple[str, list[float]]] = []
+        self._observed: list[tuple[str, list[float]]] = []
 
-    def _evict_terminal_groups(self, global_steps, partition_id, eviction_reasons):
-        _stale, dapo_uids, _failed, _counts = eviction_reasons
-        if partition_id != "val" and dapo_uids and self.estimator in REGISTERED:
-            self._observe(partition_id, dapo_uids)
-        return super()._evict_terminal_groups(global_steps, partition_id, eviction_reasons)
+    def sample(self, global_steps: int, partition_id: str, batch_size: int):
+        self._observed = []
+        batch, metrics = super().sample(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
+        if self._observed:
+            metrics = {
+                **metrics,
+                "ebpo/observed_groups": float(len(self._observed)),
+                "ebpo/observed_reward_sum": float(sum(sum(rewards) for _, rewards in self._observed)),
+            }
+            if self.observed_dir:
+                self._dump(global_steps)
+        return batch, metrics
+
+    def _clear_groups(self, partition_id: str, uids: set[str]) -> None:
+        if partition_id != "val" and self.estimator in REGISTERED:
+            finished = set(uids) & self.finished_keys[partition_id]
+            if finished:
+                self._observe(partition_id, finished)
+        super()._clear_groups(partition_id, uids)
 
     def _observe(self, partition_id: str, uids: Iterable[str]) -> None:
-        """Fold the evicted groups' sequence rewards (``rm_scores`` summed, as the advantage reads them)
-        into the prior, one ``observe`` call for all of them."""
+        """Fold the groups' sequence rewards (``rm_scores`` summed, as the advantage reads them) into the
+        prior, one ``observe`` call for all of them."""
         wanted = set(uids)
         keys = sorted(key for key in self.partitions[partition_id] if key.split("_")[0] in wanted)
         if not keys:
@@ -162,7 +190,15 @@ class EBPOReplayBuffer(ReplayBuffer):
         by_uid: dict[str, list[float]] = {}
         for uid, reward in zip(index, rewards):
             by_uid.setdefault(uid, []).append(reward)
-        self.observed.extend(by_uid.items())
+        self._observed.extend(by_uid.items())
+
+    def _dump(self, global_steps: int) -> None:
+        import json
+
+        os.makedirs(self.observed_dir, exist_ok=True)
+        with open(os.path.join(self.observed_dir, f"{global_steps}.jsonl"), "a") as out:
+            for uid, rewards in self._observed:
+                out.write(json.dumps({"uid": uid, "rewards": rewards}) + "\n")
 
 
 class EBPOTrainerSync(PPOTrainerSync):
