@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -78,7 +77,8 @@ def test_entry_point_refuses_an_async_mode_before_ray_starts(tmp_path):
     assert result.returncode == 1
     lines = [line for line in result.stderr.splitlines() if "trainer_mode" in line]
     assert lines == [
-        "ebpo.integrations.verl: " + v1.unsupported_mode(verl_config("trainer.v1.trainer_mode=colocate_async"))
+        "ebpo.integrations.verl: "
+        + v1.unsupported_mode(verl_config("trainer.v1.trainer_mode=colocate_async"))
     ]
     assert "Ray" not in result.stdout + result.stderr.replace(lines[0], "")
 
@@ -108,7 +108,9 @@ def test_replay_buffer_settings_mirror_verls_own_buffer(tmp_path):
     assert dapo["estimator_options"] == {"prior_memory": 50} and dapo["poll_interval"] == 0.2
     assert dapo["observed_dir"] == str(tmp_path / "observed")
     with pytest.raises(ValueError, match="filter_groups.metric"):
-        v1.replay_buffer_settings(verl_config("algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=''"))
+        v1.replay_buffer_settings(
+            verl_config("algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=''")
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -164,7 +166,12 @@ def test_dapo_evicted_and_surplus_groups_reach_the_prior_once(monkeypatch, tmp_p
     # four finished groups of 4: "a" all pass (DAPO evicts it), "b", "c", "d" mixed; a batch of 2 groups.
     # verl's sync DAPO takes 2 of b/c/d and discards the third as surplus
     fake = FakeTransferQueue()
-    groups = {"a": [1.0, 1.0, 1.0, 1.0], "b": [1.0, 0.0, 0.0, 0.0], "c": [0.0, 1.0, 1.0, 0.0], "d": [1, 1, 1, 0.0]}
+    groups = {
+        "a": [1.0, 1.0, 1.0, 1.0],
+        "b": [1.0, 0.0, 0.0, 0.0],
+        "c": [0.0, 1.0, 1.0, 0.0],
+        "d": [1, 1, 1, 0.0],
+    }
     for uid, rewards in groups.items():
         fake.add_group(uid, rewards)
     buffer = make_buffer(
@@ -298,7 +305,9 @@ def test_estimator_does_not_filter_again_when_the_buffer_does():
     from verl.trainer.ppo import core_algos
 
     fn = core_algos.get_adv_estimator_fn("ebpo")
-    algorithm = OmegaConf.create({"adv_estimator": "ebpo", "filter_groups": {"enable": True, "metric": "acc"}})
+    algorithm = OmegaConf.create(
+        {"adv_estimator": "ebpo", "filter_groups": {"enable": True, "metric": "acc"}}
+    )
     rewards_BT = torch.tensor([[1.0], [1.0], [0.0], [1.0]])
     mask_BT = torch.ones(4, 1)
     ev.HOLDER.managed = True

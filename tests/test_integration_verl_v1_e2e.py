@@ -26,6 +26,8 @@ import torch
 
 pytest.importorskip("verl")
 pytest.importorskip("transfer_queue")
+import ebpo  # noqa: E402
+from ebpo.integrations import ESTIMATOR_STATE_FILE  # noqa: E402
 from test_integration_verl_e2e import (  # noqa: E402  (the legacy trainer's end-to-end helpers)
     CPU_SECONDS,
     assert_prior_equal,
@@ -35,9 +37,6 @@ from test_integration_verl_e2e import (  # noqa: E402  (the legacy trainer's end
     step_prompts,
     step_rewards,
 )
-
-import ebpo  # noqa: E402
-from ebpo.integrations import ESTIMATOR_STATE_FILE  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -104,7 +103,10 @@ def test_v1_trains_and_resumes(workdir):
     # ebpo/* metrics every step; the rollout samples with the actor's current weights
     for step, values in metrics.items():
         assert {"ebpo/mu_glob", "ebpo/shrinkage", "ebpo/tau2", "groups/all_fail"} <= set(values), step
-        assert values["training/rollout_probs_diff_max"] < 1e-4, (step, values["training/rollout_probs_diff_max"])
+        assert values["training/rollout_probs_diff_max"] < 1e-4, (
+            step,
+            values["training/rollout_probs_diff_max"],
+        )
 
     # the prior = the core estimator fed every step's rewards: at A's step 8, and at B's step 16 after the
     # resume (a prior restarted empty would hold half as many rewards)
@@ -141,6 +143,8 @@ def test_v1_dapo_filter_feeds_the_prior_once(workdir):
         4,
         *SHAPE,
         f"actor_rollout_ref.rollout.n={n}",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",  # a mini-batch: 2 prompts x 4
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32",  # a step: 8 prompts x 4
         "algorithm.filter_groups.enable=True",
         "algorithm.filter_groups.metric=reward",
         f"trainer.default_local_dir={workdir / 'ckpt-dapo'}",

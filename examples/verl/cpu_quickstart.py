@@ -152,7 +152,9 @@ def summary(root: Path) -> str:
         first, last = min(rewards), max(rewards)
         for step in (first, last):
             values = rewards[step]
-            lines.append(f"training reward at step {step}: {sum(values) / len(values):.3f} (mean of {len(values)} samples)")
+            lines.append(
+                f"training reward at step {step}: {sum(values) / len(values):.3f} (mean of {len(values)} samples)"
+            )
     if latest.is_file():
         lines.append(f"checkpoint: {ckpt / ('global_step_' + latest.read_text().strip())}")
     return "\n".join(lines) or f"no rollouts or checkpoint under {root}"

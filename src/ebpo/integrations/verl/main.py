@@ -136,7 +136,9 @@ def _task_runner_v1_class():
             config.transfer_queue.enable = True
             OmegaConf.resolve(config)
             validate_config(
-                config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config)
+                config=config,
+                use_reference_policy=need_reference_policy(config),
+                use_critic=need_critic(config),
             )
             tq.init(config.transfer_queue)
             trainer = None
@@ -144,9 +146,13 @@ def _task_runner_v1_class():
             try:
                 trainer = EBPOTrainerSync(config=config)
                 trainer.init()
-                manager_fqn = config.actor_rollout_ref.rollout.get("agent", {}).get("agent_loop_manager_class")
+                manager_fqn = config.actor_rollout_ref.rollout.get("agent", {}).get(
+                    "agent_loop_manager_class"
+                )
                 manager_cls = (
-                    load_class_from_fqn(manager_fqn, "AgentLoopManager") if manager_fqn else AgentLoopManagerTQ
+                    load_class_from_fqn(manager_fqn, "AgentLoopManager")
+                    if manager_fqn
+                    else AgentLoopManagerTQ
                 )
                 agent_loop_manager = manager_cls.create(
                     config=config,

@@ -49,7 +49,13 @@ from ebpo.integrations.verl.checkpoint import (
     save_estimator_state,
     save_sampler_state,
 )
-from ebpo.integrations.verl.estimators import HOLDER, column_values, estimator_options, observe_groups, to_plain
+from ebpo.integrations.verl.estimators import (
+    HOLDER,
+    column_values,
+    estimator_options,
+    observe_groups,
+    to_plain,
+)
 from ebpo.integrations.verl.registration import REGISTERED
 
 __all__ = [
@@ -93,7 +99,9 @@ def replay_buffer_settings(config: Any) -> dict[str, Any]:
     if enabled:
         metric = filter_groups.get("metric", None)
         if not metric:
-            raise ValueError("algorithm.filter_groups.metric must be set when algorithm.filter_groups.enable=True")
+            raise ValueError(
+                "algorithm.filter_groups.metric must be set when algorithm.filter_groups.enable=True"
+            )
         reward_model = config.reward.reward_model
         if reward_model.enable and not reward_model.enable_resource_pool:
             raise ValueError(
@@ -152,7 +160,9 @@ class EBPOReplayBuffer(ReplayBuffer):
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int):
         self._observed = []
-        batch, metrics = super().sample(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
+        batch, metrics = super().sample(
+            global_steps=global_steps, partition_id=partition_id, batch_size=batch_size
+        )
         if self._observed:
             metrics = {
                 **metrics,
@@ -206,6 +216,10 @@ class EBPOTrainerSync(PPOTrainerSync):
     ``data.sampler`` option and the CPU mode (see the module docstring: each override has no verl extension
     point that could do it)."""
 
+    # set by verl's PPOTrainer (declared for type checkers, where verl is not installed)
+    train_dataloader: Any
+    resource_pool_manager: Any
+
     def __init__(self, config: Any) -> None:
         message = unsupported_mode(config)
         if message is not None:
@@ -249,9 +263,14 @@ class EBPOTrainerSync(PPOTrainerSync):
         name = str(self.config.algorithm.adv_estimator)
         if name in REGISTERED:
             _, cluster_key = estimator_options(self.config.algorithm, name)
-            columns = {key: batch[key] for key in (cluster_key.partition(".")[0], "uid") if key in batch.keys()}
+            columns = {
+                key: batch[key] for key in (cluster_key.partition(".")[0], "uid") if key in batch.keys()
+            }
             if len(columns) == 2:
-                plain = {key: list(value.tolist() if hasattr(value, "tolist") else value) for key, value in columns.items()}
+                plain = {
+                    key: list(value.tolist() if hasattr(value, "tolist") else value)
+                    for key, value in columns.items()
+                }
                 keys = column_values(plain, cluster_key)
                 if keys is not None:
                     HOLDER.note_clusters(plain["uid"], keys)
