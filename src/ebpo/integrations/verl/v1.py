@@ -225,6 +225,14 @@ class EBPOTrainerSync(PPOTrainerSync):
         if message is not None:
             raise ValueError(message)
         super().__init__(config)
+        if config.actor_rollout_ref.rollout.get("multi_turn", {}).get("enable", False):
+            print(
+                "[ebpo] WARNING: actor_rollout_ref.rollout.multi_turn.enable=True: multi-turn agent loops are not "
+                "validated with ebpo's estimators (an agent loop's several outputs would count as several group "
+                "members)",
+                file=sys.stderr,
+                flush=True,
+            )
         HOLDER.managed = True
         # DAPO filtering happens in the replay buffer here; the estimator must not filter a second time
         HOLDER.filter_in_estimator = False

@@ -92,6 +92,10 @@ def apply_cpu_mode(config: Any, user_keys: Iterable[str] = ()) -> list[str]:
             applied.append(key)
         slots = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
         init = config.ray_kwargs.ray_init
+        if "ray_kwargs.ray_init.num_cpus" not in user:
+            # verl reserves 3 logical CPUs per training process (ResourcePoolManager.max_colocate_count) and
+            # the driver, agent loop and reward workers need some: 6 for one slot, 3 more per extra slot
+            init.num_cpus = max(int(init.get("num_cpus", None) or 0), 3 * slots + 3)
         resources = dict(to_plain(init.get("resources", None)) or {})
         resources.setdefault(CPU_SLOT_RESOURCE, slots)
         init.resources = resources
