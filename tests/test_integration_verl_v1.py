@@ -316,3 +316,35 @@ def test_estimator_does_not_filter_again_when_the_buffer_does():
     assert ev.HOLDER.filtered_uids == set()
     assert int(ev.HOLDER.get("ebpo").state_dict()["prior"]["W_glob"]["count"]) == 4
     assert adv_BT[2, 0] < 0 < adv_BT[3, 0]
+
+
+class MyReplayBuffer(v1.EBPOReplayBuffer):
+    """A user's buffer built on ours (the entry point keeps it)."""
+
+
+def test_entry_point_routes_the_replay_buffer_and_names_bad_settings():
+    from ebpo.integrations.verl.main import _configure_v1
+
+    cfg = verl_config("algorithm.adv_estimator=ebpo", "data.train_batch_size=8")
+    _configure_v1(cfg)
+    assert dict(cfg.trainer.v1.sampler.custom_sampler) == {
+        "path": "pkg://ebpo.integrations.verl.v1",
+        "name": "EBPOReplayBuffer",
+    }
+    assert cfg.trainer.v1.sampler.sampler_kwargs.ebpo.estimator == "ebpo"
+    own = verl_config(
+        "trainer.v1.sampler.custom_sampler.path=pkg://test_integration_verl_v1",
+        "trainer.v1.sampler.custom_sampler.name=MyReplayBuffer",
+    )
+    _configure_v1(own)
+    assert own.trainer.v1.sampler.custom_sampler.name == "MyReplayBuffer"
+    foreign = verl_config(
+        "trainer.v1.sampler.custom_sampler.path=pkg://verl.trainer.ppo.v1.replay_buffer",
+        "trainer.v1.sampler.custom_sampler.name=ReplayBuffer",
+    )
+    with pytest.raises(SystemExit, match="subclass of ebpo.integrations.verl.v1.EBPOReplayBuffer"):
+        _configure_v1(foreign)
+    with pytest.raises(
+        SystemExit, match="^ebpo.integrations.verl: algorithm.filter_groups.metric must be set"
+    ):
+        _configure_v1(verl_config("algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=''"))

@@ -183,18 +183,29 @@ def _configure_v1(config: Any) -> None:
     if message is not None:
         raise SystemExit(f"ebpo.integrations.verl: {message}")
     sampler = config.trainer.v1.sampler
-    custom = sampler.get("custom_sampler", None) or {}
-    ours = ("pkg://ebpo.integrations.verl.v1", "EBPOReplayBuffer")
-    if custom.get("path") and (custom.get("path"), custom.get("name")) != ours:
-        raise SystemExit(
-            f"ebpo.integrations.verl: trainer.v1.sampler.custom_sampler={custom.get('path')}:{custom.get('name')} "
-            "would replace ebpo's replay buffer (which feeds the groups algorithm.filter_groups evicts to the "
-            "prior); subclass ebpo.integrations.verl.v1.EBPOReplayBuffer and name that class instead"
-        )
+    custom = dict(to_plain(sampler.get("custom_sampler", None)) or {})
+    ours = {"path": "pkg://ebpo.integrations.verl.v1", "name": "EBPOReplayBuffer"}
+    if custom.get("path"):
+        from verl.utils.import_utils import load_extern_object
+
+        from ebpo.integrations.verl.v1 import EBPOReplayBuffer
+
+        path, name = str(custom["path"]), str(custom.get("name"))
+        cls = load_extern_object(path, name)
+        if not (isinstance(cls, type) and issubclass(cls, EBPOReplayBuffer)):
+            raise SystemExit(
+                f"ebpo.integrations.verl: trainer.v1.sampler.custom_sampler={path}:{name} would "
+                "replace ebpo's replay buffer (which feeds the groups algorithm.filter_groups evicts to the "
+                "prior); make it a subclass of ebpo.integrations.verl.v1.EBPOReplayBuffer"
+            )
+        ours = {"path": path, "name": name}
     with open_dict(config):
-        sampler.custom_sampler = {"path": ours[0], "name": ours[1]}
+        sampler.custom_sampler = ours
         kwargs = dict(to_plain(sampler.get("sampler_kwargs", None)) or {})
-        kwargs["ebpo"] = replay_buffer_settings(config)
+        try:
+            kwargs["ebpo"] = replay_buffer_settings(config)
+        except ValueError as error:
+            raise SystemExit(f"ebpo.integrations.verl: {error}") from None
         sampler.sampler_kwargs = kwargs
 
 

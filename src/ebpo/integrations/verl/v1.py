@@ -91,7 +91,8 @@ def unsupported_mode(config: Any) -> str | None:
 def replay_buffer_settings(config: Any) -> dict[str, Any]:
     """What verl's ``_build_replay_buffer`` hands its own sync buffer and withholds from a custom one: the DAPO
     metric, batch sizes, in-flight bound, failed-group refill (and a shorter poll interval in the CPU mode);
-    plus the estimator name and options, so the buffer can feed evicted groups to the prior. Goes to ``trainer.v1.sampler.sampler_kwargs.ebpo``."""
+    plus the estimator name and options, so the buffer can feed evicted groups to the prior. Goes to
+    ``trainer.v1.sampler.sampler_kwargs.ebpo``; a bad ``filter_groups`` setting raises ``ValueError``."""
     sampler = config.trainer.v1.sampler
     filter_groups = config.algorithm.get("filter_groups", None)
     enabled = bool(filter_groups is not None and filter_groups.get("enable", False))
