@@ -24,9 +24,10 @@ adapter's own key ``cluster_key`` (default ``extra_info.topic``): the ``non_tens
 
 verl keeps no estimator state and its registered functions do not see ``non_tensor_batch``, so one
 :class:`EstimatorHolder` per process (:data:`HOLDER`) keeps the estimator across steps, the uid -> cluster
-map that ``EBPORayPPOTrainer`` fills when a batch is loaded, and the uids of filtered groups. Outside that
-trainer (verl's v1 trainer, its async modes, the experimental trainers) the prior is not checkpointed and
-may see partial batches: the first call warns once, loudly (see :data:`UNMANAGED_WARNING`).
+map that our trainers (``EBPOTrainerSync`` on verl's v1, ``EBPORayPPOTrainer`` on its legacy trainer) fill when
+prompts are loaded, and the uids of filtered groups. Outside them (verl's own ``main_ppo``, its async modes, the
+experimental trainers) the prior is not checkpointed and may see partial batches: the first call warns once,
+loudly (see :data:`UNMANAGED_WARNING`).
 
 This module imports verl's ``core_algos`` only: no Ray trainer, no workers.
 """
@@ -62,12 +63,13 @@ DEFAULT_CLUSTER_KEY = "extra_info.topic"
 ADAPTER_KEYS = ("cluster_key",)  # options read by this adapter, not passed to get_estimator
 
 UNMANAGED_WARNING = (
-    "[ebpo] WARNING: advantage estimator {name!r} is running outside ebpo's verl trainer "
-    "(EBPORayPPOTrainer, `python -m ebpo.integrations.verl`). Here its prior is NOT checkpointed (a resume "
-    "restarts it empty), no cluster keys or ebpo/* metrics are recorded, and under verl's v1 trainer, its "
-    "async modes and the experimental trainers each call may see a partial batch (the prior then steps, "
-    "and batch normalisation runs, per sub-batch). Train with `python -m ebpo.integrations.verl` for the "
-    "paper's semantics."
+    "[ebpo] WARNING: advantage estimator {name!r} is running outside ebpo's verl trainers "
+    "(`python -m ebpo.integrations.verl`: EBPOTrainerSync, EBPORayPPOTrainer). Here its prior is NOT "
+    "checkpointed (a resume restarts it empty), no cluster keys or ebpo/* metrics are recorded, groups "
+    "verl's v1 replay buffer filters out never reach the prior, and under verl's async modes and the "
+    "experimental trainers each call may see a partial batch (the prior then steps, and batch "
+    "normalisation runs, per sub-batch). Train with `python -m ebpo.integrations.verl` for the paper's "
+    "semantics."
 )
 
 
