@@ -398,7 +398,8 @@ def test_paper_launch_overrides_compose_with_verls_config(tmp_path):
             words = argv.stdout.splitlines()
             module = words[2]
             composed[method] = (module, compose(config_name="ppo_trainer", overrides=words[3:]))
-    for method, (_, cfg) in composed.items():  # the paper's shared settings
+    for method, (module, cfg) in composed.items():  # the paper's shared settings, data from DATA
+        assert module == "ebpo.integrations.verl" and cfg.data.train_files == f"{tmp_path}/train.parquet"
         assert cfg.data.train_batch_size == 512 and cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 128
         assert cfg.actor_rollout_ref.actor.optim.lr == 1e-6 and cfg.actor_rollout_ref.rollout.n == 4
         if method not in ("dapo", "dr-grpo"):
@@ -413,7 +414,8 @@ def test_paper_launch_overrides_compose_with_verls_config(tmp_path):
     assert diff.data.sampler.class_name == "DifficultySampler" and diff.trainer.total_epochs == 1
     assert diff.trainer.total_training_steps is None and diff.data.shuffle is False
     assert composed["dr-grpo"][1].algorithm.adv_estimator == "dr_grpo"
-    assert composed["dapo"][0] == "verl.trainer.main_ppo"
+    assert composed["dapo"][0] == "ebpo.integrations.verl"  # v1 (the default): its replay buffer filters
+    assert composed["dapo"][1].trainer.use_v1 and composed["dapo"][1].algorithm.filter_groups.enable
     assert composed["dapo"][1].actor_rollout_ref.actor.clip_ratio_high == 0.28
     # EBPO's options reach the estimator from `+algorithm.ebpo.*` exactly as Hydra composes them
     with initialize_config_dir(config_dir=_config_dir(), version_base=None):

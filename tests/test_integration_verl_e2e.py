@@ -1,4 +1,5 @@
-"""EBPO through verl's own Ray trainer on the CPU: ``python -m ebpo.integrations.verl trainer.device=cpu``.
+"""EBPO through verl's legacy Ray trainer on the CPU: ``python -m ebpo.integrations.verl trainer.device=cpu
+trainer.use_v1=false`` (verl's v1 trainer: ``test_integration_verl_v1_e2e.py``).
 
 Two real runs of the entry point with the overrides of ``examples/verl/cpu_quickstart.py`` (Ray on this
 machine, FSDP2 actor on gloo, the ``ebpo_cpu`` rollout sampling with the actor's current weights), on the tiny
@@ -226,9 +227,9 @@ def assert_prior_equal(saved, expected, path: str = "prior") -> None:
 
 def test_ebpo_trains_through_verls_trainer_and_resumes(workdir):
     started = time.perf_counter()
-    code_a, log_a = run_entry_point(workdir, "run_a", 8)
+    code_a, log_a = run_entry_point(workdir, "run_a", 8, "trainer.use_v1=false")
     assert code_a == 0, log_a[-4000:]
-    code_b, log_b = run_entry_point(workdir, "run_b", 16, "trainer.resume_mode=auto")
+    code_b, log_b = run_entry_point(workdir, "run_b", 16, "trainer.use_v1=false", "trainer.resume_mode=auto")
     assert code_b == 0, log_b[-4000:]
     metrics = {
         **step_metrics(workdir / "run_a.metrics.jsonl"),

@@ -1,4 +1,5 @@
-"""EBPO through verl's own Ray trainer on a laptop CPU, in about two minutes (no GPU, no download).
+"""EBPO through verl's own Ray trainer (its default v1 trainer) on a laptop CPU, in about two minutes (no GPU,
+no download).
 
     python examples/verl/cpu_quickstart.py --out runs/verl-cpu            # prepare + train 16 steps
     python examples/verl/cpu_quickstart.py --out runs/verl-cpu --dry-run  # print the verl command only
@@ -9,9 +10,12 @@ has something to improve), writes 16 training prompts in verl's parquet format, 
 
     python -m ebpo.integrations.verl trainer.device=cpu algorithm.adv_estimator=ebpo ...
 
-(:func:`verl_overrides` lists every override). The same command trains on a cluster without
+(:func:`verl_overrides` lists every override), on verl's v1 trainer in ``trainer.v1.trainer_mode=sync``
+(add ``trainer.use_v1=false`` for verl's legacy trainer). At the end it prints the mean training reward of the
+first and the last step and the checkpoint directory. The same command trains on a cluster without
 ``trainer.device=cpu`` and with a real model and data (``examples/verl/run_paper.sh``).
-``tests/test_integration_verl_e2e.py`` runs exactly this, in two halves with a resume in between.
+``tests/test_integration_verl_v1_e2e.py`` (v1) and ``tests/test_integration_verl_e2e.py`` (legacy trainer) run
+it in two halves with a resume in between.
 """
 
 from __future__ import annotations
@@ -127,6 +131,35 @@ def verl_overrides(
     ]
 
 
+def step_rewards(folder: Path) -> dict[int, list[float]]:
+    """Rewards of every sample verl dumped (``trainer.rollout_data_dir``): {step: [score, ...]}."""
+    import json
+
+    out = {}
+    for path in folder.glob("*.jsonl"):
+        lines = path.read_text().splitlines()
+        out[int(path.stem)] = [float(json.loads(line)["score"]) for line in lines if line.strip()]
+    return out
+
+
+def summary(root: Path) -> str:
+    """Mean training reward at the first and last steps, and the latest checkpoint (what ``main`` prints)."""
+    rewards = step_rewards(root / "rollouts")
+    ckpt = root / "ckpt"
+    latest = ckpt / "latest_checkpointed_iteration.txt"
+    lines = []
+    if rewards:
+        first, last = min(rewards), max(rewards)
+        for step in (first, last):
+            values = rewards[step]
+            lines.append(
+                f"training reward at step {step}: {sum(values) / len(values):.3f} (mean of {len(values)} samples)"
+            )
+    if latest.is_file():
+        lines.append(f"checkpoint: {ckpt / ('global_step_' + latest.read_text().strip())}")
+    return "\n".join(lines) or f"no rollouts or checkpoint under {root}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/verl-cpu"), help="working directory")
@@ -142,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     prepare(root)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    return subprocess.call(command, cwd=root, env=env)
+    code = subprocess.call(command, cwd=root, env=env)
+    print(summary(root))
+    return code
 
 
 if __name__ == "__main__":

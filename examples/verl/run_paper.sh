@@ -6,16 +6,17 @@
 #   METHOD: ebpo-topic | ebpo-diff | ebpo-naive | grpo | dr-grpo | dapo | entropymech-clipcov | entropymech-klcov
 #
 # DRY_RUN=1 prints the command (one argument per line) instead of running it.
-# Data: python examples/verl/prepare_data.py --train <annotated records> --val math500 --out $DATA
-# Every method except DAPO runs through `python -m ebpo.integrations.verl` (verl's RayPPOTrainer + EBPO state,
-# metrics and samplers), so all share one data order, batch size and optimiser. DAPO's dynamic sampling
-# (algorithm.filter_groups) lives in verl's v1 trainer only, so DAPO runs `verl.trainer.main_ppo` (needs the
-# `transfer_queue` package).
+# Data (DATA, default data/verl, relative to where you run this):
+#   python examples/verl/prepare_data.py --train <annotated records> --val math500 --out data/verl
+# Every method runs through `python -m ebpo.integrations.verl` on verl's v1 trainer (trainer.use_v1=true,
+# trainer_mode=sync: EBPO state, metrics and samplers), so all share one data order, batch size and optimiser;
+# DAPO's dynamic sampling (algorithm.filter_groups) is the v1 replay buffer's (evicted groups refilled).
+# Add trainer.use_v1=false to run verl's legacy trainer instead.
 set -euo pipefail
 METHOD=${1:?usage: run_paper.sh METHOD [overrides...]}
 shift
 MODEL=${MODEL:-Qwen/Qwen3-8B}
-DATA=${DATA:-$HOME/data/ebpo-verl}
+DATA=${DATA:-data/verl}
 NGPUS=${NGPUS:-8}
 NNODES=${NNODES:-1}
 MAX_RESPONSE=${MAX_RESPONSE:-8192}
@@ -71,13 +72,11 @@ case "$METHOD" in
   dr-grpo)  # A = r - mean, loss = sum of token losses / (max length * sequences), no KL
     ARGS=(algorithm.adv_estimator=dr_grpo actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm
       actor_rollout_ref.actor.use_kl_loss=False data.seed=1) ;;
-  dapo)  # clip-higher, token-mean, dynamic sampling, soft overlong punishment (4096-token cache), no KL
-    ENTRY=(python -m verl.trainer.main_ppo)
+  dapo)  # clip-higher, token-mean, dynamic sampling (v1 replay buffer), soft overlong punishment, no KL
     ARGS=(algorithm.adv_estimator=grpo actor_rollout_ref.actor.loss_agg_mode=token-mean
       actor_rollout_ref.actor.clip_ratio_low=0.2 actor_rollout_ref.actor.clip_ratio_high=0.28
       actor_rollout_ref.actor.use_kl_loss=False
       algorithm.filter_groups.enable=True algorithm.filter_groups.metric=acc
-      algorithm.filter_groups.max_num_gen_batches=10
       reward.reward_manager.name=dapo
       +reward.reward_kwargs.max_resp_len="$MAX_RESPONSE"
       +reward.reward_kwargs.overlong_buffer_cfg.enable=True

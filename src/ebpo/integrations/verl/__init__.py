@@ -15,8 +15,9 @@ Modules, one concern each:
 | :mod:`.samplers` | :class:`TopicSampler`, :class:`DifficultySampler` for ``data.sampler`` |
 | :mod:`.data` | our records -> verl's parquet rows |
 | :mod:`.rewards` | ``compute_score`` for ``reward.custom_reward_function`` over ``ebpo.rewards`` |
-| :mod:`.trainer` | :class:`EBPORayPPOTrainer` (verl's ``RayPPOTrainer`` subclass) |
-| :mod:`.main` | ``python -m ebpo.integrations.verl``: Hydra entry point, task runner |
+| :mod:`.v1` | verl's v1 trainer (the default): :class:`EBPOTrainerSync`, :class:`EBPOReplayBuffer` |
+| :mod:`.trainer` | :class:`EBPORayPPOTrainer` (verl's legacy ``RayPPOTrainer`` subclass, ``trainer.use_v1=false``) |
+| :mod:`.main` | ``python -m ebpo.integrations.verl``: Hydra entry point, task runners (v1 and legacy) |
 | :mod:`.cpu` | the opt-in CPU mode (``trainer.device=cpu``): platform, engine, rollout, config |
 """
 
@@ -53,8 +54,10 @@ _LAZY = {
     # data
     "record_to_verl_row": "data",
     "write_verl_parquet": "data",
-    # trainer (imports verl's Ray trainer)
+    # trainers (import verl's Ray trainers)
     "EBPORayPPOTrainer": "trainer",
+    "EBPOTrainerSync": "v1",
+    "EBPOReplayBuffer": "v1",
 }
 
 __all__ = ["ESTIMATOR_STATE_FILE", "REGISTERED", *_LAZY]

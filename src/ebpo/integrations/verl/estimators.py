@@ -24,9 +24,10 @@ adapter's own key ``cluster_key`` (default ``extra_info.topic``): the ``non_tens
 
 verl keeps no estimator state and its registered functions do not see ``non_tensor_batch``, so one
 :class:`EstimatorHolder` per process (:data:`HOLDER`) keeps the estimator across steps, the uid -> cluster
-map that ``EBPORayPPOTrainer`` fills when a batch is loaded, and the uids of filtered groups. Outside that
-trainer (verl's v1 trainer, its async modes, the experimental trainers) the prior is not checkpointed and
-may see partial batches: the first call warns once, loudly (see :data:`UNMANAGED_WARNING`).
+map that our trainers (``EBPOTrainerSync`` on verl's v1, ``EBPORayPPOTrainer`` on its legacy trainer) fill when
+prompts are loaded, and the uids of filtered groups. Outside them (verl's own ``main_ppo``, its async modes, the
+experimental trainers) the prior is not checkpointed and may see partial batches: the first call warns once,
+loudly (see :data:`UNMANAGED_WARNING`).
 
 This module imports verl's ``core_algos`` only: no Ray trainer, no workers.
 """
@@ -62,12 +63,13 @@ DEFAULT_CLUSTER_KEY = "extra_info.topic"
 ADAPTER_KEYS = ("cluster_key",)  # options read by this adapter, not passed to get_estimator
 
 UNMANAGED_WARNING = (
-    "[ebpo] WARNING: advantage estimator {name!r} is running outside ebpo's verl trainer "
-    "(EBPORayPPOTrainer, `python -m ebpo.integrations.verl`). Here its prior is NOT checkpointed (a resume "
-    "restarts it empty), no cluster keys or ebpo/* metrics are recorded, and under verl's v1 trainer, its "
-    "async modes and the experimental trainers each call may see a partial batch (the prior then steps, "
-    "and batch normalisation runs, per sub-batch). Train with `python -m ebpo.integrations.verl` for the "
-    "paper's semantics."
+    "[ebpo] WARNING: advantage estimator {name!r} is running outside ebpo's verl trainers "
+    "(`python -m ebpo.integrations.verl`: EBPOTrainerSync, EBPORayPPOTrainer). Here its prior is NOT "
+    "checkpointed (a resume restarts it empty), no cluster keys or ebpo/* metrics are recorded, groups "
+    "verl's v1 replay buffer filters out never reach the prior, and under verl's async modes and the "
+    "experimental trainers each call may see a partial batch (the prior then steps, and batch "
+    "normalisation runs, per sub-batch). Train with `python -m ebpo.integrations.verl` for the paper's "
+    "semantics."
 )
 
 
@@ -185,6 +187,8 @@ class EstimatorHolder:
         self._clusters: dict[Any, Any] = {}
         self.filtered_uids: set[Any] = set()
         self.managed = False
+        #: False where the trainer filters groups itself before the advantage (verl's v1 replay buffer)
+        self.filter_in_estimator = True
         self._warned = False
 
     def get(self, name: str, options: Mapping[str, Any] | None = None) -> Any:
@@ -217,14 +221,20 @@ class EstimatorHolder:
             raise ValueError(f"note_clusters: {len(uids)} uids but {len(keys)} cluster keys")
         self._clusters.update(zip(uids, keys))
 
-    def clusters_for(self, index: Sequence[Any]) -> list[Any] | None:
-        """Cluster keys of the rows ``index`` (uids), or None unless every uid is known."""
+    def clusters_for(self, index: Sequence[Any], known: Sequence[bool] | None = None) -> list[Any] | None:
+        """Cluster keys of the rows ``index`` (uids), or None unless every uid is known. Rows where
+        ``known`` is False (padding, rejected rows: never given to the estimator) may be unknown: None there."""
         if not self._clusters:
             return None
-        try:
-            return [self._clusters[uid] for uid in index]
-        except KeyError:
-            return None
+        out = []
+        for row, uid in enumerate(index):
+            if uid in self._clusters:
+                out.append(self._clusters[uid])
+            elif known is not None and not known[row]:
+                out.append(None)
+            else:
+                return None
+        return out
 
     def forget_clusters(self) -> None:
         self._clusters.clear()
@@ -305,7 +315,7 @@ def make_verl_estimator(
         with torch.no_grad():
             rewards_B = token_level_rewards.detach().sum(dim=-1).cpu()  # sequence reward r_i (verl's reading)
             keep_B = (response_mask.detach().sum(dim=-1) > 0).cpu()  # all-zero mask: rejected, no token
-            cluster_B = owner.clusters_for(uids)
+            cluster_B = owner.clusters_for(uids, keep_B.tolist())
             if cluster_B is None and options.get("prior_scope") == "cluster":
                 raise ValueError(
                     f"algorithm.{name}.prior_scope=cluster needs each prompt's cluster, but no cluster keys "
@@ -314,7 +324,7 @@ def make_verl_estimator(
                     f"algorithm.{name}.cluster_key (default {DEFAULT_CLUSTER_KEY!r})"
                 )
             owner.filtered_uids = set()
-            if filter_groups_enabled(config):
+            if owner.filter_in_estimator and filter_groups_enabled(config):
                 drop_B = saturated_rows(rewards_B, uids, keep_B)
                 if drop_B.any():
                     rows = drop_B.nonzero().flatten().tolist()

@@ -1,15 +1,18 @@
-"""Entry point: verl's PPO recipe with :class:`EBPORayPPOTrainer` and ``data.sampler`` support.
+"""Entry point: verl's PPO trainer with EBPO's state, metrics, clusters and ``data.sampler`` support.
 
     python -m ebpo.integrations.verl algorithm.adv_estimator=ebpo +algorithm.ebpo.prior_scope=global ...
     python -m ebpo.integrations.verl trainer.device=cpu ...        # the opt-in CPU mode (tests, laptops)
+    python -m ebpo.integrations.verl trainer.use_v1=false ...      # verl's legacy trainer
 
-Takes the same Hydra overrides as ``python -m verl.trainer.main_ppo`` (verl's ``ppo_trainer.yaml``). It runs
-verl's synchronous single-controller trainer (``RayPPOTrainer``, verl's ``trainer.use_v1=false`` path) with
-these additions: the EBPO estimator state in every checkpoint, the estimator's metrics in the logs,
-``+data.sampler.class_path`` / ``class_name`` honoured (``ebpo.integrations.verl.TopicSampler`` /
+Takes the same Hydra overrides as ``python -m verl.trainer.main_ppo`` (verl's ``ppo_trainer.yaml``). By default
+(``trainer.use_v1=true``, verl's own default) it runs verl's v1 trainer in ``trainer.v1.trainer_mode=sync``
+(:class:`ebpo.integrations.verl.v1.EBPOTrainerSync`, replay buffer
+:class:`~ebpo.integrations.verl.v1.EBPOReplayBuffer`); the async modes are refused before Ray starts. With
+``trainer.use_v1=false`` it runs verl's legacy synchronous trainer (``RayPPOTrainer``) as
+:class:`EBPORayPPOTrainer`. Both add: the EBPO estimator state in every checkpoint, the estimator's metrics in
+the logs, ``+data.sampler.class_path`` / ``class_name`` honoured (``ebpo.integrations.verl.TopicSampler`` /
 ``DifficultySampler``), ``algorithm.filter_groups`` with the dropped groups folded into the prior, and
-``trainer.device=cpu`` (:mod:`ebpo.integrations.verl.cpu`). The task runner composes verl's own worker
-setup (``BaseTaskRunner`` methods). Ray is shut down when the run ends, also on failure.
+``trainer.device=cpu`` (:mod:`ebpo.integrations.verl.cpu`). Ray is shut down when the run ends, also on failure.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import os
 import socket
 import sys
 from typing import Any
+
+from ebpo.integrations.verl.estimators import to_plain
 
 
 def _task_runner_class():
@@ -106,6 +111,104 @@ def _task_runner_class():
     return EBPOTaskRunner
 
 
+def _task_runner_v1_class():
+    """Task runner of verl's v1 trainer (verl's ``TaskRunnerV1.run``, composed with our trainer class)."""
+
+    class EBPOTaskRunnerV1:
+        """Runs :class:`~ebpo.integrations.verl.v1.EBPOTrainerSync` with verl's TransferQueue agent loop."""
+
+        def run(self, config: Any) -> None:
+            import transfer_queue as tq
+            from omegaconf import OmegaConf
+            from verl.trainer.ppo.utils import need_critic, need_reference_policy
+            from verl.trainer.ppo.v1 import AgentLoopManagerTQ
+            from verl.utils.config import validate_config
+            from verl.utils.import_utils import load_class_from_fqn
+            from verl.utils.logging_utils import configure_verl_logging
+
+            from ebpo.integrations.verl import REGISTERED
+            from ebpo.integrations.verl.v1 import EBPOTrainerSync
+
+            configure_verl_logging()
+            print(
+                f"[ebpo] v1 task runner on {socket.gethostname()} pid {os.getpid()}; our estimators: {REGISTERED}"
+            )
+            config.transfer_queue.enable = True
+            OmegaConf.resolve(config)
+            validate_config(
+                config=config,
+                use_reference_policy=need_reference_policy(config),
+                use_critic=need_critic(config),
+            )
+            tq.init(config.transfer_queue)
+            trainer = None
+            succeeded = False
+            try:
+                trainer = EBPOTrainerSync(config=config)
+                trainer.init()
+                manager_fqn = config.actor_rollout_ref.rollout.get("agent", {}).get(
+                    "agent_loop_manager_class"
+                )
+                manager_cls = (
+                    load_class_from_fqn(manager_fqn, "AgentLoopManager")
+                    if manager_fqn
+                    else AgentLoopManagerTQ
+                )
+                agent_loop_manager = manager_cls.create(
+                    config=config,
+                    llm_client=trainer.get_llm_client(),
+                    teacher_client=trainer.get_teacher_client(),
+                    reward_loop_worker_handles=trainer.get_reward_handles(),
+                )
+                trainer.fit(agent_loop_manager)
+                succeeded = True
+            finally:
+                try:
+                    tracking = getattr(trainer, "logger", None)
+                    if tracking is not None:
+                        tracking.finish(exit_code=0 if succeeded else 1)
+                finally:
+                    tq.close()
+
+    return EBPOTaskRunnerV1
+
+
+def _configure_v1(config: Any) -> None:
+    """Refuse the async modes (one line, before Ray starts) and route the replay buffer to ours."""
+    from omegaconf import open_dict
+
+    from ebpo.integrations.verl.v1 import replay_buffer_settings, unsupported_mode
+
+    message = unsupported_mode(config)
+    if message is not None:
+        raise SystemExit(f"ebpo.integrations.verl: {message}")
+    sampler = config.trainer.v1.sampler
+    custom = dict(to_plain(sampler.get("custom_sampler", None)) or {})
+    ours = {"path": "pkg://ebpo.integrations.verl.v1", "name": "EBPOReplayBuffer"}
+    if custom.get("path"):
+        from verl.utils.import_utils import load_extern_object
+
+        from ebpo.integrations.verl.v1 import EBPOReplayBuffer
+
+        path, name = str(custom["path"]), str(custom.get("name"))
+        cls = load_extern_object(path, name)
+        if not (isinstance(cls, type) and issubclass(cls, EBPOReplayBuffer)):
+            raise SystemExit(
+                f"ebpo.integrations.verl: trainer.v1.sampler.custom_sampler={path}:{name} would "
+                "replace ebpo's replay buffer (which feeds the groups algorithm.filter_groups evicts to the "
+                "prior); make it a subclass of ebpo.integrations.verl.v1.EBPOReplayBuffer"
+            )
+        ours = {"path": path, "name": name}
+    with open_dict(config):
+        sampler.custom_sampler = ours
+        kwargs = dict(to_plain(sampler.get("sampler_kwargs", None)) or {})
+        try:
+            kwargs["ebpo"] = replay_buffer_settings(config)
+        except ValueError as error:
+            raise SystemExit(f"ebpo.integrations.verl: {error}") from None
+        sampler.sampler_kwargs = kwargs
+
+
 def _config_dir() -> str:
     import verl.trainer
 
@@ -124,8 +227,9 @@ def _user_override_keys() -> set[str]:
 
 
 def run(config: Any) -> None:
-    """Start Ray (verl's ``run_ppo``) with our task runner on verl's ``trainer.use_v1=false`` path; shut Ray
-    down afterwards. ``trainer.device=cpu`` switches the CPU mode on before Ray starts."""
+    """Start Ray (verl's ``run_ppo``) with our task runner for ``trainer.use_v1`` (v1 sync by default, the
+    legacy trainer with ``false``); shut Ray down afterwards. ``trainer.device=cpu`` switches the CPU mode on
+    before Ray starts."""
     import ray
     from omegaconf import open_dict
     from verl.trainer.main_ppo import run_ppo
@@ -137,11 +241,16 @@ def run(config: Any) -> None:
         apply_cpu_mode(config, _user_override_keys())
     else:
         auto_set_device(config)
-    with open_dict(config):
-        config.trainer.use_v1 = False
+    use_v1 = bool(config.trainer.get("use_v1", True))
+    if use_v1:
+        _configure_v1(config)
+    else:
+        with open_dict(config):
+            config.trainer.use_v1 = False
+    runner = _task_runner_v1_class() if use_v1 else _task_runner_class()
     started_ray = not ray.is_initialized()
     try:
-        run_ppo(config, task_runner_class=ray.remote(num_cpus=1)(_task_runner_class()))
+        run_ppo(config, task_runner_class=ray.remote(num_cpus=1)(runner))
     finally:
         if started_ray and ray.is_initialized():
             ray.shutdown()

@@ -21,7 +21,7 @@ FP32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
 
 #: key -> value set for a CPU run (why, in order: our rollout backend; one process per replica and worker;
 #: FSDP2 (``fully_shard``) runs on CPU tensors; no flash-attention varlen kernels on the CPU; no compile;
-#: PyTorch's sdpa attention, not flash-attention; fp32 compute (CPU bf16 autocast is slow and lossy); small Ray footprint; console logging).
+#: PyTorch's sdpa attention, not flash-attention; fp32 compute (CPU bf16 autocast is slow and lossy); small Ray footprint; console logging; one TransferQueue storage unit).
 CPU_DEFAULTS: dict[str, Any] = {
     "actor_rollout_ref.rollout.name": "ebpo_cpu",
     "actor_rollout_ref.rollout.mode": "async",
@@ -49,6 +49,8 @@ CPU_DEFAULTS: dict[str, Any] = {
     "ray_kwargs.ray_init.num_cpus": 6,
     "ray_kwargs.ray_init.include_dashboard": False,
     "ray_kwargs.ray_init.object_store_memory": 256 * 1024 * 1024,
+    # v1 trainer: one TransferQueue storage process (verl's default, 8, is sized for a GPU node)
+    "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
 }
 
 #: environment of every Ray process of a CPU run (the driver's, which Ray's processes inherit, and
@@ -90,6 +92,10 @@ def apply_cpu_mode(config: Any, user_keys: Iterable[str] = ()) -> list[str]:
             applied.append(key)
         slots = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
         init = config.ray_kwargs.ray_init
+        if "ray_kwargs.ray_init.num_cpus" not in user:
+            # verl reserves 3 logical CPUs per training process (ResourcePoolManager.max_colocate_count) and
+            # the driver, agent loop and reward workers need some: 6 for one slot, 3 more per extra slot
+            init.num_cpus = max(int(init.get("num_cpus", None) or 0), 3 * slots + 3)
         resources = dict(to_plain(init.get("resources", None)) or {})
         resources.setdefault(CPU_SLOT_RESOURCE, slots)
         init.resources = resources

@@ -1,0 +1,333 @@
+"""EBPO on verl's v1 trainer (``trainer.use_v1=true``, verl 0.9's default) in ``trainer.v1.trainer_mode=sync``.
+
+What ``python -m ebpo.integrations.verl`` runs by default. verl's v1 trainer (``verl/trainer/ppo/v1/``) keeps
+its data in TransferQueue and samples training groups from a replay buffer; its extension points are the
+replay buffer (``trainer.v1.sampler.custom_sampler.{path,name}``), the checkpoint callback
+(``trainer.checkpoint_callback_class``, called after a save) and the trainer's lifecycle methods. What we use,
+piece by piece:
+
+- :class:`EBPOReplayBuffer`, the replay buffer (extension point ``custom_sampler``): verl's own sync
+  :class:`ReplayBuffer`, whose DAPO filter (``algorithm.filter_groups``) evicts finished groups whose rewards
+  are all equal and refills the batch with fresh prompts. Before a finished group is cleared without being
+  trained on (evicted, or surplus of a refill), its rewards go to the estimator's prior (``observe_groups``),
+  once: a cleared group is gone from TransferQueue. The training batch then holds only kept groups, at full
+  size (rows removed and refilled, none masked).
+- :class:`EBPOTrainerSync`, a subclass of verl's ``PPOTrainerSync`` for what has no extension point:
+
+  * ``_save_checkpoint``: ``global_step_N/ebpo_estimator.pt`` (and a clustered sampler's cursor,
+    ``ebpo_sampler.pt``) written *before* verl's save. verl writes ``latest_checkpointed_iteration.txt``
+    (the mark that makes ``resume_mode=auto`` pick the checkpoint) and only then calls the checkpoint
+    callback's ``on_save``, so a state file written from the callback could be missing from a checkpoint
+    verl already calls complete (a kill between the two); written first, it cannot.
+  * ``_load_checkpoint``: restores the state (verl's v1 offers no load hook; same ``resume_mode`` rules).
+  * ``_fetch_one_gen_batch``: records each prompt's cluster (``extra_info.topic``) under its uid; the
+    advantage call sees only uids.
+  * ``_compute_advantage``: adds ``est.metrics()`` (``ebpo/*``) to the step's metrics.
+  * ``_init_dataloader``: ``+data.sampler.class_path`` / ``class_name`` (verl 0.9's ``create_rl_sampler``
+    ignores them).
+  * ``_init_resource_pool_mgr``: the CPU mode's worker and resource pool (``trainer.device=cpu``).
+
+Async modes (``colocate_async``, ``separate_async``) are refused at start (:func:`unsupported_mode`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+import transfer_queue as tq
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+from ebpo.integrations import ESTIMATOR_STATE_FILE
+from ebpo.integrations.verl.checkpoint import (
+    load_estimator_state,
+    load_sampler_state,
+    resolve_resume_folder,
+    save_estimator_state,
+    save_sampler_state,
+)
+from ebpo.integrations.verl.estimators import (
+    HOLDER,
+    column_values,
+    estimator_options,
+    observe_groups,
+    to_plain,
+)
+from ebpo.integrations.verl.registration import REGISTERED
+
+__all__ = [
+    "SUPPORTED_MODE",
+    "EBPOReplayBuffer",
+    "EBPOTrainerSync",
+    "replay_buffer_settings",
+    "unsupported_mode",
+]
+
+SUPPORTED_MODE = "sync"
+
+
+def unsupported_mode(config: Any) -> str | None:
+    """One line refusing ``trainer.v1.trainer_mode`` unless it is ``sync`` (None when it is).
+
+    In the async modes the advantage is computed on batches whose groups were sampled by up to
+    ``max_off_policy_threshold`` older policies, partly regenerated after an abort (a group's members from
+    different weights), and ``separate_async`` computes it per mini-batch (``parameter_sync_step`` calls per
+    step), so the prior would step, and batch normalisation run, on a fraction of the batch. None of that is
+    what the estimator was validated on, and none of it runs on the CPU here: refused, not half supported.
+    """
+    mode = str(config.trainer.v1.get("trainer_mode", SUPPORTED_MODE))
+    if mode == SUPPORTED_MODE:
+        return None
+    return (
+        f"trainer.v1.trainer_mode={mode} is not supported with ebpo's estimators (advantages on off-policy, "
+        f"partially regenerated groups{', per mini-batch' if mode == 'separate_async' else ''}); use "
+        f"trainer.v1.trainer_mode={SUPPORTED_MODE}"
+    )
+
+
+def replay_buffer_settings(config: Any) -> dict[str, Any]:
+    """What verl's ``_build_replay_buffer`` hands its own sync buffer and withholds from a custom one: the DAPO
+    metric, batch sizes, in-flight bound, failed-group refill (and a shorter poll interval in the CPU mode);
+    plus the estimator name and options, so the buffer can feed evicted groups to the prior. Goes to
+    ``trainer.v1.sampler.sampler_kwargs.ebpo``; a bad ``filter_groups`` setting raises ``ValueError``."""
+    sampler = config.trainer.v1.sampler
+    filter_groups = config.algorithm.get("filter_groups", None)
+    enabled = bool(filter_groups is not None and filter_groups.get("enable", False))
+    metric = None
+    if enabled:
+        metric = filter_groups.get("metric", None)
+        if not metric:
+            raise ValueError(
+                "algorithm.filter_groups.metric must be set when algorithm.filter_groups.enable=True"
+            )
+        reward_model = config.reward.reward_model
+        if reward_model.enable and not reward_model.enable_resource_pool:
+            raise ValueError(
+                "algorithm.filter_groups needs the reward at sampling time: use a rule-based reward or "
+                "reward.reward_model.enable_resource_pool=True"
+            )
+    refill_failed = bool(sampler.get("sync_refill_failed_groups", False))
+    train_batch_size = int(config.data.train_batch_size)
+    name = str(config.algorithm.adv_estimator)
+    # verl polls TransferQueue every 2 s while a batch finishes; a CPU step takes seconds, not minutes
+    poll = {"poll_interval": 0.2} if str(config.trainer.get("device", "")) == "cpu" else {}
+    rollout_dir = config.trainer.get("rollout_data_dir", None)
+    return {
+        **poll,
+        "observed_dir": os.path.join(str(rollout_dir), "observed") if rollout_dir else None,
+        "filter_groups_metric": None if metric is None else str(metric),
+        "train_batch_size": train_batch_size,
+        "gen_batch_size": 1
+        if enabled or refill_failed
+        else int(config.data.get("gen_batch_size", None) or train_batch_size),
+        "max_inflight_gen_batches": int(filter_groups.get("max_inflight_gen_batches", 1)) if enabled else 1,
+        "sync_refill_failed_groups": refill_failed,
+        "estimator": name,
+        "estimator_options": to_plain(config.algorithm.get(name, None)) or {},
+    }
+
+
+class EBPOReplayBuffer(ReplayBuffer):
+    """verl's sync replay buffer whose discarded groups feed the estimator's prior (module docstring).
+
+    Every finished training group verl clears without training on it goes to ``observe_groups`` just before
+    it leaves TransferQueue: the groups the DAPO filter evicts, and the surplus of kept groups a refill round
+    produced beyond the batch (sync DAPO drops them), as the reference trainer's dynamic sampling does.
+    Failed groups (a session errored: incomplete) are not observed. A cleared group is gone from
+    TransferQueue, so each reaches the prior once. Each step's metrics gain ``ebpo/observed_groups`` and
+    ``ebpo/observed_reward_sum``; with ``observed_dir`` set (``trainer.rollout_data_dir``/observed) the
+    observed groups are written to ``<step>.jsonl`` there, one ``{"uid", "rewards"}`` line per group.
+
+    verl constructs a custom buffer with its generic arguments only; the rest comes from
+    ``sampler_kwargs["ebpo"]`` (:func:`replay_buffer_settings`, set by ``python -m ebpo.integrations.verl``).
+    """
+
+    def __init__(self, *, trainer_mode: str, sampler_kwargs: Any = None, **kwargs: Any) -> None:
+        if trainer_mode != SUPPORTED_MODE:
+            raise ValueError(
+                f"EBPOReplayBuffer: trainer.v1.trainer_mode={trainer_mode} is not supported; use "
+                f"trainer.v1.trainer_mode={SUPPORTED_MODE}"
+            )
+        extra = dict(to_plain(sampler_kwargs) or {})
+        settings = dict(extra.pop("ebpo", None) or {})
+        self.estimator = settings.pop("estimator", None)
+        self.estimator_options = settings.pop("estimator_options", {})
+        self.observed_dir = settings.pop("observed_dir", None)
+        super().__init__(trainer_mode=trainer_mode, sampler_kwargs=extra, **settings, **kwargs)
+        self._observed: list[tuple[str, list[float]]] = []
+
+    def sample(self, global_steps: int, partition_id: str, batch_size: int):
+        self._observed = []
+        batch, metrics = super().sample(
+            global_steps=global_steps, partition_id=partition_id, batch_size=batch_size
+        )
+        if self._observed:
+            metrics = {
+                **metrics,
+                "ebpo/observed_groups": float(len(self._observed)),
+                "ebpo/observed_reward_sum": float(sum(sum(rewards) for _, rewards in self._observed)),
+            }
+            if self.observed_dir:
+                self._dump(global_steps)
+        return batch, metrics
+
+    def _clear_groups(self, partition_id: str, uids: set[str]) -> None:
+        if partition_id != "val" and self.estimator in REGISTERED:
+            finished = set(uids) & self.finished_keys[partition_id]
+            if finished:
+                self._observe(partition_id, finished)
+        super()._clear_groups(partition_id, uids)
+
+    def _observe(self, partition_id: str, uids: Iterable[str]) -> None:
+        """Fold the groups' sequence rewards (``rm_scores`` summed, as the advantage reads them) into the
+        prior, one ``observe`` call for all of them."""
+        wanted = set(uids)
+        keys = sorted(key for key in self.partitions[partition_id] if key.split("_")[0] in wanted)
+        if not keys:
+            return
+        data = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=["rm_scores"])
+        rewards = [float(value.sum().item()) for value in data["rm_scores"]]
+        index = [key.split("_")[0] for key in keys]
+        observe_groups(
+            rewards,
+            index,
+            name=self.estimator,
+            config={self.estimator: self.estimator_options},
+            cluster=HOLDER.clusters_for(index),
+        )
+        by_uid: dict[str, list[float]] = {}
+        for uid, reward in zip(index, rewards):
+            by_uid.setdefault(uid, []).append(reward)
+        self._observed.extend(by_uid.items())
+
+    def _dump(self, global_steps: int) -> None:
+        import json
+
+        os.makedirs(self.observed_dir, exist_ok=True)
+        with open(os.path.join(self.observed_dir, f"{global_steps}.jsonl"), "a") as out:
+            for uid, rewards in self._observed:
+                out.write(json.dumps({"uid": uid, "rewards": rewards}) + "\n")
+
+
+class EBPOTrainerSync(PPOTrainerSync):
+    """verl's v1 ``PPOTrainerSync`` with EBPO's state checkpointed, clusters recorded, metrics logged, the
+    ``data.sampler`` option and the CPU mode (see the module docstring: each override has no verl extension
+    point that could do it)."""
+
+    # set by verl's PPOTrainer (declared for type checkers, where verl is not installed)
+    train_dataloader: Any
+    resource_pool_manager: Any
+
+    def __init__(self, config: Any) -> None:
+        message = unsupported_mode(config)
+        if message is not None:
+            raise ValueError(message)
+        super().__init__(config)
+        if config.actor_rollout_ref.rollout.get("multi_turn", {}).get("enable", False):
+            print(
+                "[ebpo] WARNING: actor_rollout_ref.rollout.multi_turn.enable=True: multi-turn agent loops are not "
+                "validated with ebpo's estimators (an agent loop's several outputs would count as several group "
+                "members)",
+                file=sys.stderr,
+                flush=True,
+            )
+        HOLDER.managed = True
+        # DAPO filtering happens in the replay buffer here; the estimator must not filter a second time
+        HOLDER.filter_in_estimator = False
+
+    def _cpu_mode(self) -> bool:
+        return str(self.config.trainer.device) == "cpu"
+
+    # -- data ------------------------------------------------------------------------------------------
+    def _init_dataloader(self) -> None:
+        super()._init_dataloader()
+        sampler_cfg = self.config.data.get("sampler", None)
+        if sampler_cfg is None or not sampler_cfg.get("class_path", None):
+            return
+        from omegaconf import OmegaConf, open_dict
+        from torchdata.stateful_dataloader import StatefulDataLoader
+        from verl.utils.dataset.rl_dataset import collate_fn
+
+        from ebpo.integrations.verl.samplers import create_sampler
+
+        # one stream batch = one training batch: v1 fetches prompts gen_batch_size at a time (1 under DAPO)
+        stream_config = OmegaConf.create(OmegaConf.to_container(self.config.data, resolve=True))
+        with open_dict(stream_config):
+            stream_config.gen_batch_size = None
+        loader = self.train_dataloader
+        self.train_dataloader = StatefulDataLoader(
+            dataset=self.train_dataset,
+            batch_size=loader.batch_size,
+            num_workers=loader.num_workers,
+            drop_last=loader.drop_last,
+            collate_fn=collate_fn,
+            sampler=create_sampler(stream_config, self.train_dataset),
+        )
+
+    def _fetch_one_gen_batch(self):
+        batch = super()._fetch_one_gen_batch()
+        name = str(self.config.algorithm.adv_estimator)
+        if name in REGISTERED:
+            _, cluster_key = estimator_options(self.config.algorithm, name)
+            columns = {
+                key: batch[key] for key in (cluster_key.partition(".")[0], "uid") if key in batch.keys()
+            }
+            if len(columns) == 2:
+                plain = {
+                    key: list(value.tolist() if hasattr(value, "tolist") else value)
+                    for key, value in columns.items()
+                }
+                keys = column_values(plain, cluster_key)
+                if keys is not None:
+                    HOLDER.note_clusters(plain["uid"], keys)
+        return batch
+
+    # -- workers (CPU mode) ----------------------------------------------------------------------------
+    def _init_resource_pool_mgr(self) -> None:
+        super()._init_resource_pool_mgr()
+        if not self._cpu_mode():
+            return
+        import ray
+        from verl.workers.engine_workers import ActorRolloutRefWorker
+
+        from ebpo.integrations.verl.cpu.worker import CPUActorRolloutRefWorker, CPUResourcePoolManager
+
+        for role, remote_cls in list(self.role_worker_mapping.items()):
+            if getattr(remote_cls, "__ray_actor_class__", None) is ActorRolloutRefWorker:
+                self.role_worker_mapping[role] = ray.remote(CPUActorRolloutRefWorker)
+        manager = self.resource_pool_manager
+        self.resource_pool_manager = CPUResourcePoolManager(
+            resource_pool_spec=manager.resource_pool_spec, mapping=manager.mapping
+        )
+
+    # -- advantage metrics -----------------------------------------------------------------------------
+    def _compute_advantage(self, batch, metrics: dict):
+        batch = super()._compute_advantage(batch, metrics)
+        metrics.update(HOLDER.metrics())
+        return batch
+
+    # -- checkpoints -----------------------------------------------------------------------------------
+    def _save_checkpoint(self) -> None:
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        os.makedirs(folder, exist_ok=True)
+        save_estimator_state(folder)
+        save_sampler_state(folder, getattr(self.train_dataloader, "sampler", None))
+        super()._save_checkpoint()
+
+    def _load_checkpoint(self) -> None:
+        super()._load_checkpoint()
+        folder = resolve_resume_folder(self.config.trainer)
+        if folder is None:
+            return
+        if not load_estimator_state(folder):
+            print(
+                f"[ebpo] WARNING: no {ESTIMATOR_STATE_FILE} in {folder}: the estimator starts from an empty prior",
+                file=sys.stderr,
+                flush=True,
+            )
+        steps_per_epoch = self.steps_per_epoch
+        if steps_per_epoch and self.global_steps % steps_per_epoch == 0:
+            load_sampler_state(folder, getattr(self.train_dataloader, "sampler", None))
