@@ -16,6 +16,8 @@ Modules, one concern each:
 | :mod:`.data` | our records -> verl's parquet rows |
 | :mod:`.rewards` | ``compute_score`` for ``reward.custom_reward_function`` over ``ebpo.rewards`` |
 | :mod:`.trainer` | :class:`EBPORayPPOTrainer` (verl's ``RayPPOTrainer`` subclass) |
+| :mod:`.filtering` | the actor batch of a step with filtered groups (the driver's half) |
+| :mod:`.worker` | our actor worker: each mini-batch normalised by the rows it trains (the workers' half) |
 | :mod:`.main` | ``python -m ebpo.integrations.verl``: Hydra entry point, task runner |
 | :mod:`.cpu` | the opt-in CPU mode (``trainer.device=cpu``): platform, engine, rollout, config |
 """
