@@ -16,6 +16,8 @@ Everything else is verl's own ``fit``. What the subclass adds, hook by hook:
   update exactly as if removed from the batch (:mod:`.filtering`, with the worker of :mod:`.worker`); a step
   that dropped every group takes no optimizer step. Adds ``est.metrics()`` (``ebpo/mu_glob``,
   ``ebpo/shrinkage``, ...) to the actor metrics that ``fit`` sends to verl's logger.
+- ``_log_rollout_data``: the rollouts verl dumps to ``trainer.rollout_data_dir`` also carry each row's
+  ``uid`` (its group) and ``advantage`` (the sequence advantage: the mean over its response tokens).
 """
 
 from __future__ import annotations
@@ -143,3 +145,13 @@ class EBPORayPPOTrainer(RayPPOTrainer):
             actor_output = super()._update_actor(batch)
         actor_output.meta_info["metrics"].update(HOLDER.metrics())
         return actor_output
+
+    def _log_rollout_data(self, batch, reward_extra_infos_dict, timing_raw, rollout_data_dir):
+        extra = dict(reward_extra_infos_dict)
+        if "uid" in batch.non_tensor_batch:
+            extra["uid"] = [str(uid) for uid in batch.non_tensor_batch["uid"]]
+        if "advantages" in batch.batch.keys():
+            mask_BT = batch.batch["response_mask"].float()
+            adv_B = (batch.batch["advantages"].float() * mask_BT).sum(-1) / mask_BT.sum(-1).clamp(min=1)
+            extra["advantage"] = adv_B.tolist()
+        return super()._log_rollout_data(batch, extra, timing_raw, rollout_data_dir)
