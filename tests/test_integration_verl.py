@@ -4,6 +4,8 @@ rollout-correction rejection, group filtering, the CPU mode's pieces. Runs in th
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -663,6 +665,89 @@ def test_shuffled_mini_batches_with_filter_groups_are_refused():
     refuse_unsupported(cfg)
     cfg.actor_rollout_ref.actor.shuffle, cfg.algorithm.filter_groups.enable = True, False
     refuse_unsupported(cfg)
+
+
+def verl_trainer_for_checkpoints(tmp_path, wg):
+    """An ``EBPORayPPOTrainer`` with just what verl's ``_save_checkpoint`` / ``_load_checkpoint`` read:
+    verl's composed config, a worker group ``wg`` and a dataloader."""
+    from hydra import compose, initialize_config_dir
+
+    from ebpo.integrations.verl.main import _config_dir
+
+    with initialize_config_dir(config_dir=_config_dir(), version_base=None):
+        cfg = compose(
+            config_name="ppo_trainer",
+            overrides=[f"trainer.default_local_dir={tmp_path / 'ckpt'}", "algorithm.adv_estimator=ebpo"],
+        )
+
+    class Loader:
+        sampler = None
+
+        def state_dict(self):
+            return {"cursor": 3}
+
+        def load_state_dict(self, state):
+            self.loaded = state
+
+        def __len__(self):
+            return 100
+
+    trainer = object.__new__(ev.EBPORayPPOTrainer)
+    trainer.config, trainer.actor_rollout_wg, trainer.use_critic = cfg, wg, False
+    trainer.train_dataloader, trainer.global_steps = Loader(), 0
+    return trainer
+
+
+def test_prior_is_on_disk_before_verl_marks_the_checkpoint_complete(tmp_path):
+    # verl's _save_checkpoint saves the actor, then data.pt, then writes latest_checkpointed_iteration.txt:
+    # a kill while the actor saves (here: an exception) must leave step 4 unmarked, its prior already written
+    class KilledWhileSaving:
+        def save_checkpoint(self, path, *args, **kwargs):
+            assert (Path(path).parent / ev.ESTIMATOR_STATE_FILE).is_file()  # ours came first
+            raise KeyboardInterrupt
+
+    ev.HOLDER.get("ebpo")(torch.tensor([1.0, 0.0, 1.0, 1.0]), ["a", "a", "b", "b"])
+    trainer = verl_trainer_for_checkpoints(tmp_path, KilledWhileSaving())
+    trainer.global_steps = 4
+    with pytest.raises(KeyboardInterrupt):
+        trainer._save_checkpoint()
+    tracker = tmp_path / "ckpt" / "latest_checkpointed_iteration.txt"
+    assert not tracker.exists() and (tmp_path / "ckpt" / "global_step_4" / ev.ESTIMATOR_STATE_FILE).is_file()
+    assert ev.resolve_resume_folder(trainer.config.trainer) is None  # nothing to resume: a fresh start
+
+    class Saves:
+        def save_checkpoint(self, path, *args, **kwargs):
+            Path(path).mkdir(parents=True)
+
+    trainer.actor_rollout_wg = Saves()
+    trainer._save_checkpoint()
+    assert tracker.read_text() == "4"
+    saved = torch.load(tmp_path / "ckpt" / "global_step_4" / ev.ESTIMATOR_STATE_FILE, weights_only=False)
+    assert saved == ev.HOLDER.state_dict()
+
+
+def test_resuming_a_checkpoint_without_the_prior_warns_in_one_line(tmp_path, capsys):
+    class Loads:
+        def load_checkpoint(self, *args, **kwargs):
+            pass
+
+    folder = tmp_path / "ckpt" / "global_step_7"
+    folder.mkdir(parents=True)
+    (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").write_text("7")
+    trainer = verl_trainer_for_checkpoints(tmp_path, Loads())
+    trainer._load_checkpoint()
+    assert trainer.global_steps == 7
+    lines = [line for line in capsys.readouterr().err.splitlines() if "[ebpo]" in line]
+    assert len(lines) == 1 and str(folder / ev.ESTIMATOR_STATE_FILE) in lines[0] and "empty prior" in lines[0]
+    # with the file: restored, nothing said
+    ev.HOLDER.get("ebpo")(torch.tensor([1.0, 0.0]), ["a", "a"])
+    ev.save_estimator_state(folder)
+    expected = ev.HOLDER.state_dict()
+    ev.HOLDER.reset()
+    trainer._load_checkpoint()
+    assert "[ebpo]" not in capsys.readouterr().err
+    ev.HOLDER.get("ebpo")
+    assert ev.HOLDER.state_dict() == expected
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -7,7 +7,10 @@ Everything else is verl's own ``fit``. What the subclass adds, hook by hook:
   ``actor.shuffle=True`` together with ``filter_groups`` (see ``_update_actor``).
 - ``_get_gen_batch``: records uid -> ``algorithm.<estimator>.cluster_key`` for the batch.
 - ``_save_checkpoint`` / ``_load_checkpoint``: ``global_step_N/ebpo_estimator.pt`` (same
-  ``trainer.resume_mode`` rules as verl); the prior saved at step N holds the rewards of steps 1..N. With a
+  ``trainer.resume_mode`` rules as verl); the prior saved at step N holds the rewards of steps 1..N. It is
+  written before verl's own ``_save_checkpoint``, which writes ``latest_checkpointed_iteration.txt`` last:
+  a kill in between leaves step N unmarked, so a resume takes the previous checkpoint, never one without
+  its prior. A resumed checkpoint without the file (written by another trainer) warns in one line. With a
   clustered sampler also ``global_step_N/ebpo_sampler.pt``, its stream cursor: verl skips restoring
   ``data.pt`` when N ends an epoch ("next epoch will iterate from scratch"), which would restart the topic or
   curriculum stream at its first epoch; the cursor is restored then, so the stream goes on with epoch
@@ -112,17 +115,19 @@ class EBPORayPPOTrainer(RayPPOTrainer):
         return super()._get_gen_batch(batch)
 
     def _save_checkpoint(self):
-        super()._save_checkpoint()
+        # ours first: verl's own save ends by marking step N complete (latest_checkpointed_iteration.txt)
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
         save_estimator_state(folder)
         save_sampler_state(folder, getattr(self.train_dataloader, "sampler", None))
+        super()._save_checkpoint()
 
     def _load_checkpoint(self):
         result = super()._load_checkpoint()
         folder = resolve_resume_folder(self.config.trainer)
-        if folder is not None and not load_estimator_state(folder):
+        if folder is not None and not load_estimator_state(folder) and self._estimator_name() in REGISTERED:
             print(
-                f"[ebpo] WARNING: no {ESTIMATOR_STATE_FILE} in {folder}: the estimator starts from an empty prior",
+                f"[ebpo] WARNING: {os.path.join(folder, ESTIMATOR_STATE_FILE)} does not exist (a checkpoint "
+                f"written by another trainer): {self._estimator_name()} resumes with an empty prior",
                 file=sys.stderr,
                 flush=True,
             )
