@@ -1,4 +1,4 @@
-"""EBPO inside verl (>=0.9,<0.10): estimators, checkpointed state, metrics, clustered samplers, CPU mode.
+"""EBPO inside verl (0.9.1, pinned): estimators, checkpointed state, metrics, clustered samplers, CPU mode.
 
 Importing this package (what ``VERL_USE_EXTERNAL_MODULES=ebpo.integrations.verl`` does in every verl
 process) runs :mod:`.registration`: it checks the environment (TRL 1.x breaks verl's workers), registers
