@@ -13,8 +13,9 @@ STAMP := $(VENV)/.ebpo-installed
 VERL_VENV ?= .venv-verl
 VERL_PY := $(VERL_VENV)/bin/python
 VERL_STAMP := $(VERL_VENV)/.ebpo-installed
-VERL_TESTS := tests/test_integration_verl.py tests/test_integration_verl_e2e.py tests/test_integration_verl_v1.py \
-	tests/test_integration_verl_v1_e2e.py tests/test_integration_verl_v1_ranks.py
+VERL_TESTS := tests/test_integration_verl.py tests/test_integration_verl_e2e.py tests/test_integration_verl_update.py \
+	tests/test_integration_verl_ranks.py tests/test_integration_verl_v1.py tests/test_integration_verl_v1_e2e.py \
+	tests/test_integration_verl_v1_ranks.py
 
 .PHONY: demo test test-main test-verl install verl-env lint bench clean
 

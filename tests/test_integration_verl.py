@@ -4,6 +4,8 @@ rollout-correction rejection, group filtering, the CPU mode's pieces. Runs in th
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -512,23 +514,87 @@ def test_filter_groups_feed_the_prior_and_leave_the_loss():
     assert ev.HOLDER.get("ebpo").state_dict() == reference.state_dict()
 
 
-def test_trainer_drops_filtered_groups_from_the_update(monkeypatch):
+def test_trainer_sends_the_kept_rows_and_pads_the_last_mini_batch(monkeypatch):
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-    seen = {}
+    from ebpo.integrations.verl.filtering import TRAINED_KEY
+
+    seen = []
 
     def fake_update(self, batch):  # verl's _update_actor sends the batch to the workers
-        seen["mask"] = batch.batch["response_mask"].clone()
+        seen.append(batch)
         return DataProto.from_single_dict(data={}, meta_info={"metrics": {"actor/pg_loss": 0.0}})
 
     monkeypatch.setattr(RayPPOTrainer, "_update_actor", fake_update)
     trainer = object.__new__(ev.EBPORayPPOTrainer)
-    ev.HOLDER.filtered_uids = {"s"}
+    # 2 prompts x 2 rows per mini-batch; groups s and t filtered, m and k kept
+    trainer.config = OmegaConf.create(
+        {"actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 2}, "rollout": {"n": 2}}}
+    )
+    ev.HOLDER.filtered_uids = {"s", "t"}
     ev.HOLDER.get("ebpo")(torch.tensor([1.0, 0.0]), ["m", "m"])
-    batch = make_batch(torch.tensor([1.0, 1, 0, 1]), [2, 2, 2, 2], ["s", "s", "m", "m"], width=2)
+    rewards = torch.tensor([1.0, 1, 0, 1, 0, 0, 1, 0])
+    batch = make_batch(rewards, [2] * 8, ["s", "s", "m", "m", "t", "t", "k", "k"], width=2)
+    batch.meta_info["global_token_num"] = [10, 11, 12, 13, 14, 15, 16, 17]
     output = ev.EBPORayPPOTrainer._update_actor(trainer, batch)
-    assert seen["mask"].sum(-1).tolist() == [0, 0, 2, 2]
+    (sent,) = seen
+    # the 4 kept rows fill one mini-batch of 4 rows exactly: nothing else is sent
+    assert list(sent.non_tensor_batch["uid"]) == ["m", "m", "k", "k"] and sent.batch[TRAINED_KEY].all()
+    assert sent.meta_info["global_token_num"] == [12, 13, 16, 17]
+    assert batch.batch["response_mask"].sum().item() == 16  # the trainer's own batch is left as it was
     assert "ebpo/mu_glob" in output.meta_info["metrics"] and "actor/pg_loss" in output.meta_info["metrics"]
+
+    ev.HOLDER.filtered_uids = {"s"}  # 6 kept rows: a full mini-batch, then 2 kept + 2 padding rows
+    ev.EBPORayPPOTrainer._update_actor(trainer, batch)
+    sent = seen[-1]
+    assert list(sent.non_tensor_batch["uid"]) == ["m", "m", "t", "t", "k", "k", "s", "s"]
+    assert sent.batch[TRAINED_KEY].tolist() == [True] * 6 + [False] * 2
+    assert sent.batch["response_mask"].sum(-1).tolist() == [2] * 6 + [0, 0]
+
+    ev.HOLDER.filtered_uids = {"s", "t", "m", "k"}  # everything filtered: no update at all
+    output = ev.EBPORayPPOTrainer._update_actor(trainer, batch)
+    assert len(seen) == 2 and "ebpo/mu_glob" in output.meta_info["metrics"]
+    ev.HOLDER.filtered_uids = set()  # nothing filtered: verl's batch, untouched
+    ev.EBPORayPPOTrainer._update_actor(trainer, batch)
+    assert seen[-1] is batch and TRAINED_KEY not in batch.batch.keys()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_every_mini_batch_of_a_filtered_step_trains_a_row(seed):
+    # verl's dispatch gives rank r the r-th contiguous chunk and each rank cuts its chunk into contiguous
+    # mini-batch slices; global mini-batch j = slice j of every rank. Whatever is dropped, each of them
+    # holds a trained row (so no 0/0), their number is that of the kept rows alone, and the kept rows are
+    # all trained once.
+    from ebpo.integrations.verl.filtering import TRAINED_KEY, layout_filtered_update
+
+    gen = torch.Generator().manual_seed(seed)
+    group = int(torch.randint(1, 5, (1,), generator=gen))
+    dp = [1, 2, 4][int(torch.randint(0, 3, (1,), generator=gen))]
+    per_update = dp * int(torch.randint(1, 4, (1,), generator=gen))  # prompts per mini-batch
+    updates = int(torch.randint(1, 5, (1,), generator=gen))
+    prompts = per_update * updates
+    dropped_groups = torch.rand(prompts, generator=gen) < 0.5
+    if dropped_groups.all():
+        dropped_groups[int(torch.randint(0, prompts, (1,), generator=gen))] = False
+    rows, rows_per_update = prompts * group, per_update * group
+    uids = [f"p{i // group}" for i in range(rows)]
+    dropped_B = dropped_groups.repeat_interleave(group).numpy()
+    batch = make_batch(torch.zeros(rows), [2] * rows, uids, width=2)
+    sent = layout_filtered_update(batch, dropped_B, rows_per_update)
+    kept = [u for u, d in zip(uids, dropped_B) if not d]
+    if not dropped_B.any():
+        assert sent is batch
+        return
+    trained_B = sent.batch[TRAINED_KEY]
+    assert [u for u, t in zip(sent.non_tensor_batch["uid"], trained_B.tolist()) if t] == kept
+    assert len(sent) % rows_per_update == 0 and len(sent) // rows_per_update == -(
+        -len(kept) // rows_per_update
+    )
+    assert torch.equal(sent.batch["response_mask"].sum(-1) > 0, trained_B)
+    chunk, piece = len(sent) // dp, rows_per_update // dp
+    for j in range(len(sent) // rows_per_update):
+        members = [r * chunk + j * piece + i for r in range(dp) for i in range(piece)]
+        assert trained_B[members].any(), (seed, j)
 
 
 def test_filter_groups_on_another_metric_is_refused():
@@ -568,7 +634,10 @@ def test_ignored_settings_are_named():
         {
             "trainer": {"v1": {"trainer_mode": "separate_async"}},
             "actor_rollout_ref": {"rollout": {"multi_turn": {"enable": True}}},
-            "algorithm": {"filter_groups": {"enable": True, "max_num_gen_batches": 4}},
+            "algorithm": {
+                "adv_estimator": "ebpo",
+                "filter_groups": {"enable": True, "max_num_gen_batches": 4},
+            },
         }
     )
     lines = ignored_settings(cfg)
@@ -577,6 +646,110 @@ def test_ignored_settings_are_named():
     cfg.actor_rollout_ref.rollout.multi_turn.enable = False
     cfg.algorithm.filter_groups.max_num_gen_batches = 0
     assert ignored_settings(cfg) == []
+    # verl's own estimators are not filtered by this trainer: one line says so
+    cfg.algorithm.adv_estimator = "grpo"
+    (line,) = ignored_settings(cfg)
+    assert "filter_groups.enable=True does nothing with algorithm.adv_estimator=grpo" in line
+    assert "\n" not in line
+    cfg.algorithm.filter_groups.enable = False
+    assert ignored_settings(cfg) == []
+
+
+def test_shuffled_mini_batches_with_filter_groups_are_refused():
+    from ebpo.integrations.verl.trainer import refuse_unsupported
+
+    cfg = OmegaConf.create(
+        {"algorithm": {"filter_groups": {"enable": True}}, "actor_rollout_ref": {"actor": {"shuffle": True}}}
+    )
+    with pytest.raises(ValueError, match="set actor_rollout_ref.actor.shuffle=False"):
+        refuse_unsupported(cfg)
+    cfg.actor_rollout_ref.actor.shuffle = False
+    refuse_unsupported(cfg)
+    cfg.actor_rollout_ref.actor.shuffle, cfg.algorithm.filter_groups.enable = True, False
+    refuse_unsupported(cfg)
+
+
+def verl_trainer_for_checkpoints(tmp_path, wg):
+    """An ``EBPORayPPOTrainer`` with just what verl's ``_save_checkpoint`` / ``_load_checkpoint`` read:
+    verl's composed config, a worker group ``wg`` and a dataloader."""
+    from hydra import compose, initialize_config_dir
+
+    from ebpo.integrations.verl.main import _config_dir
+
+    with initialize_config_dir(config_dir=_config_dir(), version_base=None):
+        cfg = compose(
+            config_name="ppo_trainer",
+            overrides=[f"trainer.default_local_dir={tmp_path / 'ckpt'}", "algorithm.adv_estimator=ebpo"],
+        )
+
+    class Loader:
+        sampler = None
+
+        def state_dict(self):
+            return {"cursor": 3}
+
+        def load_state_dict(self, state):
+            self.loaded = state
+
+        def __len__(self):
+            return 100
+
+    trainer = object.__new__(ev.EBPORayPPOTrainer)
+    trainer.config, trainer.actor_rollout_wg, trainer.use_critic = cfg, wg, False
+    trainer.train_dataloader, trainer.global_steps = Loader(), 0
+    return trainer
+
+
+def test_prior_is_on_disk_before_verl_marks_the_checkpoint_complete(tmp_path):
+    # verl's _save_checkpoint saves the actor, then data.pt, then writes latest_checkpointed_iteration.txt:
+    # a kill while the actor saves (here: an exception) must leave step 4 unmarked, its prior already written
+    class KilledWhileSaving:
+        def save_checkpoint(self, path, *args, **kwargs):
+            assert (Path(path).parent / ev.ESTIMATOR_STATE_FILE).is_file()  # ours came first
+            raise KeyboardInterrupt
+
+    ev.HOLDER.get("ebpo")(torch.tensor([1.0, 0.0, 1.0, 1.0]), ["a", "a", "b", "b"])
+    trainer = verl_trainer_for_checkpoints(tmp_path, KilledWhileSaving())
+    trainer.global_steps = 4
+    with pytest.raises(KeyboardInterrupt):
+        trainer._save_checkpoint()
+    tracker = tmp_path / "ckpt" / "latest_checkpointed_iteration.txt"
+    assert not tracker.exists() and (tmp_path / "ckpt" / "global_step_4" / ev.ESTIMATOR_STATE_FILE).is_file()
+    assert ev.resolve_resume_folder(trainer.config.trainer) is None  # nothing to resume: a fresh start
+
+    class Saves:
+        def save_checkpoint(self, path, *args, **kwargs):
+            Path(path).mkdir(parents=True)
+
+    trainer.actor_rollout_wg = Saves()
+    trainer._save_checkpoint()
+    assert tracker.read_text() == "4"
+    saved = torch.load(tmp_path / "ckpt" / "global_step_4" / ev.ESTIMATOR_STATE_FILE, weights_only=False)
+    assert saved == ev.HOLDER.state_dict()
+
+
+def test_resuming_a_checkpoint_without_the_prior_warns_in_one_line(tmp_path, capsys):
+    class Loads:
+        def load_checkpoint(self, *args, **kwargs):
+            pass
+
+    folder = tmp_path / "ckpt" / "global_step_7"
+    folder.mkdir(parents=True)
+    (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").write_text("7")
+    trainer = verl_trainer_for_checkpoints(tmp_path, Loads())
+    trainer._load_checkpoint()
+    assert trainer.global_steps == 7
+    lines = [line for line in capsys.readouterr().err.splitlines() if "[ebpo]" in line]
+    assert len(lines) == 1 and str(folder / ev.ESTIMATOR_STATE_FILE) in lines[0] and "empty prior" in lines[0]
+    # with the file: restored, nothing said
+    ev.HOLDER.get("ebpo")(torch.tensor([1.0, 0.0]), ["a", "a"])
+    ev.save_estimator_state(folder)
+    expected = ev.HOLDER.state_dict()
+    ev.HOLDER.reset()
+    trainer._load_checkpoint()
+    assert "[ebpo]" not in capsys.readouterr().err
+    ev.HOLDER.get("ebpo")
+    assert ev.HOLDER.state_dict() == expected
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""EBPO inside verl (>=0.9,<0.10): estimators, checkpointed state, metrics, clustered samplers, CPU mode.
+"""EBPO inside verl (0.9.1, pinned): estimators, checkpointed state, metrics, clustered samplers, CPU mode.
 
 Importing this package (what ``VERL_USE_EXTERNAL_MODULES=ebpo.integrations.verl`` does in every verl
 process) runs :mod:`.registration`: it checks the environment (TRL 1.x breaks verl's workers), registers
@@ -17,6 +17,8 @@ Modules, one concern each:
 | :mod:`.rewards` | ``compute_score`` for ``reward.custom_reward_function`` over ``ebpo.rewards`` |
 | :mod:`.v1` | verl's v1 trainer (the default): :class:`EBPOTrainerSync`, :class:`EBPOReplayBuffer` |
 | :mod:`.trainer` | :class:`EBPORayPPOTrainer` (verl's legacy ``RayPPOTrainer`` subclass, ``trainer.use_v1=false``) |
+| :mod:`.filtering` | the legacy trainer's actor batch of a step with filtered groups (the driver's half) |
+| :mod:`.worker` | our actor worker: each mini-batch normalised by the rows it trains (the workers' half) |
 | :mod:`.main` | ``python -m ebpo.integrations.verl``: Hydra entry point, task runners (v1 and legacy) |
 | :mod:`.cpu` | the opt-in CPU mode (``trainer.device=cpu``): platform, engine, rollout, config |
 """

@@ -8,12 +8,14 @@ Registered function (verl's contract, ``core_algos.compute_*_outcome_advantage``
 - Sequence reward r_i = sum_t token_level_rewards[i, t], as verl's own outcome estimators read it (verl writes
   the score on the last response token and zeros elsewhere; an in-reward KL penalty is already per token).
 - Rows whose ``response_mask`` is all zero carry no trainable token: verl's rollout-correction rejection
-  sampling (``algorithm.rollout_correction``) zeroes the mask of the sequences it rejects. They are left
-  out of the estimator entirely (not in the prior, not in the batch normalisation) and get advantage 0.
+  sampling (``algorithm.rollout_correction``, decoupled mode) zeroes the mask of the sequences it rejects
+  before the advantage. They are left out of the estimator entirely (not in the prior, not in the batch
+  normalisation) and get advantage 0. In ``bypass_mode`` verl rejects inside the actor's loss, after the
+  advantage: those rows have reached the prior and the batch normalisation like any other.
 - With ``algorithm.filter_groups.enable=True`` (DAPO, metric ``reward``), groups whose kept rewards are all
   equal are dropped the way DAPO drops them, but the prior still sees them (``est.observe``, as the
-  reference trainer's dynamic sampling does); they get advantage 0 and :class:`EBPORayPPOTrainer` zeroes
-  their response mask before the actor update, so they leave the loss as if removed from the batch.
+  reference trainer's dynamic sampling does); they get advantage 0 and :class:`EBPORayPPOTrainer` trains
+  the step exactly as if they had been removed from the batch (:mod:`.filtering`).
 - The sequence advantage A_i (SPEC section 1) is broadcast over the response tokens times the mask (SPEC 1
   step 6); returns = advantages, as verl's outcome estimators do.
 

@@ -29,23 +29,24 @@ def _task_runner_class():
     from verl.trainer.main_ppo_v0 import BaseTaskRunner
 
     class EBPOTaskRunner(BaseTaskRunner):
-        """verl's task runner building :class:`ebpo.integrations.verl.EBPORayPPOTrainer` (CPU-aware)."""
+        """verl's task runner building :class:`ebpo.integrations.verl.EBPORayPPOTrainer` and our actor worker
+        (:mod:`ebpo.integrations.verl.worker`, or its CPU variant)."""
 
         def cpu_mode(self, config: Any) -> bool:
             return str(config.trainer.device) == "cpu"
 
         def add_actor_rollout_worker(self, config: Any):
+            import ray
+
             actor_rollout_cls, worker_group_cls = super().add_actor_rollout_worker(config)
             if self.cpu_mode(config):
-                import ray
-
-                from ebpo.integrations.verl.cpu.worker import CPUActorRolloutRefWorker
-
-                for role, remote_cls in list(self.role_worker_mapping.items()):
-                    if getattr(remote_cls, "__ray_actor_class__", None) is actor_rollout_cls:
-                        self.role_worker_mapping[role] = ray.remote(CPUActorRolloutRefWorker)
-                actor_rollout_cls = CPUActorRolloutRefWorker
-            return actor_rollout_cls, worker_group_cls
+                from ebpo.integrations.verl.cpu.worker import CPUActorRolloutRefWorker as ours
+            else:
+                from ebpo.integrations.verl.worker import EBPOActorRolloutRefWorker as ours
+            for role, remote_cls in list(self.role_worker_mapping.items()):
+                if getattr(remote_cls, "__ray_actor_class__", None) is actor_rollout_cls:
+                    self.role_worker_mapping[role] = ray.remote(ours)
+            return ours, worker_group_cls
 
         def init_resource_pool_mgr(self, config: Any):
             manager = super().init_resource_pool_mgr(config)

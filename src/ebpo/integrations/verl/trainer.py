@@ -3,17 +3,24 @@
 Everything else is verl's own ``fit``. What the subclass adds, hook by hook:
 
 - ``__init__``: marks the process's :data:`~ebpo.integrations.verl.estimators.HOLDER` as managed (no
-  "outside the trainer" warning) and warns once about settings this trainer path ignores.
+  "outside the trainer" warning), warns once about settings this trainer path ignores and refuses
+  ``actor.shuffle=True`` together with ``filter_groups`` (see ``_update_actor``).
 - ``_get_gen_batch``: records uid -> ``algorithm.<estimator>.cluster_key`` for the batch.
 - ``_save_checkpoint`` / ``_load_checkpoint``: ``global_step_N/ebpo_estimator.pt`` (same
-  ``trainer.resume_mode`` rules as verl); the prior saved at step N holds the rewards of steps 1..N. With a
+  ``trainer.resume_mode`` rules as verl); the prior saved at step N holds the rewards of steps 1..N. It is
+  written before verl's own ``_save_checkpoint``, which writes ``latest_checkpointed_iteration.txt`` last:
+  a kill in between leaves step N unmarked, so a resume takes the previous checkpoint, never one without
+  its prior. A resumed checkpoint without the file (written by another trainer) warns in one line. With a
   clustered sampler also ``global_step_N/ebpo_sampler.pt``, its stream cursor: verl skips restoring
   ``data.pt`` when N ends an epoch ("next epoch will iterate from scratch"), which would restart the topic or
   curriculum stream at its first epoch; the cursor is restored then, so the stream goes on with epoch
   N / steps_per_epoch + 1. Mid-epoch, verl's own ``data.pt`` restore stands.
-- ``_update_actor``: zeroes the response mask of groups ``algorithm.filter_groups`` dropped (they leave the
-  loss as DAPO removes them; the prior has seen them) and adds ``est.metrics()`` (``ebpo/mu_glob``,
+- ``_update_actor``: the groups ``algorithm.filter_groups`` dropped (the prior has seen them) leave the
+  update exactly as if removed from the batch (:mod:`.filtering`, with the worker of :mod:`.worker`); a step
+  that dropped every group takes no optimizer step. Adds ``est.metrics()`` (``ebpo/mu_glob``,
   ``ebpo/shrinkage``, ...) to the actor metrics that ``fit`` sends to verl's logger.
+- ``_log_rollout_data``: the rollouts verl dumps to ``trainer.rollout_data_dir`` also carry each row's
+  ``uid`` (its group) and ``advantage`` (the sequence advantage: the mean over its response tokens).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import os
 import sys
 
 import numpy as np
+from verl import DataProto
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 from ebpo.integrations import ESTIMATOR_STATE_FILE
@@ -33,9 +41,10 @@ from ebpo.integrations.verl.checkpoint import (
     save_sampler_state,
 )
 from ebpo.integrations.verl.estimators import HOLDER, column_values, estimator_options
+from ebpo.integrations.verl.filtering import layout_filtered_update
 from ebpo.integrations.verl.registration import REGISTERED
 
-__all__ = ["EBPORayPPOTrainer", "ignored_settings"]
+__all__ = ["EBPORayPPOTrainer", "ignored_settings", "refuse_unsupported"]
 
 
 def ignored_settings(config) -> list[str]:
@@ -55,12 +64,31 @@ def ignored_settings(config) -> list[str]:
         )
     filter_groups = config.algorithm.get("filter_groups", None)
     if filter_groups is not None and filter_groups.get("enable", False):
-        if str(filter_groups.get("max_num_gen_batches", 0) or 0) not in ("0", "1"):
+        name = str(config.algorithm.get("adv_estimator", ""))
+        if name not in REGISTERED:
+            out.append(
+                f"algorithm.filter_groups.enable=True does nothing with algorithm.adv_estimator={name} (verl's "
+                f"own estimator): this trainer filters groups only for ebpo's ({', '.join(REGISTERED)}); every "
+                "group trains"
+            )
+        elif str(filter_groups.get("max_num_gen_batches", 0) or 0) not in ("0", "1"):
             out.append(
                 "algorithm.filter_groups.max_num_gen_batches: this trainer drops saturated groups without "
                 "generating replacements (the batch trains on the groups it has)"
             )
     return out
+
+
+def refuse_unsupported(config) -> None:
+    """Raise ``ValueError`` (one line naming the keys) for combinations this trainer cannot train exactly."""
+    filter_groups = config.algorithm.get("filter_groups", None)
+    if filter_groups is not None and filter_groups.get("enable", False):
+        if config.actor_rollout_ref.actor.get("shuffle", False):
+            raise ValueError(
+                "actor_rollout_ref.actor.shuffle=True with algorithm.filter_groups.enable=True: the rows that "
+                "fill a filtered step's last mini-batch would be shuffled into other mini-batches; set "
+                "actor_rollout_ref.actor.shuffle=False"
+            )
 
 
 class EBPORayPPOTrainer(RayPPOTrainer):
@@ -69,6 +97,7 @@ class EBPORayPPOTrainer(RayPPOTrainer):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        refuse_unsupported(self.config)
         HOLDER.managed = True
         for line in ignored_settings(self.config):
             print(f"[ebpo] WARNING: {line}", file=sys.stderr, flush=True)
@@ -86,17 +115,19 @@ class EBPORayPPOTrainer(RayPPOTrainer):
         return super()._get_gen_batch(batch)
 
     def _save_checkpoint(self):
-        super()._save_checkpoint()
+        # ours first: verl's own save ends by marking step N complete (latest_checkpointed_iteration.txt)
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
         save_estimator_state(folder)
         save_sampler_state(folder, getattr(self.train_dataloader, "sampler", None))
+        super()._save_checkpoint()
 
     def _load_checkpoint(self):
         result = super()._load_checkpoint()
         folder = resolve_resume_folder(self.config.trainer)
-        if folder is not None and not load_estimator_state(folder):
+        if folder is not None and not load_estimator_state(folder) and self._estimator_name() in REGISTERED:
             print(
-                f"[ebpo] WARNING: no {ESTIMATOR_STATE_FILE} in {folder}: the estimator starts from an empty prior",
+                f"[ebpo] WARNING: {os.path.join(folder, ESTIMATOR_STATE_FILE)} does not exist (a checkpoint "
+                f"written by another trainer): {self._estimator_name()} resumes with an empty prior",
                 file=sys.stderr,
                 flush=True,
             )
@@ -111,8 +142,21 @@ class EBPORayPPOTrainer(RayPPOTrainer):
             dropped = np.isin(
                 np.asarray(batch.non_tensor_batch["uid"], dtype=object), list(HOLDER.filtered_uids)
             )
-            if dropped.any():
-                batch.batch["response_mask"][dropped] = 0
-        actor_output = super()._update_actor(batch)
+            actor = self.config.actor_rollout_ref
+            batch = layout_filtered_update(batch, dropped, actor.actor.ppo_mini_batch_size * actor.rollout.n)
+        if batch is None:  # every group was dropped: nothing to train on, no optimizer step
+            actor_output = DataProto.from_single_dict(data={}, meta_info={"metrics": {}})
+        else:
+            actor_output = super()._update_actor(batch)
         actor_output.meta_info["metrics"].update(HOLDER.metrics())
         return actor_output
+
+    def _log_rollout_data(self, batch, reward_extra_infos_dict, timing_raw, rollout_data_dir):
+        extra = dict(reward_extra_infos_dict)
+        if "uid" in batch.non_tensor_batch:
+            extra["uid"] = [str(uid) for uid in batch.non_tensor_batch["uid"]]
+        if "advantages" in batch.batch.keys():
+            mask_BT = batch.batch["response_mask"].float()
+            adv_B = (batch.batch["advantages"].float() * mask_BT).sum(-1) / mask_BT.sum(-1).clamp(min=1)
+            extra["advantage"] = adv_B.tolist()
+        return super()._log_rollout_data(batch, extra, timing_raw, rollout_data_dir)

@@ -15,7 +15,7 @@ from typing import Any
 from ebpo.integrations.verl.cpu.platform import CPU_SLOT_RESOURCE
 from ebpo.integrations.verl.estimators import to_plain
 
-__all__ = ["CPU_DEFAULTS", "CPU_ENV", "apply_cpu_mode", "overridden_keys"]
+__all__ = ["CPU_DEFAULTS", "CPU_ENV", "apply_cpu_mode", "overridden_keys", "ray_cpus"]
 
 FP32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
 
@@ -46,7 +46,7 @@ CPU_DEFAULTS: dict[str, Any] = {
     "trainer.nnodes": 1,
     "reward.num_workers": 1,
     "trainer.logger": ["console"],
-    "ray_kwargs.ray_init.num_cpus": 6,
+    "ray_kwargs.ray_init.num_cpus": 6,  # for one training process; apply_cpu_mode scales it (ray_cpus)
     "ray_kwargs.ray_init.include_dashboard": False,
     "ray_kwargs.ray_init.object_store_memory": 256 * 1024 * 1024,
     # v1 trainer: one TransferQueue storage process (verl's default, 8, is sized for a GPU node)
@@ -65,6 +65,15 @@ def overridden_keys(overrides: Iterable[str]) -> set[str]:
         key = item.split("=", 1)[0].lstrip("+~")
         keys.add(key)
     return keys
+
+
+def ray_cpus(config: Any) -> int:
+    """Ray's logical CPUs for a CPU run: what its actors reserve. verl places each training process in a
+    bundle of 3 CPUs (``ResourcePoolManager.max_colocate_count``); the task runner and every agent-loop and
+    reward worker take 1; our rollout servers take none. 6 for one training process and one worker each."""
+    slots = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
+    workers = int(config.actor_rollout_ref.rollout.agent.num_workers) + int(config.reward.num_workers)
+    return 1 + 3 * slots + workers
 
 
 def _with_module(value: str | None, module: str) -> str:
@@ -92,10 +101,8 @@ def apply_cpu_mode(config: Any, user_keys: Iterable[str] = ()) -> list[str]:
             applied.append(key)
         slots = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
         init = config.ray_kwargs.ray_init
-        if "ray_kwargs.ray_init.num_cpus" not in user:
-            # verl reserves 3 logical CPUs per training process (ResourcePoolManager.max_colocate_count) and
-            # the driver, agent loop and reward workers need some: 6 for one slot, 3 more per extra slot
-            init.num_cpus = max(int(init.get("num_cpus", None) or 0), 3 * slots + 3)
+        if "ray_kwargs.ray_init.num_cpus" in applied:
+            init.num_cpus = ray_cpus(config)
         resources = dict(to_plain(init.get("resources", None)) or {})
         resources.setdefault(CPU_SLOT_RESOURCE, slots)
         init.resources = resources

@@ -5,7 +5,7 @@ Imported only by processes that build workers (the task runner and the actor wor
 
 - Engine: verl registers its FSDP language-model engine for devices ``cuda`` and ``npu`` only
   (``EngineRegistry.register(..., device=[...])``); we register the same class, unchanged, for ``cpu``.
-- :class:`CPUActorRolloutRefWorker`: verl's ``ActorRolloutRefWorker`` whose only addition is that it opens
+- :class:`CPUActorRolloutRefWorker`: our ``EBPOActorRolloutRefWorker`` whose only addition is that it opens
   the default process group itself, with ``gloo``, before verl does. verl's
   ``initialize_global_process_group_ray`` would ask for ``"cpu:gloo,<device>:<backend>"``, which with device
   ``cpu`` is ``"cpu:gloo,cpu:gloo"`` and torch rejects as a duplicate device; it skips when a group exists.
@@ -21,9 +21,9 @@ import torch
 from verl.single_controller.ray.base import ResourcePoolManager
 from verl.workers.engine import EngineRegistry
 from verl.workers.engine.fsdp import FSDPEngineWithLMHead
-from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from ebpo.integrations.verl.cpu.platform import CPU_SLOT_RESOURCE
+from ebpo.integrations.verl.worker import EBPOActorRolloutRefWorker
 
 __all__ = ["CPUActorRolloutRefWorker", "CPUResourcePoolManager", "register_engine"]
 
@@ -49,8 +49,9 @@ def init_gloo_process_group() -> None:
         )
 
 
-class CPUActorRolloutRefWorker(ActorRolloutRefWorker):
-    """verl's hybrid actor/rollout/ref worker on the CPU: a gloo process group, nothing else changed."""
+class CPUActorRolloutRefWorker(EBPOActorRolloutRefWorker):
+    """Our hybrid actor/rollout/ref worker (:mod:`ebpo.integrations.verl.worker`) on the CPU: a gloo process
+    group, nothing else changed."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
