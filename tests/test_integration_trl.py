@@ -214,6 +214,36 @@ def test_mid_block_resume_counts_each_block_once(tiny_model_dir, tmp_path):
     assert second.estimator.state_dict() == expected.state_dict()
 
 
+def test_checkpoint_after_a_mid_block_resume_counts_each_block_once(tiny_model_dir, tmp_path):
+    # steps_per_generation=2: an uninterrupted run generates blocks at steps 0 and 2. Resumed at step 1 (mid
+    # block), TRL regenerates block 1 there and then generates every 2 steps from there (step 3), so step 2
+    # lies inside the resumed run's block, although a run resumed from step 2 starts with block 2 (the
+    # dataloader's). The prior saved at step 2 must hold block 1 (16 rewards); the prior from before the
+    # resumed run's block (empty) would lose block 1, and the final prior would hold 16 rewards, not 32.
+    out = tmp_path / "run"
+    common = dict(steps_per_generation=2)
+    first = make_trainer(
+        tiny_model_dir, make_config(out, max_steps=1, save_strategy="steps", save_steps=1, **common)
+    )
+    first.train()
+    second = make_trainer(
+        tiny_model_dir, make_config(out, max_steps=2, save_strategy="steps", save_steps=1, **common)
+    )
+    second.train(resume_from_checkpoint=str(out / "checkpoint-1"))
+    assert len(second.seen) == 1  # block 1, regenerated at step 1
+    at_step_2 = torch.load(out / "checkpoint-2" / ESTIMATOR_STATE_FILE, weights_only=False)["estimator"]
+    assert at_step_2 == second.estimator.state_dict() and at_step_2["prior"]["W_glob"]["count"] == 16
+
+    third = make_trainer(tiny_model_dir, make_config(out, max_steps=3, save_strategy="no", **common))
+    third.train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    assert len(third.seen) == 1  # block 2, generated at step 2
+    expected = ebpo.get_estimator("ebpo")
+    for rewards_N, _, _ in second.seen + third.seen:
+        expected(rewards_N, torch.arange(16) // G)
+    assert third.estimator.state_dict() == expected.state_dict()  # blocks 1 and 2, once each
+    assert expected.state_dict()["prior"]["W_glob"]["count"] == 32
+
+
 def test_topic_sampler_keeps_repeat_structure(tiny_model_dir, tmp_path):
     args = make_config(
         tmp_path / "run", prompt_sampler="topic", prior_scope="cluster", cluster_min_groups=1, max_steps=2
@@ -283,3 +313,179 @@ def test_config_rejects_unknown_choices(tmp_path):
     assert make_config(tmp_path, advantage_estimator="grpo").estimator_options() == {}
     assert make_config(tmp_path, prior_scope="cluster").cluster_column == "topic"
     assert make_config(tmp_path, prior_memory="50").estimator_options()["prior_memory"] == 50.0
+
+
+def distinct_reward(completions, **kwargs):
+    """Number of distinct characters mod 2, in {0, 1}: a second reward function."""
+    return [len(set(c)) % 2 for c in completions]
+
+
+def test_reward_weights_combine_the_reward_functions(tiny_model_dir, tmp_path):
+    # r_i = 1.0 * char_sum_reward + 0.5 * distinct_reward: TRL's weighted sum, fed to the estimator
+    class TwoRewards(RecordingTrainer):
+        def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+            rewards_per_func = EBPOTrainer._calculate_rewards(
+                self, inputs, prompts, completions, completion_ids_list
+            )
+            self._last_rewards = (rewards_per_func.cpu() * torch.tensor([1.0, 0.5])).sum(dim=1)
+            self.per_func.append(rewards_per_func.cpu().clone())
+            return rewards_per_func
+
+    args = make_config(tmp_path / "run", max_steps=2, reward_weights=[1.0, 0.5])
+    trainer = TwoRewards(
+        model=str(tiny_model_dir), reward_funcs=[char_sum_reward, distinct_reward], args=args,
+        train_dataset=make_dataset(),
+    )  # fmt: skip
+    trainer.per_func = []
+    trainer.train()
+    assert len(trainer.seen) == 2
+    assert all(
+        len(torch.unique(per_func[:, 1])) == 2 for per_func in trainer.per_func
+    )  # the second reward varies
+    for (_, adv_N, _), expected_N in zip(trainer.seen, replay(trainer.seen)):
+        torch.testing.assert_close(adv_N, expected_N)
+
+
+def test_config_refuses_settings_it_would_ignore(tmp_path):
+    # each one line naming the field, why it would change nothing (or the wrong thing), and the fix
+    refused = {
+        "multi_objective_aggregation": (
+            "normalize_then_sum",
+            "leaves every group mean at 0 and nothing for the estimator's baseline or prior",
+        ),
+        "scale_rewards": (
+            "batch",
+            "GRPO's reward scaling, which the training advantages of advantage_estimator",
+        ),
+        "cluster_column": ("topic", "only EBPO's prior_scope='cluster' reads cluster keys"),
+        "cluster_min_groups": (4, "it applies to cluster priors only; set prior_scope='cluster'"),
+        "topic_column": ("subject", "only prompt_sampler='topic' reads it"),
+        "difficulty_column": ("pass_rate", "only prompt_sampler='difficulty' reads it"),
+    }
+    for name, (value, reason) in refused.items():
+        with pytest.raises(ValueError, match=rf"^EBPOConfig\.{name}={re.escape(repr(value))}: .*") as error:
+            make_config(tmp_path, **{name: value})
+        assert reason in str(error.value) and "\n" not in str(error.value)
+    with pytest.raises(
+        ValueError, match=r"^EBPOConfig\.shuffle_dataset=False: prompt_sampler='topic' shuffles"
+    ):
+        make_config(tmp_path, prompt_sampler="topic", shuffle_dataset=False)
+    with pytest.raises(
+        ValueError, match=r"^EBPOConfig\.cluster_column='topic': only EBPO's prior_scope='cluster'"
+    ):
+        make_config(tmp_path, advantage_estimator="grpo", cluster_column="topic")
+    # the same settings where they are read are accepted
+    make_config(tmp_path, prior_scope="cluster", cluster_column="topic", cluster_min_groups=4)
+    make_config(tmp_path, prompt_sampler="topic", topic_column="subject")
+    make_config(tmp_path, prompt_sampler="difficulty", difficulty_column="pass_rate", shuffle_dataset=False)
+    make_config(tmp_path, scale_rewards=True)  # TRL's spelling of "group"
+
+
+def test_clustered_prompt_order_over_a_streaming_dataset_is_refused_before_the_model_loads(tmp_path):
+    streaming = make_dataset().to_iterable_dataset()
+    args = make_config(tmp_path / "run", prompt_sampler="topic", max_steps=1)
+    with pytest.raises(ValueError, match=r"^EBPOConfig.prompt_sampler='topic' orders .* IterableDataset"):
+        EBPOTrainer(
+            model=str(tmp_path / "no-model-here"),
+            reward_funcs=char_sum_reward,
+            args=args,
+            train_dataset=streaming,
+        )
+    with pytest.raises(TypeError, match="EBPOTrainer needs args=EBPOConfig"):
+        EBPOTrainer(
+            model=str(tmp_path / "no-model-here"), reward_funcs=char_sum_reward, train_dataset=streaming
+        )
+
+
+def test_a_streaming_dataset_trains_with_the_random_order(tiny_model_dir, tmp_path):
+    # TRL streams an IterableDataset in RepeatSampler's layout (repeat_iterable_dataset): the groups are the
+    # same blocks of G rows, so the registry's advantages apply unchanged
+    args = make_config(tmp_path / "run", max_steps=2)
+    trainer = make_trainer(tiny_model_dir, args, dataset=make_dataset().to_iterable_dataset())
+    trainer.train()
+    assert len(trainer.seen) == 2
+    for (_, adv_N, _), expected_N in zip(trainer.seen, replay(trainer.seen)):
+        torch.testing.assert_close(adv_N, expected_N)
+    assert all(len(set(step)) == 2 for step in trainer.prompts)  # two groups of G rows each
+
+
+def test_training_fails_when_trl_skips_the_reward_hook(tiny_model_dir, tmp_path):
+    # a TRL that scored completions without calling _calculate_rewards would train on GRPO's advantages
+    from trl import GRPOTrainer
+
+    class BypassingTrainer(EBPOTrainer):
+        def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+            return GRPOTrainer._calculate_rewards(self, inputs, prompts, completions, completion_ids_list)
+
+    trainer = make_trainer(tiny_model_dir, make_config(tmp_path / "run", max_steps=1), cls=BypassingTrainer)
+    with pytest.raises(
+        RuntimeError, match=r"without calling _calculate_rewards.*GRPO's advantages instead of"
+    ):
+        trainer.train()
+    trainer.model.eval()  # evaluation keeps GRPO's advantages: no hook needed there
+    trainer._generate_and_score_completions([{"prompt": "1+1=", "topic": "alg"}] * G)
+
+
+def test_half_life_counts_generation_blocks(tiny_model_dir, tmp_path):
+    # 4 optimizer steps, 2 per generation block: the prior ages twice (once per block), as the core estimator
+    # fed the two blocks does; 4 agings would leave other weights
+    args = make_config(tmp_path / "run", max_steps=4, steps_per_generation=2, prior_memory="1")
+    trainer = make_trainer(tiny_model_dir, args)
+    trainer.train()
+    assert len(trainer.seen) == 2
+    expected = ebpo.get_estimator("ebpo", prior_memory=1.0)
+    for rewards_N, _, _ in trainer.seen:
+        expected(rewards_N, torch.arange(len(rewards_N)) // G)
+    assert trainer.estimator.state_dict() == expected.state_dict()
+
+
+class Killed(Exception):
+    pass
+
+
+def test_estimator_state_is_written_before_the_checkpoint_and_survives_a_kill(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    # TRL's own save (model, optimizer, trainer_state.json, the hub push of hub_strategy="checkpoint") comes
+    # after ours: killed in the middle of it, the checkpoint already holds the prior
+    from trl import GRPOTrainer
+
+    out = tmp_path / "run"
+    seen_at_parent_save = []
+
+    def killed_save(self, model, trial):
+        seen_at_parent_save.append((out / "checkpoint-1" / ESTIMATOR_STATE_FILE).is_file())
+        raise Killed
+
+    monkeypatch.setattr(GRPOTrainer, "_save_checkpoint", killed_save)
+    trainer = make_trainer(tiny_model_dir, make_config(out, max_steps=1, save_strategy="steps", save_steps=1))
+    with pytest.raises(Killed):
+        trainer.train()
+    assert seen_at_parent_save == [True]
+    saved = torch.load(out / "checkpoint-1" / ESTIMATOR_STATE_FILE, weights_only=False)["estimator"]
+    assert saved == trainer.estimator.state_dict() and saved["prior"]["W_glob"]["count"] == 2 * G
+    assert [p.name for p in (out / "checkpoint-1").iterdir()] == [ESTIMATOR_STATE_FILE]  # no temporary file
+
+
+def test_only_the_saving_processes_write_the_estimator_state(tiny_model_dir, tmp_path, monkeypatch):
+    # args.should_save is False on the processes that write no checkpoint files (all but the main one, or
+    # but each node's first with save_on_each_node=True)
+    monkeypatch.setattr(EBPOConfig, "should_save", property(lambda self: False))
+    out = tmp_path / "run"
+    make_trainer(tiny_model_dir, make_config(out, max_steps=1, save_strategy="steps", save_steps=1)).train()
+    assert not (out / "checkpoint-1" / ESTIMATOR_STATE_FILE).exists()
+
+
+def test_resume_from_a_checkpoint_without_the_estimator_state_warns_once(tiny_model_dir, tmp_path, capfd):
+    out = tmp_path / "run"
+    make_trainer(tiny_model_dir, make_config(out, max_steps=1, save_strategy="steps", save_steps=1)).train()
+    (out / "checkpoint-1" / ESTIMATOR_STATE_FILE).unlink()  # e.g. a checkpoint written by GRPOTrainer
+    capfd.readouterr()
+    second = make_trainer(tiny_model_dir, make_config(out, max_steps=2))
+    second.train(resume_from_checkpoint=str(out / "checkpoint-1"))
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "[ebpo]" in line]
+    assert warnings == [
+        f"[ebpo] WARNING: no {ESTIMATOR_STATE_FILE} in {out / 'checkpoint-1'}: the estimator starts from an "
+        "empty prior"
+    ]
+    assert second.estimator.state_dict()["prior"]["W_glob"]["count"] == 2 * G  # step 2's rewards only
