@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import shlex
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -489,3 +493,107 @@ def test_resume_from_a_checkpoint_without_the_estimator_state_warns_once(tiny_mo
         "empty prior"
     ]
     assert second.estimator.state_dict()["prior"]["W_glob"]["count"] == 2 * G  # step 2's rewards only
+
+
+# ---------------------------------------------------------------------------------------------------
+# examples/trl/train_ebpo.py
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "trl" / "train_ebpo.py"
+
+
+@pytest.fixture
+def example(monkeypatch):
+    spec = importlib.util.spec_from_file_location("train_ebpo_example", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def paper_command(text: str) -> list[str]:
+    """The arguments of the ``accelerate launch ... train_ebpo.py ...`` command in ``text`` (after the script)."""
+    start = text.index("accelerate launch --num_processes")
+    lines = []
+    for line in text[start:].splitlines():
+        lines.append(line.strip().rstrip("\\"))
+        if not line.rstrip().endswith("\\"):
+            break
+    words = shlex.split(" ".join(lines))
+    return words[words.index("examples/trl/train_ebpo.py") + 1 :]
+
+
+def test_the_paper_command_builds_the_paper_settings(example, tmp_path, monkeypatch):
+    # the command in the example's docstring, parsed as the script parses it, on the 8 processes it is for
+    arguments = paper_command(example.__doc__)
+    assert arguments[arguments.index("--output_dir") + 1] == "runs/qwen3-8b-ebpo-topic"
+    arguments[arguments.index("--output_dir") + 1] = str(tmp_path / "run")
+    arguments.append("--use_cpu")  # this machine's device; nothing else changes
+    monkeypatch.setattr(EBPOConfig, "world_size", property(lambda self: 8))
+    script, config = example.parse_arguments(arguments)
+    prompts_per_generation = config.generation_batch_size // config.num_generations
+    completions_per_update = config.per_device_train_batch_size * 8 * config.gradient_accumulation_steps
+    assert (script.model, script.reward) == ("Qwen/Qwen3-8B", "math_dapo")
+    assert config.num_generations == 4  # G
+    assert prompts_per_generation == 512  # global batch
+    assert completions_per_update == 128 * config.num_generations  # PPO mini-batch 128 prompts
+    assert config.steps_per_generation == 4 * config.gradient_accumulation_steps  # 4 updates per generation
+    assert config.num_iterations == 1  # one pass over each generation
+    assert config.max_steps == 1000 * 4  # 1000 generation rounds
+    assert config.loss_type == "grpo"  # token mean per sequence, then mean over sequences
+    assert (config.epsilon, config.epsilon_high) in ((0.2, None), (0.2, 0.2))  # clip 0.2 both sides
+    assert config.learning_rate == 1e-6 and config.lr_scheduler_type == "constant"
+    assert config.beta == 0.001  # k3 KL coefficient
+    assert (config.weight_decay, config.max_grad_norm) == (0.01, 1.0)  # verl's defaults in our verl recipe
+    assert config.max_completion_length == 8192
+    assert (config.advantage_estimator, config.prompt_sampler) == ("ebpo", "topic")  # EBPO-topic
+    assert config.estimator_options() == {  # the paper's EBPO (SPEC section 1)
+        "prior_scope": "global",
+        "cluster_min_groups": 16,
+        "prior_memory": "all",
+        "tau2": "raw",
+        "sigma2": "total",
+        "normalize": "batch",
+    }
+    assert config.bf16
+    # docs/integrations.md gives the same command
+    assert paper_command((REPO / "docs" / "integrations.md").read_text()) == paper_command(example.__doc__)
+
+
+def test_the_laptop_defaults_are_the_ebpo_train_demo(example, tmp_path):
+    from ebpo.trainer.config import load_config
+
+    demo = load_config(REPO / "configs" / "ebpo.yaml")
+    _, config = example.parse_arguments(["--output_dir", str(tmp_path), "--use_cpu"])
+    updates_per_step = demo.data.batch_size // demo.optim.mini_batch_size
+    assert config.num_generations == demo.data.group_size
+    assert config.generation_batch_size == demo.data.batch_size * demo.data.group_size
+    assert config.per_device_train_batch_size == demo.optim.mini_batch_size * demo.data.group_size
+    assert config.steps_per_generation == updates_per_step and config.gradient_accumulation_steps == 1
+    assert config.num_iterations == demo.optim.epochs
+    assert config.max_steps == demo.run.steps * updates_per_step
+    assert config.learning_rate == demo.optim.lr and config.lr_scheduler_type == "constant"
+    assert config.max_grad_norm == demo.optim.grad_clip
+    assert config.beta == demo.algorithm.kl_coef and config.loss_type == "dapo"  # token-level: token-mean
+    assert config.max_completion_length == demo.rollout.max_new_tokens
+    assert config.temperature == demo.rollout.temperature and config.top_p == demo.rollout.top_p
+    assert config.seed == demo.run.seed  # the same problems, and validation samples drawn alike
+    # a flag overrides a laptop default; with --model none of them applies
+    _, shorter = example.parse_arguments(["--output_dir", str(tmp_path), "--max_steps", "16"])
+    assert shorter.max_steps == 16
+    _, other = example.parse_arguments(["--output_dir", str(tmp_path), "--model", "m", "--use_cpu"])
+    assert other.max_completion_length != demo.rollout.max_new_tokens
+
+
+def test_the_laptop_run_prints_validation_before_and_after(example, tmp_path, capsys):
+    # the shipped base model on generated arith problems, shortened: 2 updates (a quarter of a block)
+    argv = ["--output_dir", str(tmp_path / "run"), "--use_cpu", "--max_steps", "2", "--steps_per_generation",
+            "2", "--val_size", "9", "--eval_n", "2", "--num_problems", "64"]  # fmt: skip
+    assert example.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "validation before training: 9 problems x 2 samples" in out
+    assert re.search(r"^all \(pass@1\)\s+\d\.\d{3}\s+\d\.\d{3}\s+[+-]\d\.\d{3}$", out, re.MULTILINE)
+    assert re.search(
+        r"^validation pass@1: \d\.\d{3} ± \d\.\d{3} before, \d\.\d{3} ± \d\.\d{3} after", out, re.M
+    )
+    assert (tmp_path / "run" / "model.safetensors").is_file()
