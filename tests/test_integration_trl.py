@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import shlex
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -214,6 +218,36 @@ def test_mid_block_resume_counts_each_block_once(tiny_model_dir, tmp_path):
     assert second.estimator.state_dict() == expected.state_dict()
 
 
+def test_checkpoint_after_a_mid_block_resume_counts_each_block_once(tiny_model_dir, tmp_path):
+    # steps_per_generation=2: an uninterrupted run generates blocks at steps 0 and 2. Resumed at step 1 (mid
+    # block), TRL regenerates block 1 there and then generates every 2 steps from there (step 3), so step 2
+    # lies inside the resumed run's block, although a run resumed from step 2 starts with block 2 (the
+    # dataloader's). The prior saved at step 2 must hold block 1 (16 rewards); the prior from before the
+    # resumed run's block (empty) would lose block 1, and the final prior would hold 16 rewards, not 32.
+    out = tmp_path / "run"
+    common = dict(steps_per_generation=2)
+    first = make_trainer(
+        tiny_model_dir, make_config(out, max_steps=1, save_strategy="steps", save_steps=1, **common)
+    )
+    first.train()
+    second = make_trainer(
+        tiny_model_dir, make_config(out, max_steps=2, save_strategy="steps", save_steps=1, **common)
+    )
+    second.train(resume_from_checkpoint=str(out / "checkpoint-1"))
+    assert len(second.seen) == 1  # block 1, regenerated at step 1
+    at_step_2 = torch.load(out / "checkpoint-2" / ESTIMATOR_STATE_FILE, weights_only=False)["estimator"]
+    assert at_step_2 == second.estimator.state_dict() and at_step_2["prior"]["W_glob"]["count"] == 16
+
+    third = make_trainer(tiny_model_dir, make_config(out, max_steps=3, save_strategy="no", **common))
+    third.train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    assert len(third.seen) == 1  # block 2, generated at step 2
+    expected = ebpo.get_estimator("ebpo")
+    for rewards_N, _, _ in second.seen + third.seen:
+        expected(rewards_N, torch.arange(16) // G)
+    assert third.estimator.state_dict() == expected.state_dict()  # blocks 1 and 2, once each
+    assert expected.state_dict()["prior"]["W_glob"]["count"] == 32
+
+
 def test_topic_sampler_keeps_repeat_structure(tiny_model_dir, tmp_path):
     args = make_config(
         tmp_path / "run", prompt_sampler="topic", prior_scope="cluster", cluster_min_groups=1, max_steps=2
@@ -283,3 +317,283 @@ def test_config_rejects_unknown_choices(tmp_path):
     assert make_config(tmp_path, advantage_estimator="grpo").estimator_options() == {}
     assert make_config(tmp_path, prior_scope="cluster").cluster_column == "topic"
     assert make_config(tmp_path, prior_memory="50").estimator_options()["prior_memory"] == 50.0
+
+
+def distinct_reward(completions, **kwargs):
+    """Number of distinct characters mod 2, in {0, 1}: a second reward function."""
+    return [len(set(c)) % 2 for c in completions]
+
+
+def test_reward_weights_combine_the_reward_functions(tiny_model_dir, tmp_path):
+    # r_i = 1.0 * char_sum_reward + 0.5 * distinct_reward: TRL's weighted sum, fed to the estimator
+    class TwoRewards(RecordingTrainer):
+        def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+            rewards_per_func = EBPOTrainer._calculate_rewards(
+                self, inputs, prompts, completions, completion_ids_list
+            )
+            self._last_rewards = (rewards_per_func.cpu() * torch.tensor([1.0, 0.5])).sum(dim=1)
+            self.per_func.append(rewards_per_func.cpu().clone())
+            return rewards_per_func
+
+    args = make_config(tmp_path / "run", max_steps=2, reward_weights=[1.0, 0.5])
+    trainer = TwoRewards(
+        model=str(tiny_model_dir), reward_funcs=[char_sum_reward, distinct_reward], args=args,
+        train_dataset=make_dataset(),
+    )  # fmt: skip
+    trainer.per_func = []
+    trainer.train()
+    assert len(trainer.seen) == 2
+    assert all(
+        len(torch.unique(per_func[:, 1])) == 2 for per_func in trainer.per_func
+    )  # the second reward varies
+    for (_, adv_N, _), expected_N in zip(trainer.seen, replay(trainer.seen)):
+        torch.testing.assert_close(adv_N, expected_N)
+
+
+def test_config_refuses_settings_it_would_ignore(tmp_path):
+    # each one line naming the field, why it would change nothing (or the wrong thing), and the fix
+    refused = {
+        "multi_objective_aggregation": (
+            "normalize_then_sum",
+            "leaves every group mean at 0 and nothing for the estimator's baseline or prior",
+        ),
+        "scale_rewards": (
+            "batch",
+            "GRPO's reward scaling, which the training advantages of advantage_estimator",
+        ),
+        "cluster_column": ("topic", "only EBPO's prior_scope='cluster' reads cluster keys"),
+        "cluster_min_groups": (4, "it applies to cluster priors only; set prior_scope='cluster'"),
+        "topic_column": ("subject", "only prompt_sampler='topic' reads it"),
+        "difficulty_column": ("pass_rate", "only prompt_sampler='difficulty' reads it"),
+    }
+    for name, (value, reason) in refused.items():
+        with pytest.raises(ValueError, match=rf"^EBPOConfig\.{name}={re.escape(repr(value))}: .*") as error:
+            make_config(tmp_path, **{name: value})
+        assert reason in str(error.value) and "\n" not in str(error.value)
+    with pytest.raises(
+        ValueError, match=r"^EBPOConfig\.shuffle_dataset=False: prompt_sampler='topic' shuffles"
+    ):
+        make_config(tmp_path, prompt_sampler="topic", shuffle_dataset=False)
+    with pytest.raises(
+        ValueError, match=r"^EBPOConfig\.cluster_column='topic': only EBPO's prior_scope='cluster'"
+    ):
+        make_config(tmp_path, advantage_estimator="grpo", cluster_column="topic")
+    # the same settings where they are read are accepted
+    make_config(tmp_path, prior_scope="cluster", cluster_column="topic", cluster_min_groups=4)
+    make_config(tmp_path, prompt_sampler="topic", topic_column="subject")
+    make_config(tmp_path, prompt_sampler="difficulty", difficulty_column="pass_rate", shuffle_dataset=False)
+    make_config(tmp_path, scale_rewards=True)  # TRL's spelling of "group"
+
+
+def test_clustered_prompt_order_over_a_streaming_dataset_is_refused_before_the_model_loads(tmp_path):
+    streaming = make_dataset().to_iterable_dataset()
+    args = make_config(tmp_path / "run", prompt_sampler="topic", max_steps=1)
+    with pytest.raises(ValueError, match=r"^EBPOConfig.prompt_sampler='topic' orders .* IterableDataset"):
+        EBPOTrainer(
+            model=str(tmp_path / "no-model-here"),
+            reward_funcs=char_sum_reward,
+            args=args,
+            train_dataset=streaming,
+        )
+    with pytest.raises(TypeError, match="EBPOTrainer needs args=EBPOConfig"):
+        EBPOTrainer(
+            model=str(tmp_path / "no-model-here"), reward_funcs=char_sum_reward, train_dataset=streaming
+        )
+
+
+def test_a_streaming_dataset_trains_with_the_random_order(tiny_model_dir, tmp_path):
+    # TRL streams an IterableDataset in RepeatSampler's layout (repeat_iterable_dataset): the groups are the
+    # same blocks of G rows, so the registry's advantages apply unchanged
+    args = make_config(tmp_path / "run", max_steps=2)
+    trainer = make_trainer(tiny_model_dir, args, dataset=make_dataset().to_iterable_dataset())
+    trainer.train()
+    assert len(trainer.seen) == 2
+    for (_, adv_N, _), expected_N in zip(trainer.seen, replay(trainer.seen)):
+        torch.testing.assert_close(adv_N, expected_N)
+    assert all(len(set(step)) == 2 for step in trainer.prompts)  # two groups of G rows each
+
+
+def test_training_fails_when_trl_skips_the_reward_hook(tiny_model_dir, tmp_path):
+    # a TRL that scored completions without calling _calculate_rewards would train on GRPO's advantages
+    from trl import GRPOTrainer
+
+    class BypassingTrainer(EBPOTrainer):
+        def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+            return GRPOTrainer._calculate_rewards(self, inputs, prompts, completions, completion_ids_list)
+
+    trainer = make_trainer(tiny_model_dir, make_config(tmp_path / "run", max_steps=1), cls=BypassingTrainer)
+    with pytest.raises(
+        RuntimeError, match=r"without calling _calculate_rewards.*GRPO's advantages instead of"
+    ):
+        trainer.train()
+    trainer.model.eval()  # evaluation keeps GRPO's advantages: no hook needed there
+    trainer._generate_and_score_completions([{"prompt": "1+1=", "topic": "alg"}] * G)
+
+
+def test_half_life_counts_generation_blocks(tiny_model_dir, tmp_path):
+    # 4 optimizer steps, 2 per generation block: the prior ages twice (once per block), as the core estimator
+    # fed the two blocks does; 4 agings would leave other weights
+    args = make_config(tmp_path / "run", max_steps=4, steps_per_generation=2, prior_memory="1")
+    trainer = make_trainer(tiny_model_dir, args)
+    trainer.train()
+    assert len(trainer.seen) == 2
+    expected = ebpo.get_estimator("ebpo", prior_memory=1.0)
+    for rewards_N, _, _ in trainer.seen:
+        expected(rewards_N, torch.arange(len(rewards_N)) // G)
+    assert trainer.estimator.state_dict() == expected.state_dict()
+
+
+class Killed(Exception):
+    pass
+
+
+def test_estimator_state_is_written_before_the_checkpoint_and_survives_a_kill(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    # TRL's own save (model, optimizer, trainer_state.json, the hub push of hub_strategy="checkpoint") comes
+    # after ours: killed in the middle of it, the checkpoint already holds the prior
+    from trl import GRPOTrainer
+
+    out = tmp_path / "run"
+    seen_at_parent_save = []
+
+    def killed_save(self, model, trial):
+        seen_at_parent_save.append((out / "checkpoint-1" / ESTIMATOR_STATE_FILE).is_file())
+        raise Killed
+
+    monkeypatch.setattr(GRPOTrainer, "_save_checkpoint", killed_save)
+    trainer = make_trainer(tiny_model_dir, make_config(out, max_steps=1, save_strategy="steps", save_steps=1))
+    with pytest.raises(Killed):
+        trainer.train()
+    assert seen_at_parent_save == [True]
+    saved = torch.load(out / "checkpoint-1" / ESTIMATOR_STATE_FILE, weights_only=False)["estimator"]
+    assert saved == trainer.estimator.state_dict() and saved["prior"]["W_glob"]["count"] == 2 * G
+    assert [p.name for p in (out / "checkpoint-1").iterdir()] == [ESTIMATOR_STATE_FILE]  # no temporary file
+
+
+def test_only_the_saving_processes_write_the_estimator_state(tiny_model_dir, tmp_path, monkeypatch):
+    # args.should_save is False on the processes that write no checkpoint files (all but the main one, or
+    # but each node's first with save_on_each_node=True)
+    monkeypatch.setattr(EBPOConfig, "should_save", property(lambda self: False))
+    out = tmp_path / "run"
+    make_trainer(tiny_model_dir, make_config(out, max_steps=1, save_strategy="steps", save_steps=1)).train()
+    assert not (out / "checkpoint-1" / ESTIMATOR_STATE_FILE).exists()
+
+
+def test_resume_from_a_checkpoint_without_the_estimator_state_warns_once(tiny_model_dir, tmp_path, capfd):
+    out = tmp_path / "run"
+    make_trainer(tiny_model_dir, make_config(out, max_steps=1, save_strategy="steps", save_steps=1)).train()
+    (out / "checkpoint-1" / ESTIMATOR_STATE_FILE).unlink()  # e.g. a checkpoint written by GRPOTrainer
+    capfd.readouterr()
+    second = make_trainer(tiny_model_dir, make_config(out, max_steps=2))
+    second.train(resume_from_checkpoint=str(out / "checkpoint-1"))
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "[ebpo]" in line]
+    assert warnings == [
+        f"[ebpo] WARNING: no {ESTIMATOR_STATE_FILE} in {out / 'checkpoint-1'}: the estimator starts from an "
+        "empty prior"
+    ]
+    assert second.estimator.state_dict()["prior"]["W_glob"]["count"] == 2 * G  # step 2's rewards only
+
+
+# ---------------------------------------------------------------------------------------------------
+# examples/trl/train_ebpo.py
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "trl" / "train_ebpo.py"
+
+
+@pytest.fixture
+def example(monkeypatch):
+    spec = importlib.util.spec_from_file_location("train_ebpo_example", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def paper_command(text: str) -> list[str]:
+    """The arguments of the ``accelerate launch ... train_ebpo.py ...`` command in ``text`` (after the script)."""
+    start = text.index("accelerate launch --num_processes")
+    lines = []
+    for line in text[start:].splitlines():
+        lines.append(line.strip().rstrip("\\"))
+        if not line.rstrip().endswith("\\"):
+            break
+    words = shlex.split(" ".join(lines))
+    return words[words.index("examples/trl/train_ebpo.py") + 1 :]
+
+
+def test_the_paper_command_builds_the_paper_settings(example, tmp_path, monkeypatch):
+    # the command in the example's docstring, parsed as the script parses it, on the 8 processes it is for
+    arguments = paper_command(example.__doc__)
+    assert arguments[arguments.index("--output_dir") + 1] == "runs/qwen3-8b-ebpo-topic"
+    arguments[arguments.index("--output_dir") + 1] = str(tmp_path / "run")
+    arguments.append("--use_cpu")  # this machine's device; nothing else changes
+    monkeypatch.setattr(EBPOConfig, "world_size", property(lambda self: 8))
+    script, config = example.parse_arguments(arguments)
+    prompts_per_generation = config.generation_batch_size // config.num_generations
+    completions_per_update = config.per_device_train_batch_size * 8 * config.gradient_accumulation_steps
+    assert (script.model, script.reward) == ("Qwen/Qwen3-8B", "math_dapo")
+    assert config.num_generations == 4  # G
+    assert prompts_per_generation == 512  # global batch
+    assert completions_per_update == 128 * config.num_generations  # PPO mini-batch 128 prompts
+    assert config.steps_per_generation == 4 * config.gradient_accumulation_steps  # 4 updates per generation
+    assert config.num_iterations == 1  # one pass over each generation
+    assert config.max_steps == 1000 * 4  # 1000 generation rounds
+    assert config.loss_type == "grpo"  # token mean per sequence, then mean over sequences
+    assert (config.epsilon, config.epsilon_high) in ((0.2, None), (0.2, 0.2))  # clip 0.2 both sides
+    assert config.learning_rate == 1e-6 and config.lr_scheduler_type == "constant"
+    assert config.beta == 0.001  # k3 KL coefficient
+    assert (config.weight_decay, config.max_grad_norm) == (0.01, 1.0)  # verl's defaults in our verl recipe
+    assert config.max_completion_length == 8192
+    assert (config.advantage_estimator, config.prompt_sampler) == ("ebpo", "topic")  # EBPO-topic
+    assert config.estimator_options() == {  # the paper's EBPO (SPEC section 1)
+        "prior_scope": "global",
+        "cluster_min_groups": 16,
+        "prior_memory": "all",
+        "tau2": "raw",
+        "sigma2": "total",
+        "normalize": "batch",
+    }
+    assert config.bf16
+    # docs/integrations.md gives the same command
+    assert paper_command((REPO / "docs" / "integrations.md").read_text()) == paper_command(example.__doc__)
+
+
+def test_the_laptop_defaults_are_the_ebpo_train_demo(example, tmp_path):
+    from ebpo.trainer.config import load_config
+
+    demo = load_config(REPO / "configs" / "ebpo.yaml")
+    _, config = example.parse_arguments(["--output_dir", str(tmp_path), "--use_cpu"])
+    updates_per_step = demo.data.batch_size // demo.optim.mini_batch_size
+    assert config.num_generations == demo.data.group_size
+    assert config.generation_batch_size == demo.data.batch_size * demo.data.group_size
+    assert config.per_device_train_batch_size == demo.optim.mini_batch_size * demo.data.group_size
+    assert config.steps_per_generation == updates_per_step and config.gradient_accumulation_steps == 1
+    assert config.num_iterations == demo.optim.epochs
+    assert config.max_steps == demo.run.steps * updates_per_step
+    assert config.learning_rate == demo.optim.lr and config.lr_scheduler_type == "constant"
+    assert config.max_grad_norm == demo.optim.grad_clip
+    assert config.beta == demo.algorithm.kl_coef and config.loss_type == "dapo"  # token-level: token-mean
+    assert config.max_completion_length == demo.rollout.max_new_tokens
+    assert config.temperature == demo.rollout.temperature and config.top_p == demo.rollout.top_p
+    assert config.seed == demo.run.seed  # the same problems, and validation samples drawn alike
+    # a flag overrides a laptop default; with --model none of them applies
+    _, shorter = example.parse_arguments(["--output_dir", str(tmp_path), "--max_steps", "16"])
+    assert shorter.max_steps == 16
+    _, other = example.parse_arguments(["--output_dir", str(tmp_path), "--model", "m", "--use_cpu"])
+    assert other.max_completion_length != demo.rollout.max_new_tokens
+
+
+def test_the_laptop_run_prints_validation_before_and_after(example, tmp_path, capsys):
+    # the shipped base model on generated arith problems, shortened: 2 updates (a quarter of a block)
+    argv = ["--output_dir", str(tmp_path / "run"), "--use_cpu", "--max_steps", "2", "--steps_per_generation",
+            "2", "--val_size", "9", "--eval_n", "2", "--num_problems", "64"]  # fmt: skip
+    assert example.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "validation before training: 9 problems x 2 samples" in out
+    assert re.search(r"^all \(pass@1\)\s+\d\.\d{3}\s+\d\.\d{3}\s+[+-]\d\.\d{3}$", out, re.MULTILINE)
+    assert re.search(
+        r"^validation pass@1: \d\.\d{3} ± \d\.\d{3} before, \d\.\d{3} ± \d\.\d{3} after", out, re.M
+    )
+    assert (tmp_path / "run" / "model.safetensors").is_file()

@@ -8,11 +8,13 @@ Each test stages one such event; the tiny random model and the dense digit-fract
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 import torch
@@ -171,6 +173,55 @@ def test_kill_during_a_checkpoint_save_leaves_a_resumable_run(
     for name in straight:  # the kill lost nothing but the steps since the last complete checkpoint
         assert torch.equal(straight[name], killed[name]), name
     assert training_rows(run) == training_rows(tmp_path / "straight")
+
+
+def _save_repeatedly(path: str, writer: int, times: int, failures) -> None:
+    """Child process: save ``times`` states of ``writer`` to ``path``, counting the saves that raise."""
+    torch.set_num_threads(1)
+    for _ in range(times):
+        try:
+            checkpoint_module.save_torch_atomic(
+                {"writer": writer, "x": torch.full((64,), writer)}, Path(path)
+            )
+        except Exception:  # noqa: BLE001 - any failure of a save is what the test counts
+            with failures.get_lock():
+                failures.value += 1
+
+
+def test_two_processes_saving_to_one_path_never_collide(tmp_path):
+    # two processes on a shared filesystem saving the same checkpoint file (TRL's save_on_each_node=True). A
+    # temporary name shared by both lets one's rename take the file the other is about to rename
+    # (FileNotFoundError in tens of the 400 saves); with one temporary file per save the last rename wins whole.
+    path = tmp_path / "ebpo_estimator.pt"
+    context = multiprocessing.get_context("fork")
+    failures = context.Value("i", 0)
+    writers = [
+        context.Process(target=_save_repeatedly, args=(str(path), writer, 200, failures)) for writer in (1, 2)
+    ]
+    for process in writers:
+        process.start()
+    for process in writers:
+        process.join(timeout=120)
+    assert [process.exitcode for process in writers] == [0, 0]
+    assert failures.value == 0
+    state = torch.load(path, weights_only=False)
+    assert state["writer"] in (1, 2) and torch.equal(state["x"], torch.full((64,), state["writer"]))
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left behind
+
+
+def test_a_failed_save_leaves_the_old_file_and_no_temporary_file(tmp_path, monkeypatch):
+    path = tmp_path / "state.pt"
+    checkpoint_module.save_torch_atomic({"step": 1}, path)
+
+    def broken_save(state, file):  # dies half-way through writing
+        Path(file).write_bytes(b"half")
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(checkpoint_module.torch, "save", broken_save)
+    with pytest.raises(OSError, match="No space left"):
+        checkpoint_module.save_torch_atomic({"step": 2}, path)
+    assert torch.load(path, weights_only=False) == {"step": 1}
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
 
 
 # ---------------------------------------------------------------------------------------------------

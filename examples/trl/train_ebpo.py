@@ -1,29 +1,73 @@
 """EBPO with TRL: ``EBPOTrainer`` on the built-in ``arith`` task or any records file.
 
-    # a laptop run: the tiny local model on generated arithmetic (minutes on CPU)
-    python examples/trl/train_ebpo.py --output_dir runs/trl-ebpo --use_cpu --max_steps 20
+    # a laptop run: the shipped arith base model on generated arithmetic, `ebpo train`'s demo through TRL
+    # (32 prompts x G = 8 per generation block, 4 prompts per update, lr 2e-4, KL 0.001, 150 blocks), with
+    # validation pass@1 before and after training, measured as `ebpo train` measures it
+    python examples/trl/train_ebpo.py --output_dir runs/trl-ebpo --use_cpu
 
-    # the paper's settings on a real model and annotated data (topic-clustered stream, EBPO-topic)
-    accelerate launch examples/trl/train_ebpo.py --model Qwen/Qwen3-8B --records data/dapo17k_annotated.jsonl \
-        --reward math --output_dir runs/qwen3-8b-ebpo-topic --learning_rate 1e-6 --beta 0.001 \
-        --num_generations 4 --prompt_sampler topic --bf16 --max_completion_length 8192
+    # the paper's settings on 8 GPUs (one node): Qwen3-8B on annotated DAPO-Math-17k, EBPO-topic
+    accelerate launch --num_processes 8 examples/trl/train_ebpo.py --model Qwen/Qwen3-8B \
+        --records data/dapo17k_annotated.jsonl --reward math_dapo --output_dir runs/qwen3-8b-ebpo-topic \
+        --prompt_sampler topic --loss_type grpo --learning_rate 1e-6 --beta 0.001 --num_generations 4 \
+        --per_device_train_batch_size 4 --gradient_accumulation_steps 16 --steps_per_generation 64 \
+        --num_iterations 1 --lr_scheduler_type constant --weight_decay 0.01 --max_grad_norm 1.0 \
+        --max_completion_length 8192 --max_steps 4000 --save_steps 200 --bf16 true
 
-Every ``EBPOConfig`` / ``GRPOConfig`` field is a flag (``--help`` lists them with their help text); the three
-flags below choose the model, the data and the reward.
+The paper's settings, flag by flag (docs/integrations.md): GRPO's loss (``--loss_type grpo``: token mean per
+sequence, then mean over sequences; TRL's default ``dapo`` is token-level), clip 0.2 (TRL's default
+``epsilon``), KL 0.001 (TRL's KL is k3), lr 1e-6, G = 4; 512 prompts x G = 2048 completions per generation
+(``per_device_train_batch_size * processes * steps_per_generation`` = 4 x 8 x 64) and 128 prompts x G = 512
+per optimizer update (``per_device_train_batch_size * processes * gradient_accumulation_steps`` = 4 x 8 x 16),
+so each generation serves 4 updates; one pass over it (``--num_iterations 1``). Constant lr, weight decay 0.01
+and gradient clipping 1.0 are verl's defaults in our verl recipe (examples/verl/run_paper.sh). 1000 generation
+rounds (the topic and shuffled runs) are 4000 optimizer steps; the curriculum (``--prompt_sampler
+difficulty``) trains one epoch: ``--num_train_epochs 1`` instead of ``--max_steps``. With another number of
+processes, keep the two products: ``per_device_train_batch_size * processes * gradient_accumulation_steps`` =
+512 and ``steps_per_generation = 4 * gradient_accumulation_steps``.
+
+Every ``EBPOConfig`` / ``GRPOConfig`` field is a flag (``--help`` lists them with their help text); the flags of
+``ScriptArguments`` below choose the model, the data, the reward and the validation. Without ``--model`` the
+laptop settings (``LAPTOP_DEFAULTS``) are the defaults, each still overridable by its flag.
 """
 
 from __future__ import annotations
 
 import sys
-import tempfile
 from dataclasses import dataclass, field
+from typing import Any
+
+LAPTOP_DEFAULTS: dict[str, Any] = dict(
+    # configs/ebpo.yaml (the `ebpo train` demo) in TRL's terms: one generation block = one training step there
+    num_generations=8,  # data.group_size
+    per_device_train_batch_size=32,  # 4 prompts x G per update (optim.mini_batch_size)
+    steps_per_generation=8,  # 32 prompts x G per generation block (data.batch_size), 8 updates each
+    gradient_accumulation_steps=1,
+    num_iterations=1,  # optim.epochs
+    max_steps=1200,  # 150 blocks (run.steps) x 8 updates
+    learning_rate=2e-4,
+    lr_scheduler_type="constant",
+    max_grad_norm=1.0,
+    beta=0.001,  # algorithm.kl_coef, k3
+    loss_type="dapo",  # token-level, as algorithm.loss_agg_mode=token-mean
+    max_completion_length=24,  # rollout.max_new_tokens
+    temperature=1.0,
+    top_p=1.0,
+    bf16=False,
+    logging_steps=8,  # one log line per generation block
+    save_strategy="no",
+    report_to="none",
+    seed=0,  # run.seed: the same training and validation problems and validation samples as `ebpo train`
+)
 
 
 @dataclass
 class ScriptArguments:
     model: str | None = field(
         default=None,
-        metadata={"help": "Model path or hub id; default: a tiny random local model (CPU smoke runs)."},
+        metadata={
+            "help": "Model path or hub id; default: the shipped arith base model (`ebpo base-model`), with the "
+            "laptop settings as defaults."
+        },
     )
     records: str | None = field(
         default=None,
@@ -31,25 +75,53 @@ class ScriptArguments:
             "help": "Training records (ebpo.data.loaders, schema `records`); default: generated `arith` problems."
         },
     )
+    val_records: str | None = field(
+        default=None,
+        metadata={
+            "help": "Validation records (same format); default: generated `arith` validation problems without "
+            "--records, none (no validation) with it."
+        },
+    )
     num_problems: int = field(
-        default=512, metadata={"help": "Number of generated `arith` problems (no --records)."}
+        default=2000, metadata={"help": "Number of generated `arith` training problems (no --records)."}
+    )
+    val_size: int = field(
+        default=450,
+        metadata={
+            "help": "Number of generated `arith` validation problems (no --records); 0: no validation."
+        },
+    )
+    eval_n: int = field(
+        default=8,
+        metadata={"help": "Samples per validation problem (pass@1 averages them); 0: no validation."},
     )
     reward: str = field(
         default="arith", metadata={"help": "Reward from ebpo.rewards: `arith`, `math`, `math_dapo`."}
     )
 
 
-def load_dataset_rows(script: ScriptArguments, seed: int):
-    import datasets
+def load_datasets(script: ScriptArguments, seed: int):
+    """(training records, validation records): from files, or generated ``arith`` problems as ``ebpo train``
+    generates them (the same records for the same seed and sizes)."""
+    from ebpo.data.loaders import load_records
+    from ebpo.tasks.arith import generate
 
     if script.records:
-        from ebpo.data.loaders import load_records
-
-        records = load_records(script.records, "records")
+        train = load_records(script.records, "records")
+        val = load_records(script.val_records, "records") if script.val_records else []
     else:
-        from ebpo.tasks.arith import generate
+        train = generate("train", script.num_problems, seed)
+        val = (
+            load_records(script.val_records, "records")
+            if script.val_records
+            else generate("validation", script.val_size, seed)
+        )
+    return train, val
 
-        records = generate("train", script.num_problems, seed)
+
+def to_dataset(records):
+    import datasets
+
     return datasets.Dataset.from_dict(
         {
             "prompt": [r.prompt for r in records],
@@ -74,25 +146,79 @@ def make_reward(name: str):
     return verifiable_reward
 
 
-def main(argv: list[str] | None = None) -> int:
+def validation(trainer, records, script: ScriptArguments, config) -> dict[str, float]:
+    """``ebpo train``'s validation (``ebpo.trainer.validation.validate``: pass@1 over ``eval_n`` samples at
+    temperature 1, per topic, maj@k) of the trainer's current model."""
+    from ebpo.rewards import get_reward
+    from ebpo.trainer.config import load_config
+    from ebpo.trainer.validation import validate
+
+    cfg = load_config(
+        overrides=[
+            f"run.seed={config.seed}",
+            f"run.eval_n={script.eval_n}",
+            f"run.eval_k={script.eval_n}",
+            f"run.eval_temperature={config.temperature}",
+            f"rollout.top_p={config.top_p}",
+            f"rollout.max_new_tokens={config.max_completion_length}",
+        ]
+    )
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    training = model.training
+    model.eval()
+    try:
+        return validate(model, trainer.processing_class, records, get_reward(script.reward), cfg)
+    finally:
+        model.train(training)
+
+
+def parse_arguments(arguments: list[str]):
+    """(ScriptArguments, EBPOConfig) from the command line; without ``--model``, ``LAPTOP_DEFAULTS`` are the
+    defaults (a flag still overrides each)."""
     from transformers import HfArgumentParser
 
-    from ebpo.integrations.trl import EBPOConfig, EBPOTrainer
+    from ebpo.integrations.trl import EBPOConfig
 
-    script, config = HfArgumentParser((ScriptArguments, EBPOConfig)).parse_args_into_dataclasses(argv)
+    parser = HfArgumentParser((ScriptArguments, EBPOConfig))
+    if not any(a == "--model" or a.startswith("--model=") for a in arguments):
+        parser.set_defaults(**LAPTOP_DEFAULTS)
+    return parser.parse_args_into_dataclasses(arguments)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from ebpo.integrations.trl import EBPOTrainer
+
+    script, config = parse_arguments(sys.argv[1:] if argv is None else argv)
     model = script.model
     if model is None:
-        from ebpo.models.tiny import build_tiny_model
+        from ebpo.models.base_model import build_base_model
 
-        model = str(build_tiny_model(tempfile.mkdtemp(prefix="ebpo-tiny-"), seed=config.seed))
+        torch.set_num_threads(1)  # as `ebpo train` (run.threads): a small model gains nothing from more
+        model = str(build_base_model())
+    train_records, val_records = load_datasets(script, config.seed)
     trainer = EBPOTrainer(
         model=model,
         reward_funcs=make_reward(script.reward),
         args=config,
-        train_dataset=load_dataset_rows(script, config.seed),
+        train_dataset=to_dataset(train_records),
     )
+    validating = bool(val_records) and script.eval_n > 0
+    main_process = trainer.accelerator.is_main_process
+    if validating and main_process:
+        print(
+            f"validation before training: {len(val_records)} problems x {script.eval_n} samples ...",
+            flush=True,
+        )
+        before = validation(trainer, val_records, script, config)
     trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     trainer.save_model(config.output_dir)
+    if validating and main_process:
+        from ebpo.trainer.report import print_eval_table
+
+        after = validation(trainer, val_records, script, config)
+        print_eval_table(before, after, file=sys.stdout)  # today's stdout, not the one at its import
     return 0
 
 

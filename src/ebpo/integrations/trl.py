@@ -12,14 +12,18 @@ What changes against ``GRPOTrainer`` (and nothing else does):
 - Metrics: ``est.metrics()`` (``ebpo/mu_glob``, ``ebpo/sigma2``, ``ebpo/tau2``, ``ebpo/shrinkage``,
   ``groups/all_fail``, ...) are logged with TRL's training metrics at every logging step.
 - Checkpoints: the estimator state (and the prompt stream's cursor) is written as ``ebpo_estimator.pt`` in each
-  ``checkpoint-N`` directory and restored by ``trainer.train(resume_from_checkpoint=...)``. The state saved is
-  the prior *as of the start of the current generation block*: a resumed TRL run regenerates the block it
-  stopped in (``GRPOTrainer._prepare_inputs`` finds no buffer), so a prior saved after the block's rewards
-  would count that block twice. At a block boundary the two are the same.
+  ``checkpoint-N`` directory, before TRL's own files (so neither a kill nor a hub push can leave a checkpoint
+  without it), by the processes that write checkpoints (``args.should_save``), through a temporary file of
+  its own; ``trainer.train(resume_from_checkpoint=...)`` restores it, or warns in one line that the prior
+  starts empty when the checkpoint has none. A resumed TRL run regenerates the block its dataloader serves at
+  the checkpoint (``GRPOTrainer._prepare_inputs`` finds no buffer): if the prior already holds that block's
+  rewards, the prior from before them is saved (see ``EBPOTrainer._estimator_state_to_save``).
 - Prompt order: ``prompt_sampler="topic"`` / ``"difficulty"`` replaces ``RepeatSampler``'s shuffle with
   ``ebpo.data.samplers``' topic-coherent or easy-to-hard stream, keeping its structure (each prompt repeated
   ``num_generations`` times in a row, each generation batch replayed ``num_iterations * steps_per_generation``
-  times).
+  times). A streaming ``IterableDataset`` takes no sampler, so those two orders refuse it.
+- Nothing silently ignored: ``EBPOConfig`` refuses the settings this trainer would not honour (one line each,
+  naming the field and the fix), and training stops if TRL scored a batch without calling the reward hook.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import copy
 import inspect
 import math
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -35,6 +40,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
+import trl
 from trl import GRPOConfig, GRPOTrainer
 
 import ebpo
@@ -99,8 +105,11 @@ class EBPOConfig(GRPOConfig):
     prior_memory: str = field(
         default=_ESTIMATOR_DEFAULTS["prior_memory"],
         metadata={
-            "help": "EBPO prior memory: `all` (paper: every reward ever seen) or a half-life in steps (e.g. `50`) "
-            "for exponentially weighted moments that follow the improving policy."
+            "help": "EBPO prior memory: `all` (paper: every reward ever seen) or a half-life (e.g. `50`) for "
+            "exponentially weighted moments that follow the improving policy. The half-life counts estimator "
+            "steps, one per generation block (a batch of fresh rewards: `steps_per_generation * "
+            "num_iterations / gradient_accumulation_steps` optimizer steps), not TRL's global_step; "
+            "`ebpo train` counts the same unit (its steps are one batch of prompts each)."
         },
     )
     tau2: str = field(
@@ -175,6 +184,51 @@ class EBPOConfig(GRPOConfig):
                 )
         with _blame("EBPOConfig"):  # anything the estimator rejects in the options taken together
             ebpo.get_estimator(self.advantage_estimator, **self.estimator_options())
+        self._refuse_ignored_settings()
+
+    def _refuse_ignored_settings(self) -> None:
+        """Refuse every setting this trainer would not honour, with one line naming it and the fix (a setting
+        that changes nothing without a word is worse than an error)."""
+        refused: list[str] = []
+        if self.multi_objective_aggregation != "sum_then_normalize":
+            refused.append(
+                f"multi_objective_aggregation={self.multi_objective_aggregation!r}: it standardises each reward "
+                "within its group before summing, which leaves every group mean at 0 and nothing for the "
+                "estimator's baseline or prior to learn from; EBPOTrainer scores a completion by the weighted sum "
+                "of its raw rewards, so use 'sum_then_normalize' (the default)"
+            )
+        if self.scale_rewards != "group":
+            refused.append(
+                f"scale_rewards={self.scale_rewards!r}: GRPO's reward scaling, which the training advantages of "
+                "advantage_estimator replace; choose the scaling there (EBPO's `normalize`, or "
+                "advantage_estimator='dr_grpo' for unscaled r - mean) and leave scale_rewards at 'group'"
+            )
+        uses_clusters = self.advantage_estimator == "ebpo" and self.prior_scope == "cluster"
+        if self.cluster_column is not None and not uses_clusters:
+            refused.append(
+                f"cluster_column={self.cluster_column!r}: only EBPO's prior_scope='cluster' reads cluster keys; "
+                "set advantage_estimator='ebpo', prior_scope='cluster', or drop cluster_column"
+            )
+        default_min_groups = _ESTIMATOR_DEFAULTS["cluster_min_groups"]
+        if self.cluster_min_groups != default_min_groups and self.prior_scope != "cluster":
+            refused.append(
+                f"cluster_min_groups={self.cluster_min_groups}: it applies to cluster priors only; set "
+                "prior_scope='cluster' or drop it"
+            )
+        for name, sampler in (("topic_column", "topic"), ("difficulty_column", "difficulty")):
+            if getattr(self, name) != name.removesuffix("_column") and self.prompt_sampler != sampler:
+                refused.append(
+                    f"{name}={getattr(self, name)!r}: only prompt_sampler={sampler!r} reads it; set that "
+                    f"sampler or drop {name}"
+                )
+        if not self.shuffle_dataset and self.prompt_sampler == "topic":
+            refused.append(
+                "shuffle_dataset=False: prompt_sampler='topic' shuffles the topic order and the prompts within "
+                "each topic every epoch (seeded by `seed`); use prompt_sampler='difficulty' for a fixed order "
+                "or drop shuffle_dataset=False"
+            )
+        if refused:
+            raise ValueError("EBPOConfig." + "; EBPOConfig.".join(refused))
 
     def estimator_options(self) -> dict[str, Any]:
         """Keyword options for ``ebpo.get_estimator`` (EBPO's own options only for ``ebpo``)."""
@@ -184,6 +238,19 @@ class EBPOConfig(GRPOConfig):
         if isinstance(self.prior_memory, str) and self.prior_memory != "all":
             options["prior_memory"] = float(self.prior_memory)
         return options
+
+
+def _check_dataset(config: EBPOConfig, train_dataset: Any) -> None:
+    """Refuse a clustered prompt order over a streaming dataset: transformers attaches a sampler only to
+    map-style datasets, so the run would train in the stream's own order without a word."""
+    import datasets
+
+    if config.prompt_sampler != "random" and isinstance(train_dataset, datasets.IterableDataset):
+        raise ValueError(
+            f"EBPOConfig.prompt_sampler={config.prompt_sampler!r} orders the prompts of a map-style dataset, but "
+            "train_dataset is an IterableDataset (streaming), which transformers reads in its own order: load it "
+            "without streaming=True (or Dataset.from_generator), or use prompt_sampler='random'"
+        )
 
 
 class EBPOTrainer(GRPOTrainer):
@@ -198,14 +265,19 @@ class EBPOTrainer(GRPOTrainer):
     num_generations: int  # GRPOConfig.__post_init__ fails on None (GRPO needs at least 2 per prompt)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        given = inspect.signature(GRPOTrainer.__init__).bind(self, *args, **kwargs).arguments
+        config = given.get("args")
+        if not isinstance(config, EBPOConfig):
+            raise TypeError(f"EBPOTrainer needs args=EBPOConfig(...), got {type(config).__name__}")
+        _check_dataset(config, given.get("train_dataset"))
         super().__init__(*args, **kwargs)
-        if not isinstance(self.args, EBPOConfig):
-            raise TypeError(f"EBPOTrainer needs args=EBPOConfig(...), got {type(self.args).__name__}")
         self.estimator = ebpo.get_estimator(self.args.advantage_estimator, **self.args.estimator_options())
         self._prompt_stream: IndexStream | None = None
         self._scored: tuple[torch.Tensor, list[dict[str, Any]]] | None = None
         # the estimator state before the current generation block's rewards (what a mid-block checkpoint saves)
         self._state_at_block_start: dict[str, Any] = copy.deepcopy(self.estimator.state_dict())
+        # the dataloader block (_block_of) of the latest training generation; None before the first
+        self._generated_block: int | None = None
 
     # -- prompt order ------------------------------------------------------------------------------------
     def _get_train_sampler(self, dataset=None):
@@ -245,9 +317,21 @@ class EBPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         self._scored = None
         output = super()._generate_and_score_completions(inputs)
-        if self.model.training and self._scored is not None:
+        if self.model.training:
+            if self._scored is None:
+                raise RuntimeError(
+                    "EBPOTrainer: GRPOTrainer._generate_and_score_completions scored this batch without calling "
+                    "_calculate_rewards, the hook EBPOTrainer reads the rewards from, so the batch would train on "
+                    f"GRPO's advantages instead of {self.args.advantage_estimator!r}'s; trl {trl.__version__} "
+                    "is not supported: install the tested version (pip install 'trl==1.16.0')"
+                )
             rewards_per_func, scored_inputs = self._scored
             self._state_at_block_start = copy.deepcopy(self.estimator.state_dict())
+            accumulation = self.args.gradient_accumulation_steps
+            # this micro-step's place in the run: TRL's _step restarts at 0 on an optimizer-step boundary
+            self._generated_block = self._block_of(
+                self.state.global_step * accumulation + self._step % accumulation
+            )
             all_adv_N = self._registry_advantages(rewards_per_func, scored_inputs)
             start = self.accelerator.process_index * len(inputs)
             output["advantages"] = all_adv_N[start : start + len(inputs)].to(output["advantages"].device)
@@ -293,7 +377,9 @@ class EBPOTrainer(GRPOTrainer):
 
     # -- checkpoints -------------------------------------------------------------------------------------
     def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
+        # ours first: neither a kill during the parent's save nor its asynchronous hub push
+        # (hub_strategy="checkpoint", from inside the parent's save) can leave a checkpoint without it.
+        # should_save: the processes that write checkpoint files (with save_on_each_node, one per node)
         if self.args.should_save:
             from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
@@ -303,23 +389,46 @@ class EBPOTrainer(GRPOTrainer):
             state = {"estimator": self._estimator_state_to_save()}
             if self._prompt_stream is not None:
                 state["prompt_stream"] = self._prompt_stream.state_dict()
-            save_torch_atomic(state, Path(folder) / ESTIMATOR_STATE_FILE)  # a kill leaves no half file
+            # a kill leaves no half file, and writers sharing one filesystem never share a temporary file
+            save_torch_atomic(state, Path(folder) / ESTIMATOR_STATE_FILE)
+        super()._save_checkpoint(model, trial)
 
-    def _at_block_boundary(self) -> bool:
-        """True when the next training micro-step generates a new block (``GRPOTrainer._prepare_inputs``)."""
+    def _block_of(self, micro_step: int) -> int:
+        """The generation block the training dataloader serves at ``micro_step`` (counted from the run's start):
+        the sampler repeats each generation batch for ``steps_per_generation * num_iterations`` micro-steps."""
         # typed `int | None` (an optional input); GRPOConfig.__post_init__ sets it
-        generate_every = cast(int, self.args.steps_per_generation) * self.num_iterations
-        return self._step % generate_every == 0
+        return micro_step // (cast(int, self.args.steps_per_generation) * self.num_iterations)
 
     def _estimator_state_to_save(self) -> dict[str, Any]:
-        """The prior as of the current block's start when saving mid-block (TRL regenerates that block on
-        resume, so its rewards must not be in the saved prior), else the current state."""
-        return self.estimator.state_dict() if self._at_block_boundary() else self._state_at_block_start
+        """The prior that a run resumed from this optimizer step must start from.
+
+        A resumed TRL run has no buffered completions, so it first generates the block its dataloader serves
+        at the checkpoint (transformers skips ``global_step * gradient_accumulation_steps`` micro-batches), and
+        from then on every ``steps_per_generation * num_iterations`` micro-steps: after a mid-block resume its
+        blocks start at other steps than an uninterrupted run's. If that first block is the one whose rewards
+        the prior took last, it will be scored again, so the prior from before it is saved (else the block
+        would count twice); otherwise the current prior is."""
+        resumes_in = self._block_of(self.state.global_step * self.args.gradient_accumulation_steps)
+        if self._generated_block is not None and self._generated_block == resumes_in:
+            return self._state_at_block_start
+        return self.estimator.state_dict()
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        path = os.path.join(checkpoint, ESTIMATOR_STATE_FILE) if checkpoint is not None else None
-        if path is None or not os.path.isfile(path):
+        if checkpoint is None:
+            return
+        path = os.path.join(checkpoint, ESTIMATOR_STATE_FILE)
+        if not os.path.isfile(path):
+            if self.accelerator.is_local_main_process:
+                stream = (
+                    " and the prompt stream from its first epoch" if self._prompt_stream is not None else ""
+                )
+                print(
+                    f"[ebpo] WARNING: no {ESTIMATOR_STATE_FILE} in {checkpoint}: the estimator starts from an "
+                    f"empty prior{stream}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             return
         state = torch.load(path, weights_only=False)
         self.estimator.load_state_dict(state["estimator"])

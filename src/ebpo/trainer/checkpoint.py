@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import random
+import secrets
 import shutil
 import time
 import warnings
@@ -49,20 +50,36 @@ STATE_KEYS = ("step", "optimizer", "scheduler", "estimator", "sampler", "rng", "
 """Keys a trainer state must hold to resume from it."""
 
 
+def _temporary_beside(path: Path) -> Path:
+    """A fresh temporary name in ``path``'s directory (so that the final rename stays on one filesystem),
+    unique to this process and call: writers that save to one path at once (several processes on a shared
+    filesystem) never share a temporary file, and the last rename wins whole."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+
+
+def _replace_from_temporary(path: Path, write: Any) -> None:
+    """``write(tmp)`` to a temporary file beside ``path``, then rename it onto ``path``; the temporary file
+    is removed if either step fails."""
+    tmp = _temporary_beside(path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` so that a kill leaves the old content or the new, never part of it."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    _replace_from_temporary(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def save_torch_atomic(state: Any, path: Path) -> Path:
     """``torch.save(state, path)`` so that a kill leaves the old file or the new one, never part of it
-    (creates the parent directory if needed)."""
+    (creates the parent directory if needed). Safe when several processes save to the same path at once:
+    each writes its own temporary file, and ``path`` is always one whole file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    _replace_from_temporary(path, lambda tmp: torch.save(state, tmp))
     return path
 
 
