@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
-
-DEFAULT_BENCHMARKS = Path(os.environ.get("EBPO_SHARED", "../shared")) / "data" / "benchmarks"
 
 
 def add_parser(subparsers: Any) -> None:
@@ -125,7 +122,13 @@ def _add_topic(sub: Any) -> None:
         help="instead of labelling, print the backend's agreement with a hand-labelled sample "
         "(e.g. data/topic_labels_hand.jsonl)",
     )
-    p.add_argument("--benchmarks", default=str(DEFAULT_BENCHMARKS), help="benchmark directory for --evaluate")
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        metavar="DIR",
+        help="for --evaluate: read the evaluation sets from DIR/<name>.jsonl (default: $EBPO_DATA_DIR if set, "
+        "else their Hugging Face hub copies, as ebpo eval does)",
+    )
     g = p.add_argument_group("judge backend (OpenAI-compatible /v1/chat/completions)")
     g.add_argument(
         "--base-url", default=None, help="endpoint root, e.g. https://api.openai.com/v1 (env OPENAI_BASE_URL)"
@@ -260,7 +263,7 @@ def _backend_options(args: argparse.Namespace) -> dict[str, Any]:
 def _evaluate(args: argparse.Namespace, backend: Any) -> int:
     from ebpo.annotate.topic import agreement, load_hand_labels
 
-    rows = load_hand_labels(args.evaluate, args.benchmarks)
+    rows = load_hand_labels(args.evaluate, args.data_dir)
     predicted = backend.label([row["problem"] for row in rows])
     report = agreement(predicted, [row["label"] for row in rows])
     print(f"{args.backend}: accuracy {report['accuracy']:.3f} on {report['n']} hand-labelled problems")
