@@ -91,7 +91,7 @@ for _method in (
     _estimator("jspo", "jspo", "JSPO: James-Stein shrinkage"),
     _estimator("ebpo", "ebpo", "EBPO, the paper's options"),
     _estimator("ebpo-prior", "ebpo", "EBPO, normalize=prior", {"normalize": "prior"}),
-    # option candidates for ebpo-best (SPEC section 2), run by --select-options
+    # option candidates for ebpo-best (docs/design.md §2), run by --select-options
     _estimator("ebpo-cluster", "ebpo", "EBPO, one prior per topic", {"prior_scope": "cluster"}),
     _estimator("ebpo-latent", "ebpo", "EBPO, latent tau2", {"tau2": "latent"}),
     _estimator("ebpo-pooled", "ebpo", "EBPO, pooled sigma2", {"sigma2": "pooled"}),
@@ -125,7 +125,7 @@ ARM_METHODS = {
 OPTION_CANDIDATES = ("ebpo", "ebpo-prior", "ebpo-cluster", "ebpo-latent", "ebpo-pooled", "ebpo-ewm")
 """Arm (a) EBPO variants compared by ``--select-options``; ties go to the first (the paper's options)."""
 DEFAULT_BEST = "ebpo-cluster"
-"""``ebpo-best`` while no selection was measured: SPEC section 2's argued choice (one prior per topic),
+"""``ebpo-best`` while no selection was measured: docs/design.md §2's argued choice (one prior per topic),
 labelled "not selected" in every table."""
 SELECTION_SEEDS = (100, 101, 102)
 """Seeds of ``--select-options``: disjoint from the reported seeds (enforced, see :func:`check_disjoint`)."""

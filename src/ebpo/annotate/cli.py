@@ -21,7 +21,7 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "annotate",
         help="add a difficulty (pass rate) or topic column to a dataset, for clustered sampling",
-        description="Annotate a JSONL/Parquet dataset for the topic and difficulty samplers (SPEC section 4).",
+        description="Annotate a JSONL/Parquet dataset for the topic and difficulty samplers (docs/design.md §4).",
     )
     sub = parser.add_subparsers(dest="annotate_command", metavar="KIND")
     parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
@@ -100,7 +100,7 @@ def _add_topic(sub: Any) -> None:
     p = sub.add_parser(
         "topic",
         help="one of the paper's nine topics per prompt (LLM judge, MiniLM embedding, or keyword rules)",
-        description="Label each prompt with one of the nine topics of the paper (SPEC section 4).",
+        description="Label each prompt with one of the nine topics of the paper (docs/design.md §4).",
     )
     p.add_argument("--input", help="JSONL or Parquet with a prompt/problem column")
     p.add_argument("--output", help="new JSONL or Parquet file (input columns + topic)")

@@ -1,4 +1,4 @@
-"""Topic labels for clustered sampling (SPEC section 4; paper, appendix "Clustered Sampling Details").
+"""Topic labels for clustered sampling (docs/design.md §4; paper, appendix "Clustered Sampling Details").
 
 The paper gives every problem one of nine topics, chosen by an LLM judge (GPT-4.1). Three backends, found
 through a registry (:func:`get_topic_backend`), each a class with ``label(texts) -> list[str | None]``:
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ebpo.data.topics import TOPICS  # the paper's nine topics, in its order (SPEC section 4)
+from ebpo.data.topics import TOPICS  # the paper's nine topics, in its order (docs/design.md §4)
 from ebpo.registry import Registry
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""The evaluation harness: sample n responses per problem, score them, summarise (SPEC §5).
+"""The evaluation harness: sample n responses per problem, score them, summarise (docs/design.md §5).
 
 ```python
 from ebpo.eval import SamplingConfig, evaluate

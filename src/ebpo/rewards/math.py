@@ -8,7 +8,7 @@ A completion is scored in two stages.
    line, with a trailing period and ``$`` delimiters removed). No extractable answer scores as wrong,
    without calling the verifier.
 2. Comparison with math-verify, gold first (``verify(parse(gold), parse(pred))``: the function is not
-   symmetric, SPEC section 6). Both sides are parsed from ``\\boxed{...}`` around the normalised answer
+   symmetric, docs/design.md §6). Both sides are parsed from ``\\boxed{...}`` around the normalised answer
    (:func:`normalize_answer` strips ``$`` delimiters, as in OlympiadBench's ``$2^{1009}$``). math-verify's
    own SIGALRM timeouts are off (``parsing_timeout=None``, ``timeout_seconds=None``: math-verify 0.9 API);
    the wall-clock limit is enforced by :class:`ebpo.rewards.pool.TimeoutPool`, whose workers are killed

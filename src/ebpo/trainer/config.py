@@ -138,14 +138,14 @@ class RolloutConfig:
 
 @dataclass
 class AlgorithmConfig:
-    """Advantage estimator, policy loss and reward shaping (SPEC sections 1-3)."""
+    """Advantage estimator, policy loss and reward shaping (docs/design.md §1-§3)."""
 
     estimator: str = _help(
         "Advantage estimator (`ebpo.advantages`): ebpo | grpo | dr_grpo | rloo | reinforce_pp_baseline | jspo.",
         default="ebpo",
     )
     estimator_options: dict[str, Any] = _help(
-        "Keyword options for the estimator, e.g. {prior_scope: cluster, prior_memory: 50} (SPEC section 2).",
+        "Keyword options for the estimator, e.g. {prior_scope: cluster, prior_memory: 50} (docs/design.md §2).",
         default_factory=dict,
     )
     policy_loss: str = _help(
@@ -169,7 +169,7 @@ class AlgorithmConfig:
         "skips the reference model). Default 0.001, the paper's.",
         default=0.001,
     )
-    kl_estimator: str = _help("KL estimator for the penalty: k1 | k2 | k3 (SPEC section 3).", default="k3")
+    kl_estimator: str = _help("KL estimator for the penalty: k1 | k2 | k3 (docs/design.md §3).", default="k3")
     dynamic_sampling: bool = _help(
         "DAPO dynamic sampling: drop groups whose rewards are all equal and sample more prompts until the "
         "batch is full (`ebpo.data.dynamic`).",
