@@ -251,7 +251,8 @@ assert tuple(PROBLEM_MAKERS) == TOPICS and set(PAPER_TOPICS) == set(TOPICS)
 
 
 def split_of(prompt: str) -> str:
-    """The split a prompt belongs to: bucket = SHA-256(prompt) mod 100, 80/10/10 into train/validation/test."""
+    """The split a prompt belongs to: bucket = SHA-256(prompt) mod 100, 60/20/10/10 into sft / train /
+    validation / test (:data:`SPLITS`)."""
     bucket = int.from_bytes(hashlib.sha256(prompt.encode("utf-8")).digest()[:8], "big") % 100
     for name, (lo, hi) in SPLITS.items():
         if lo <= bucket < hi:
