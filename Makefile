@@ -1,6 +1,10 @@
 # Two entry points: `make demo` and `make test`. Each creates the virtual environment(s) it needs if missing
-# and installs what is missing, torch's local CPU build first (so no CUDA wheels are pulled), then the package
-# with extras. Two environments, because verl 0.9's workers cannot run beside TRL 1.x (verl's FSDP engine
+# and installs what is missing: torch first, then the package with extras (which keep the torch installed).
+# Which torch build: `pip install torch==2.13.0` from the default index, which on Linux is the CUDA build
+# (several GB); on a CPU-only Linux machine pass PyTorch's CPU index, e.g.
+#   make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# (pip's own configuration applies either way: a machine whose pip has a local wheel folder uses it).
+# Two environments, because verl 0.9's workers cannot run beside TRL 1.x (verl's FSDP engine
 # imports a TRL class that TRL 1.x removed; docs/integrations.md):
 #   .venv       core + TRL + embeddings  (`ebpo[dev,trl,embed]`): the demo, the whole suite
 #   .venv-verl  core + verl              (`ebpo[dev,verl]`): the verl adapter's tests, incl. the CPU end-to-end run
@@ -16,20 +20,24 @@ VERL_STAMP := $(VERL_VENV)/.ebpo-installed
 VERL_TESTS := tests/test_integration_verl.py tests/test_integration_verl_e2e.py tests/test_integration_verl_update.py \
 	tests/test_integration_verl_ranks.py tests/test_integration_verl_v1.py tests/test_integration_verl_v1_e2e.py \
 	tests/test_integration_verl_v1_ranks.py
+TORCH_VERSION ?= 2.13.0
+TORCH_INDEX ?=
+export TORCH_INDEX  # the wheel test (tests/test_package.py) installs torch from the same index
+TORCH_INSTALL = install -q torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 
 .PHONY: demo test test-main test-verl install verl-env lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0
+	$(PIP) $(TORCH_INSTALL)
 	$(PIP) install -q -e ".[dev,trl,embed]"
 	touch $(STAMP)
 
 $(VERL_STAMP): pyproject.toml
 	test -x $(VERL_PY) || python3 -m venv $(VERL_VENV)
 	$(VERL_PY) -m pip install -q --upgrade pip
-	$(VERL_PY) -m pip install -q torch==2.13.0
+	$(VERL_PY) -m pip $(TORCH_INSTALL)
 	$(VERL_PY) -m pip install -q -e ".[dev,verl]"
 	touch $(VERL_STAMP)
 
@@ -59,4 +67,4 @@ bench: $(STAMP) $(VERL_STAMP)
 	$(PY) benchmarks/bench_eval.py
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(VERL_VENV) build dist *.egg-info src/*.egg-info

@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/bench_rewards.py                  # 1 and 2 workers, 3 rounds
     .venv/bin/python benchmarks/bench_rewards.py --workers 1 2 4 --rounds 5
 
-Input: every gold answer of the five shared benchmarks (1274) placed in a typical completion
+Input: every gold answer of the five evaluation sets (1274; ``load_benchmark``: their hub copies, or our JSON
+Lines files with ``EBPO_DATA_DIR=DIR``) placed in a typical completion
 ("... so the answer is \\boxed{GOLD}."), plus the same golds perturbed (first integer + 1), so half the
 answers are right and half wrong; 2548 completions in all. Each candidate scores the whole list with
 ``MathReward.batch`` (same extraction, same math-verify calls): ``in-process`` is ``num_workers=0``;

@@ -126,7 +126,7 @@ def time_ours(setting: Setting, work_dir: Path) -> Timing:
         "run.progress=false",
         "run.plot=false",
     ]
-    cfg = load_config(REPO / "configs" / "ebpo.yaml", overrides)
+    cfg = load_config("ebpo", overrides)
     start = time.perf_counter()
     trainer = Trainer(cfg, run_dir=work_dir / "ours")
     cpu_start = time.process_time()
@@ -192,7 +192,7 @@ def time_trl(setting: Setting, work_dir: Path) -> Timing:
         warmup_steps=0,
         max_grad_norm=1.0,
         beta=0.0,
-        loss_type="dapo",  # token-level normalisation, as configs/ebpo.yaml's token-mean
+        loss_type="dapo",  # token-level normalisation, as src/ebpo/configs/ebpo.yaml's token-mean
         logging_steps=10_000,
         save_strategy="no",
         seed=s.seed,
@@ -250,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--model", default=None, help="model directory (default: the built-in arith base model)"
     )
     parser.add_argument(
-        "--prompts", type=int, default=16, help="prompts per step (default 16, as configs/ebpo.yaml)"
+        "--prompts", type=int, default=16, help="prompts per step (default 16, as src/ebpo/configs/ebpo.yaml)"
     )
     parser.add_argument("--group-size", type=int, default=8, help="G, responses per prompt (default 8)")
     parser.add_argument("--max-new-tokens", type=int, default=12, help="longest response (default 12)")

@@ -1,4 +1,4 @@
-"""Shared fixtures: seeded randomness, the shared data directory, a tiny local model, GPU skipping."""
+"""Fixtures for every test: seeded randomness, our benchmark files, a tiny local model, GPU skipping."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+# Our JSON Lines copies of the five evaluation sets, the project's test data, lie in the folder beside the
+# clone that CI provides (or under $EBPO_SHARED); a clone without it skips the tests that read them.
 SHARED = Path(os.environ.get("EBPO_SHARED", REPO.parent / "shared"))
 BENCHMARK_DIR = SHARED / "data" / "benchmarks"
 
@@ -29,7 +31,10 @@ def _seed_everything():
 @pytest.fixture(scope="session")
 def benchmark_dir() -> Path:
     if not BENCHMARK_DIR.is_dir():
-        pytest.skip(f"shared benchmark data not found at {BENCHMARK_DIR}")
+        pytest.skip(
+            f"our benchmark JSON Lines files are not at {BENCHMARK_DIR} (a clone without ../shared; set "
+            f"EBPO_SHARED to the folder holding data/benchmarks to run this test)"
+        )
     return BENCHMARK_DIR
 
 

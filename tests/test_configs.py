@@ -1,15 +1,21 @@
-"""The presets in configs/: no key written twice, every file loads, and all share the settings of ebpo.yaml."""
+"""The presets shipped in src/ebpo/configs/: no key written twice, every file loads (by path and by name),
+and all share the settings of ebpo.yaml."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 import yaml
 
-from ebpo.trainer.config import ConfigError, load_config, parse_yaml
+from ebpo.trainer.config import (
+    PRESETS_DIR,
+    ConfigError,
+    list_presets,
+    load_config,
+    parse_yaml,
+    resolve_config,
+)
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = PRESETS_DIR
 PRESETS = sorted(CONFIGS.glob("*.yaml"))
 # The sections every preset shares with ebpo.yaml (the paper compares methods under identical conditions);
 # a preset changes only the algorithm and, for the clustered / curriculum variants, the sampler.
@@ -47,6 +53,23 @@ def test_a_config_file_with_a_repeated_key_is_one_clear_error_naming_the_file(tm
 def test_there_are_presets():
     names = {p.name for p in PRESETS}
     assert {"ebpo.yaml", "grpo.yaml", "dapo.yaml", "dr_grpo.yaml"} <= names, names
+
+
+def test_a_preset_is_found_by_name_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no configs/ here: the names resolve inside the package
+    assert list_presets() == sorted(p.stem for p in PRESETS)
+    for name in list_presets():
+        assert resolve_config(name) == resolve_config(f"{name}.yaml") == CONFIGS / f"{name}.yaml"
+        assert load_config(name).to_dict() == load_config(CONFIGS / f"{name}.yaml").to_dict()
+    assert load_config("grpo").algorithm.estimator == "grpo"
+    (tmp_path / "grpo").write_text("algorithm: {estimator: rloo}\n")  # a file of that name wins
+    assert load_config("grpo").algorithm.estimator == "rloo"
+    with pytest.raises(ConfigError) as err:
+        load_config("grpoo")
+    assert (
+        str(err.value)
+        == f"--config grpoo: no such file and no preset of that name; presets: {', '.join(list_presets())}"
+    )
 
 
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.name)

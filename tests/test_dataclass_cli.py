@@ -21,11 +21,12 @@ from ebpo.models.cli import BaseModelCommand
 from ebpo.models.recipe import BaseModelConfig
 from ebpo.simulate import SimulateConfig
 
-# Every flag each command documented before its parser was generated: none may go.
+# Every flag each command documents (the flags it had before its parser was generated, but for
+# annotate topic's --benchmarks, replaced by --data-dir): none may go.
 FLAGS = {
     "simulate": "--concentration --drift --group-size --half-life --num-topics --out-dir --prompts-per-step "
     "--seeds --steps --theorem2-steps --topic-block --warmup -G -K -M",
-    "annotate topic": "--api-key --backend --backoff --base-url --benchmarks --cache --concurrency --device "
+    "annotate topic": "--api-key --backend --backoff --base-url --cache --concurrency --data-dir --device "
     "--embedding-model --evaluate --input --judge-batch-size --judge-model --max-reasks --max-retries --output "
     "--relabel --schema --timeout",
     "annotate difficulty": "--chat-template --device --dtype --input --k --max-new-tokens --model "

@@ -84,10 +84,9 @@ def scripted_texts(index: int, gold: str, n: int) -> list[str]:
 
 
 def test_cli_on_real_benchmarks_with_scripted_generator(benchmark_dir, tmp_path):
-    pytest.importorskip("ebpo.data.loaders", reason="ebpo.data.loaders (load_benchmark) not written yet")
     prompt_index: dict[str, tuple[int, str]] = {}
     for name in PAPER_SETS:
-        records = get_benchmark(name).load()
+        records = get_benchmark(name).load(data_dir=benchmark_dir)
         rows = (benchmark_dir / f"{name}.jsonl").read_text().splitlines()
         assert len(records) == len(rows)  # the loader read the whole real file
         # --limit 8 with 3 problems per chunk: the third chunk (problems 6, 7, 8) is sampled whole
@@ -119,6 +118,8 @@ def test_cli_on_real_benchmarks_with_scripted_generator(benchmark_dir, tmp_path)
             str(tmp_path / "cache"),
             "--out-dir",
             str(tmp_path / "out"),
+            "--data-dir",
+            str(benchmark_dir),
             "--quiet",
             "--reward-option",
             "num_workers=0",
@@ -466,13 +467,44 @@ def test_cli_unknown_benchmark_is_one_line_naming_the_flag(tmp_path, capsys):
 
 
 def test_cli_missing_benchmark_file_is_one_line(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("EBPO_SHARED_DATA", str(tmp_path))
+    monkeypatch.setenv("EBPO_DATA_DIR", str(tmp_path))  # a folder without aime24.jsonl
     args = parse_eval_args(
         ["scripted", "--benchmarks", "aime24", "--out-dir", str(tmp_path / "o"), "--quiet"]
     )
     assert eval_cli.run(args, generate_fns={"scripted": arith_scripted}) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("ebpo eval: benchmark file ") and "EBPO_SHARED_DATA" in err and "\n" not in err
+    assert err == (
+        f"ebpo eval: benchmark aime24: {tmp_path / 'aime24.jsonl'} not found; --data-dir (or $EBPO_DATA_DIR) "
+        f"must name a folder holding aime24.jsonl, or leave both unset to load math-ai/aime24 from the "
+        f"Hugging Face hub"
+    )
+
+
+def test_cli_unreachable_hub_is_one_line_naming_benchmark_dataset_and_flag(tmp_path):
+    """No --data-dir, no $EBPO_DATA_DIR, the hub unreachable (offline mode, empty cache): the real
+    ``datasets`` error becomes one line naming the benchmark, the hub dataset and the flag."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "EBPO_DATA_DIR"}
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    argv = ["eval", "builtin", "--benchmarks", "amc23", "--limit", "1", "--out-dir", str(tmp_path / "o")]
+    code = "import sys; from ebpo.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *argv], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(
+        "ebpo eval: benchmark amc23: cannot load math-ai/amc23 (split test, revision 80815d37005f) from the "
+        "Hugging Face hub ("
+    )
+    assert line.endswith(
+        "; pass --data-dir DIR (or set $EBPO_DATA_DIR) to a folder holding amc23.jsonl (one JSON object "
+        "with problem and answer per line)"
+    )
+    assert not (tmp_path / "o").exists()  # nothing evaluated, nothing written
 
 
 def test_cli_ctrl_c_keeps_finished_chunks_and_says_how_to_resume(tmp_path, capsys):

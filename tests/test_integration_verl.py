@@ -436,7 +436,7 @@ def test_paper_launch_overrides_compose_with_verls_config(tmp_path):
     assert ebpo.get_estimator("ebpo", **options).half_life == 50.0
 
 
-def test_prepare_data_script_writes_verl_parquet(tmp_path, benchmark_dir):
+def test_prepare_data_script_writes_verl_parquet(tmp_path, benchmark_dir, monkeypatch):
     import importlib.util
     from pathlib import Path
 
@@ -453,6 +453,7 @@ def test_prepare_data_script_writes_verl_parquet(tmp_path, benchmark_dir):
         for i in range(6)
     ]
     src = write_records(tmp_path / "train.jsonl", records)
+    monkeypatch.setenv("EBPO_DATA_DIR", str(benchmark_dir))  # our copy of amc23, not the hub's
     assert prepare.main(["--train", str(src), "--val", "amc23", "--out", str(tmp_path / "out")]) == 0
     train = pq.read_table(tmp_path / "out" / "train.parquet").to_pylist()
     val = pq.read_table(tmp_path / "out" / "val.parquet").to_pylist()

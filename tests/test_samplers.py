@@ -1,4 +1,4 @@
-"""Samplers (SPEC section 4): random, topic-coherent and curriculum streams; resume; torch wrapper."""
+"""Samplers (docs/design.md §4): random, topic-coherent and curriculum streams; resume; torch wrapper."""
 
 from __future__ import annotations
 

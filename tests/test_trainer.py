@@ -198,11 +198,8 @@ def test_skip_reward_errors_masks_and_counts(tiny_model_dir, tmp_path):
 
 
 def test_dapo_preset_runs_with_dynamic_sampling(tiny_model_dir, tmp_path):
-    from pathlib import Path
-
-    preset = Path(__file__).resolve().parents[1] / "configs" / "dapo.yaml"
     extra = ["algorithm.overlong_cache_len=2", "run.steps=1"]
-    cfg = load_config(preset, tiny_overrides(tiny_model_dir) + extra)
+    cfg = load_config("dapo", tiny_overrides(tiny_model_dir) + extra)  # the shipped preset, by name
     assert cfg.algorithm.dynamic_sampling and cfg.algorithm.overlong_shaping
     Trainer(cfg, run_dir=tmp_path / "run").train()
     row = read_metrics(tmp_path / "run")[1]

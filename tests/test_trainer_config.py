@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from ebpo.trainer.config import (
+    PRESETS_DIR,
     ConfigError,
     TrainConfig,
     apply_overrides,
@@ -17,7 +18,7 @@ from ebpo.trainer.config import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-PRESETS = sorted((REPO / "configs").glob("*.yaml"))
+PRESETS = sorted(PRESETS_DIR.glob("*.yaml"))
 PRESET_NAMES = {
     "ebpo",
     "grpo",
@@ -170,8 +171,8 @@ def test_presets_load_and_validate(path):
 
 
 def test_ebpo_preset_is_the_builtin_default():
-    """`ebpo train` with no arguments and `--config configs/ebpo.yaml` run the same thing."""
-    assert load_config(REPO / "configs" / "ebpo.yaml").to_dict() == load_config().to_dict()
+    """`ebpo train` with no arguments and `--config ebpo` run the same thing."""
+    assert load_config(PRESETS_DIR / "ebpo.yaml").to_dict() == load_config().to_dict()
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -6,10 +6,10 @@
     python -m benchmarks.learning                          # the matrix, resumable; then the report
     python -m benchmarks.learning --report-only            # tables and plots from the finished runs
 
-One run trains a method from the model of ``configs/ebpo.yaml`` through the trainer's public API
+One run trains a method from the model of ``src/ebpo/configs/ebpo.yaml`` through the trainer's public API
 (``ebpo.trainer.load_config`` + ``Trainer``), validating every ``eval_every`` steps, then tests the final
 checkpoint on the ``arith`` test set (avg@n Pass@1 and maj@n, per topic and level). Every size not given
-on the command line is ``configs/ebpo.yaml``'s, frozen into the run's spec when the matrix is planned.
+on the command line is ``src/ebpo/configs/ebpo.yaml``'s, frozen into the run's spec when the matrix is planned.
 
 Modules: ``methods`` (the two arms, ``ebpo-best`` and its selection), ``spec`` (budget, budget variants,
 cells, run specs and keys), ``run`` (one run: train, test, resume), ``matrix`` (plan, process pool,

@@ -41,7 +41,7 @@ DEFAULTS: dict[str, Any] = {
     "sweep": ["grpo", "estimators/ebpo", "estimators/ebpo-best"],
     "threshold": 10.0,
 }
-"""Matrix defaults not taken from configs/ebpo.yaml (steps, prompts per step, lr, validation size and
+"""Matrix defaults not taken from src/ebpo/configs/ebpo.yaml (steps, prompts per step, lr, validation size and
 cadence are). ``sweep``: the methods run at every G and budget variant; sized so that the matrix fits 2 hours
 on 2 cores with the shipped base model at ebpo.yaml's sizes (docs/benchmarks.md has the measured times)."""
 
@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--no-sensitivity", action="store_true", help="leave the sensitivity check out")
 
-    b = p.add_argument_group("budget (sizes of each run; unset = configs/ebpo.yaml's value)")
+    b = p.add_argument_group("budget (sizes of each run; unset = src/ebpo/configs/ebpo.yaml's value)")
     b.add_argument("--steps", type=int, default=None, help="training steps per run (run.steps)")
     b.add_argument(
         "--prompts", type=int, default=None, help="P: prompts per step, fixed-prompts (data.batch_size)"
@@ -166,8 +166,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--test-best", action="store_true", help="also test the paper's checkpoint (best validation maj@k)"
     )
     b.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")
-    b.add_argument("--model-path", default=None, help="initial policy (default: configs/ebpo.yaml's model)")
-    b.add_argument("--configs-dir", default=None, help="read the presets from here (default configs/)")
+    b.add_argument(
+        "--model-path", default=None, help="initial policy (default: src/ebpo/configs/ebpo.yaml's model)"
+    )
+    b.add_argument(
+        "--configs-dir",
+        default=None,
+        help="read the presets from here (default: the shipped presets, src/ebpo/configs/)",
+    )
 
     o = p.add_argument_group("execution and output")
     o.add_argument("--jobs", type=int, default=2, help="runs side by side, one process each (default 2)")
@@ -249,7 +255,7 @@ def ensure_model(model_path: str) -> None:
         build_base_model()
         return
     raise ValueError(
-        f"model {model_path} does not exist; pass --model-path or set model.path in configs/ebpo.yaml"
+        f"model {model_path} does not exist; pass --model-path or set model.path in src/ebpo/configs/ebpo.yaml"
     )
 
 

@@ -143,7 +143,7 @@ def plan(
     configs: Path = CONFIGS,
     selection: Selection | None = None,
 ) -> Plan:
-    """The matrix of ``design`` under ``budget`` (resolved here from ``configs/ebpo.yaml``). Refuses
+    """The matrix of ``design`` under ``budget`` (resolved here from ``src/ebpo/configs/ebpo.yaml``). Refuses
     reported seeds that selected ``ebpo-best``, and budget variants a G does not divide."""
     budget = budget if budget.resolved else budget.resolve(configs)
     pairs = _select(design.arms, design.methods)

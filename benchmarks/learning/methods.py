@@ -1,17 +1,17 @@
 """The compared methods, in two arms, and the EBPO option candidates behind ``ebpo-best``.
 
 Arm (a), ``estimators``: one loss for every method, only the advantage estimator and its options differ.
-The loss is GRPO's as published, the whole ``algorithm`` section of ``configs/grpo.yaml`` (PPO clip 0.2 /
+The loss is GRPO's as published, the whole ``algorithm`` section of ``src/ebpo/configs/grpo.yaml`` (PPO clip 0.2 /
 0.2, dual clip 3, ``seq-mean-token-mean``, its KL to the reference policy, no dynamic sampling, no overlong
 shaping), with ``estimator`` and ``estimator_options`` replaced. So ``estimators/grpo`` *is* the published
 GRPO (the matrix runs it once for both arms) and every other row reads "GRPO with its advantage swapped":
-the framing of the paper, where EBPO replaces GRPO's baseline. Data order is ``configs/ebpo.yaml``'s
+the framing of the paper, where EBPO replaces GRPO's baseline. Data order is ``src/ebpo/configs/ebpo.yaml``'s
 (random) for all; ``data.cluster_key`` only feeds the estimator (``prior_scope=cluster``).
 
-Arm (b), ``published``: the presets of ``configs/`` as written (their loss, KL, data order, dynamic sampling).
+Arm (b), ``published``: the presets of ``src/ebpo/configs/`` as written (their loss, KL, data order, dynamic sampling).
 
 Every method shares the ``model``, ``data``, ``rollout``, ``optim`` and ``run`` sections of
-``configs/ebpo.yaml`` (the presets say "other settings as configs/ebpo.yaml").
+``src/ebpo/configs/ebpo.yaml`` (the presets say "other settings as ebpo.yaml").
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from ebpo.registry import Registry, unknown_choice
-from ebpo.trainer.config import merge_dicts, read_yaml
+from ebpo.trainer.config import PRESETS_DIR, merge_dicts, read_yaml
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIGS = REPO / "configs"
+CONFIGS = PRESETS_DIR  # the presets shipped with the package (src/ebpo/configs/)
 SHARED_PRESET = "ebpo.yaml"
 """Model, data, rollout, optimizer and run settings of every method (its ``algorithm`` section is not used)."""
 LOSS_PRESET = "grpo.yaml"
@@ -51,7 +51,7 @@ class Method:
         arm: :data:`ESTIMATORS` or :data:`PUBLISHED`.
         name: the row's name within its arm.
         label: what it is, for the tables.
-        preset: file in ``configs/`` (arm (a): :data:`LOSS_PRESET`).
+        preset: file in ``src/ebpo/configs/`` (arm (a): :data:`LOSS_PRESET`).
         overrides: ``key=value`` trainer overrides applied after the preset.
         checkpoint: the paper's checkpoint rule for it (Appendix A): ``best`` validation maj@k or ``last``.
     """
@@ -91,7 +91,7 @@ for _method in (
     _estimator("jspo", "jspo", "JSPO: James-Stein shrinkage"),
     _estimator("ebpo", "ebpo", "EBPO, the paper's options"),
     _estimator("ebpo-prior", "ebpo", "EBPO, normalize=prior", {"normalize": "prior"}),
-    # option candidates for ebpo-best (SPEC section 2), run by --select-options
+    # option candidates for ebpo-best (docs/design.md §2), run by --select-options
     _estimator("ebpo-cluster", "ebpo", "EBPO, one prior per topic", {"prior_scope": "cluster"}),
     _estimator("ebpo-latent", "ebpo", "EBPO, latent tau2", {"tau2": "latent"}),
     _estimator("ebpo-pooled", "ebpo", "EBPO, pooled sigma2", {"sigma2": "pooled"}),
@@ -125,7 +125,7 @@ ARM_METHODS = {
 OPTION_CANDIDATES = ("ebpo", "ebpo-prior", "ebpo-cluster", "ebpo-latent", "ebpo-pooled", "ebpo-ewm")
 """Arm (a) EBPO variants compared by ``--select-options``; ties go to the first (the paper's options)."""
 DEFAULT_BEST = "ebpo-cluster"
-"""``ebpo-best`` while no selection was measured: SPEC section 2's argued choice (one prior per topic),
+"""``ebpo-best`` while no selection was measured: docs/design.md §2's argued choice (one prior per topic),
 labelled "not selected" in every table."""
 SELECTION_SEEDS = (100, 101, 102)
 """Seeds of ``--select-options``: disjoint from the reported seeds (enforced, see :func:`check_disjoint`)."""
@@ -146,7 +146,7 @@ def list_methods(arm: str) -> list[str]:
 
 
 def resolve_values(method: Method, configs: Path = CONFIGS) -> dict[str, Any]:
-    """The method's config values before overrides: ``configs/ebpo.yaml`` without its ``algorithm``
+    """The method's config values before overrides: ``src/ebpo/configs/ebpo.yaml`` without its ``algorithm``
     section, then the preset (arm (a): only the loss preset's ``algorithm`` section, its estimator options
     cleared, so that the method's overrides alone set the estimator)."""
     configs = Path(configs)

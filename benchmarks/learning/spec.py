@@ -32,7 +32,7 @@ RESULT_KEYS_IGNORED = ("out_dir", "name", "progress", "plot")
 
 @dataclass(frozen=True)
 class Budget:
-    """What every run of a matrix shares. ``None`` takes the value of ``configs/ebpo.yaml`` (the shared
+    """What every run of a matrix shares. ``None`` takes the value of ``src/ebpo/configs/ebpo.yaml`` (the shared
     preset) when the matrix is planned: :meth:`resolve` freezes it into the specs.
 
     Attributes:
@@ -87,7 +87,7 @@ class Budget:
                 raise ValueError(f"budget: {name} must be >= 1, got {value}")
 
     def resolve(self, configs: Path = CONFIGS) -> Budget:
-        """Every ``None`` (except ``test_size``) filled from ``configs/ebpo.yaml`` (on the trainer's defaults)."""
+        """Every ``None`` (except ``test_size``) filled from ``src/ebpo/configs/ebpo.yaml`` (on the trainer's defaults)."""
         shared = load_config(Path(configs) / SHARED_PRESET)
         d, o, run = shared.data, shared.optim, shared.run
         eval_every = self.eval_every or run.eval_every
@@ -301,7 +301,7 @@ def spec_from_dict(row: dict[str, Any]) -> RunSpec:
 
 def model_path_from(configs: Path = CONFIGS, given: str | None = None) -> str:
     """The initial policy of every run, as an absolute path: ``given`` (``--model-path``), else ``model.path``
-    of ``configs/ebpo.yaml`` (relative to the working directory, as for ``ebpo train``), else the built-in
+    of ``src/ebpo/configs/ebpo.yaml`` (relative to the working directory, as for ``ebpo train``), else the built-in
     base model's directory. Nothing is built here (``--dry-run`` and ``--report-only`` must not build it)."""
     if given is None:
         given = (load_config(Path(configs) / SHARED_PRESET).model.path) or None

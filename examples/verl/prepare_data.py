@@ -7,7 +7,8 @@
 ``--train`` is anything ``ebpo.data.loaders.read_records`` reads (JSONL / Parquet / ``hf://...``) under
 ``--train-schema``; for EBPO-topic / EBPO-diff use the records written by ``ebpo annotate topic`` /
 ``ebpo annotate difficulty`` (schema ``records``), which carry ``topic`` / ``difficulty``. ``--val`` names
-shared benchmarks (``ebpo.data.loaders.BENCHMARKS``). Rows get ``data_source`` ``math_dapo`` by default, so
+evaluation sets (``ebpo.data.loaders.BENCHMARKS``), loaded as ``ebpo eval`` loads them: their Hugging Face hub
+copies, or our JSON Lines files in ``$EBPO_DATA_DIR``. Rows get ``data_source`` ``math_dapo`` by default, so
 verl's built-in ``default_compute_score`` scores them with the DAPO math verifier.
 """
 
@@ -27,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--train-schema", default="records", help="loader schema of --train (default: records)"
     )
     parser.add_argument(
-        "--val", nargs="*", default=["math500"], help="shared benchmarks for validation (default: math500)"
+        "--val", nargs="*", default=["math500"], help="evaluation sets for validation (default: math500)"
     )
     parser.add_argument(
         "--out", type=Path, required=True, help="output folder for train.parquet / val.parquet"

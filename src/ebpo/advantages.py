@@ -18,7 +18,7 @@ the state alone. Nothing non-finite is ever returned or stored.
 The math lives in pure tensor functions (``grpo_advantage``, ``rloo_advantage``, ``jspo_advantage``,
 ``shrinkage_baseline``, ``ebpo_advantage``...) over per-sample group ids, vectorised with ``index_add`` /
 ``scatter_reduce`` (no Python loop over groups); the registered classes hold state and metrics.
-Formulas: SPEC sections 1-3 (``shared/SPEC.md``) and the EBPO paper (Section 3.2, Algorithm 1).
+Formulas: docs/design.md §1-§3 and the EBPO paper (Section 3.2, Algorithm 1).
 
 Metrics (``est.metrics()``, the last call's batch), for every estimator:
 
@@ -286,7 +286,7 @@ def _batch_moments(adv_N: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def batch_normalize(adv_N: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """A = (a - mean(a)) / (std(a) + eps), std unbiased over all N samples (0 when N < 2); SPEC §1 step 5."""
+    """A = (a - mean(a)) / (std(a) + eps), std unbiased over all N samples (0 when N < 2); docs/design.md §1 step 5."""
     if adv_N.numel() == 0:
         return adv_N
     centered_N, var = _batch_moments(adv_N)
@@ -301,7 +301,7 @@ def grpo_advantage(
     norm_by_std: bool = True,
     eps: float = 1e-6,
 ) -> torch.Tensor:
-    """GRPO (Shao et al. 2024; SPEC §3): A_i = (r_i - r̄_g) / (s_g + eps), s_g the unbiased group std.
+    """GRPO (Shao et al. 2024; docs/design.md §3): A_i = (r_i - r̄_g) / (s_g + eps), s_g the unbiased group std.
 
     With ``norm_by_std=False`` this is Dr. GRPO's A_i = r_i - r̄_g. A group of one has r_i = r̄_g and
     s_g = 0, so its advantage is 0 (verl instead uses mean 0, std 1 there and returns r_i).
@@ -315,12 +315,12 @@ def grpo_advantage(
 
 
 def dr_grpo_advantage(rewards_N: torch.Tensor, group_N: torch.Tensor, num_groups: int) -> torch.Tensor:
-    """Dr. GRPO (Liu et al. 2025; SPEC §3): A_i = r_i - r̄_g, no std normalisation."""
+    """Dr. GRPO (Liu et al. 2025; docs/design.md §3): A_i = r_i - r̄_g, no std normalisation."""
     return grpo_advantage(rewards_N, group_N, num_groups, norm_by_std=False)
 
 
 def rloo_advantage(rewards_N: torch.Tensor, group_N: torch.Tensor, num_groups: int) -> torch.Tensor:
-    """RLOO (Ahmadian et al. 2024; SPEC §3): A_i = r_i - (sum_g - r_i) / (G - 1) = G / (G - 1) * (r_i - r̄_g).
+    """RLOO (Ahmadian et al. 2024; docs/design.md §3): A_i = r_i - (sum_g - r_i) / (G - 1) = G / (G - 1) * (r_i - r̄_g).
 
     A group of one has no other sample to form a baseline from: its advantage is 0.
     """
@@ -351,7 +351,7 @@ def reinforce_pp_baseline_advantage(
 def jspo_advantage(
     rewards_N: torch.Tensor, group_N: torch.Tensor, num_groups: int, *, eps: float = 1e-6
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """JSPO's James-Stein baseline (Zeng et al. 2025; SPEC §3), returning (A_N, lambda_M).
+    """JSPO's James-Stein baseline (Zeng et al. 2025; docs/design.md §3), returning (A_N, lambda_M).
 
     For prompt p, using only the other prompts q != p (M - 1 of them):
       v2_p = mean_{q != p} s_q^2 / G_q,
@@ -398,7 +398,7 @@ def shrinkage_baseline(
     sigma2_M: torch.Tensor,
     tau2_M: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """EBPO's shrinkage baseline (paper eq. for V^EB; SPEC §1 step 3), returning (S_M, V_eb_M).
+    """EBPO's shrinkage baseline (paper eq. for V^EB; docs/design.md §1 step 3), returning (S_M, V_eb_M).
 
     S_m = (sigma2 / G_m) / (sigma2 / G_m + tau2), S_m = 0 when the denominator is 0;
     V_m = (1 - S_m) * r̄_m + S_m * mu_glob. Prior arguments broadcast against (M,).
@@ -421,7 +421,7 @@ def ebpo_advantage(
     normalize: str = "batch",
     eps: float = 1e-6,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """EBPO advantage given the prior (SPEC §1 steps 3-5; paper Algorithm 1), returning (A_N, S_M, V_eb_M).
+    """EBPO advantage given the prior (docs/design.md §1 steps 3-5; paper Algorithm 1), returning (A_N, S_M, V_eb_M).
 
     a_mi = r_mi - V_m (raw advantage), then per ``normalize``:
       - ``batch`` (paper): A = (a - mean(a)) / (std(a) + eps) over all N samples. With equal group sizes
@@ -689,7 +689,7 @@ def _load_prior(half_life: float | None, state: dict[str, Any], key: str, where:
 
 @register_estimator("ebpo")
 class EBPOEstimator(AdvantageEstimator):
-    """EBPO (paper Section 3.2, Algorithm 1; SPEC §1-§2): GRPO's group mean shrunk toward a running prior.
+    """EBPO (paper Section 3.2, Algorithm 1; docs/design.md §1-§2): GRPO's group mean shrunk toward a running prior.
 
     Per call: (1) the batch's rewards and group means enter the prior (current batch included before the
     prior is read); (2) mu_glob = mean(W_glob), sigma2, tau2 are read; (3) S_m and V_m per group
@@ -758,9 +758,9 @@ class EBPOEstimator(AdvantageEstimator):
         """Algorithm 1, lines 8-10: (mu_glob, sigma2, tau2) of one prior.
 
         sigma2: ``total`` (paper) the variance of every reward seen, within + between prompts; ``pooled``
-        (SPEC §2) the running mean of per-group sample variances (groups with G >= 2), the hierarchical
+        (docs/design.md §2) the running mean of per-group sample variances (groups with G >= 2), the hierarchical
         model's within-group variance. tau2: ``raw`` (paper, Remark on between-group variance) the variance
-        of group means; ``latent`` (SPEC §2) max(Var(means) - sigma2 * E[1/G], tau2_floor), E[1/G] over the
+        of group means; ``latent`` (docs/design.md §2) max(Var(means) - sigma2 * E[1/G], tau2_floor), E[1/G] over the
         same groups as Var(means).
         """
         mu_glob = prior.W_glob.mean

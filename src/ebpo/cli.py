@@ -23,10 +23,13 @@ SUBCOMMANDS: dict[str, str] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ebpo import __version__
+
     parser = argparse.ArgumentParser(
         prog="ebpo",
         description="Empirical Bayes Policy Optimization (EBPO) for RL with verifiable rewards.",
     )
+    parser.add_argument("--version", action="version", version=f"ebpo {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in SUBCOMMANDS.values():
         importlib.import_module(module_name).add_parser(subparsers)

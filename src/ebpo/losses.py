@@ -8,10 +8,10 @@ Policy losses are found through a registry (``get_policy_loss(name)``) and share
     loss, metrics = loss_fn(logp_BT, old_logp_BT, adv_BT, mask_BT, cfg)
 
 - ``vanilla``: PPO clipped surrogate with asymmetric clip (DAPO's clip-higher) and optional dual clip
-  (SPEC section 3, "Policy loss (shared)"; Schulman et al. 2017; Ye et al. 2020 for the dual clip;
+  (docs/design.md §3, "Policy loss (shared)"; Schulman et al. 2017; Ye et al. 2020 for the dual clip;
   Yu et al. 2025 for clip-higher).
 - ``clip_cov`` and ``kl_cov``: the two covariance-based entropy controls of Cui et al. 2025,
-  "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models" (SPEC section 3,
+  "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models" (docs/design.md §3,
   EntropyMech). How many tokens they select per call: ``PolicyLossConfig.cov_count``.
 
 Metrics (floats): ``actor/pg_loss``, ``actor/pg_clipfrac`` (fraction of valid tokens where the PPO clip
@@ -45,7 +45,7 @@ COV_COUNT_RULES = ("verl", "stochastic")
 
 @dataclass
 class PolicyLossConfig:
-    """Settings shared by the policy losses (SPEC section 3). Defaults are GRPO's / verl's."""
+    """Settings shared by the policy losses (docs/design.md §3). Defaults are GRPO's / verl's."""
 
     clip_eps_low: float = 0.2
     """PPO clip below: the ratio is clipped at ``1 - clip_eps_low`` (Schulman et al. 2017)."""
@@ -238,7 +238,7 @@ def vanilla_policy_loss(
     mask_BT: torch.Tensor,
     cfg: PolicyLossConfig,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO clipped surrogate (SPEC section 3, "Policy loss (shared)").
+    """PPO clipped surrogate (docs/design.md §3, "Policy loss (shared)").
 
     ratio_t = exp(clamp(logp_t - old_logp_t, -20, 20))
     L_t = max(-A_t ratio_t, -A_t clip(ratio_t, 1 - eps_low, 1 + eps_high))
@@ -283,7 +283,7 @@ def clip_cov_policy_loss(
     mask_BT: torch.Tensor,
     cfg: PolicyLossConfig,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clip-Cov (Cui et al. 2025; SPEC section 3, EntropyMech).
+    """Clip-Cov (Cui et al. 2025; docs/design.md §3, EntropyMech).
 
     Cov_t = (A_t - mean A)(logp_t - mean logp), means over the N valid tokens of the batch.
     Among the valid tokens with ``clip_cov_lb < Cov_t < clip_cov_ub`` whose PPO clip (or dual clip) is
@@ -325,7 +325,7 @@ def kl_cov_policy_loss(
     mask_BT: torch.Tensor,
     cfg: PolicyLossConfig,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """KL-Cov (Cui et al. 2025; SPEC section 3, EntropyMech).
+    """KL-Cov (Cui et al. 2025; docs/design.md §3, EntropyMech).
 
     Cov_t = (A_t - mean A)(logp_t - mean logp), means over the N valid tokens of the batch.
     The ``max(1, floor(kl_cov_ratio * N))`` (``cfg.cov_count="verl"``; ``"stochastic"``: ``kl_cov_ratio * N``
@@ -362,7 +362,7 @@ def kl_cov_policy_loss(
 def agg_loss(
     loss_mat_BT: torch.Tensor, mask_BT: torch.Tensor, mode: str, max_len: int | None = None
 ) -> torch.Tensor:
-    """Reduce a (B, T) token-loss matrix to a scalar over the valid tokens (SPEC section 3).
+    """Reduce a (B, T) token-loss matrix to a scalar over the valid tokens (docs/design.md §3).
 
     With ``m`` the mask, ``n_b = sum_t m_bt`` and ``B'`` the number of sequences with n_b > 0:
 
@@ -453,7 +453,7 @@ def entropy_from_logits(logits_BTV: torch.Tensor) -> torch.Tensor:
 
 
 def overlong_penalty(lengths_B: torch.Tensor, max_len: int, cache_len: int) -> torch.Tensor:
-    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13; SPEC section 3).
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13; docs/design.md §3).
 
     With L_max = ``max_len``, L_c = ``cache_len`` and |y| the response length:
     R_len = 0 if |y| <= L_max - L_c; ((L_max - L_c) - |y|) / L_c if L_max - L_c < |y| <= L_max;

@@ -7,7 +7,7 @@ Two studies, both through the public estimator registry (``ebpo.get_estimator``)
    shrinkage S = (sigma2/G) / (sigma2/G + tau2) gives a baseline with MSE (1 - S) sigma2 / G against
    theta, below GRPO's sigma2 / G. EBPO reaches the closed form when its prior estimates the model's two
    variances, within-group and latent between-prompt (``sigma2="pooled"``, ``tau2="latent"``,
-   SPEC section 2). The paper-faithful defaults (``sigma2="total"``, ``tau2="raw"``) estimate
+   docs/design.md §2). The paper-faithful defaults (``sigma2="total"``, ``tau2="raw"``) estimate
    sigma2 + tau2 and tau2 + sigma2/G instead: their weight w is not the optimal S and their MSE is
    (1 - w)^2 sigma2/G + w^2 tau2 (printed beside it).
 

@@ -1,11 +1,11 @@
 """Online moments for EBPO's global prior: Welford's algorithm with Chan et al.'s parallel combination.
 
-EBPO (paper, Section 3.2 and Algorithm 1; SPEC section 1) keeps two accumulators across training steps,
+EBPO (paper, Section 3.2 and Algorithm 1; docs/design.md §1) keeps two accumulators across training steps,
 ``W_glob`` over every reward and ``W_means`` over every group mean, and reads ``mu_glob``, ``sigma2`` and
 ``tau2`` from them. Both classes here hold (count, mean, M2) in float64 (Python floats are IEEE doubles):
 
 - :class:`Welford`: every value ever seen has weight 1 (the paper's "all history").
-- :class:`EWWelford`: exponentially weighted moments (SPEC section 2, ``prior_memory`` = a half-life in
+- :class:`EWWelford`: exponentially weighted moments (docs/design.md §2, ``prior_memory`` = a half-life in
   steps); the weight of old data halves every ``half_life`` calls to :meth:`EWWelford.step`.
 
 Updates are vectorised: a batch's mean and M2 are computed with two tensor passes and then combined with
@@ -140,7 +140,7 @@ def _gather_rows(row: list[float], group: Any) -> list[list[float]] | None:
 class Welford:
     """Running count, mean and M2 of every value ever seen (Welford 1962; Chan et al. 1979).
 
-    ``var`` is the sample variance M2 / (n - 1), and 0 when n < 2 (SPEC section 1, step 2).
+    ``var`` is the sample variance M2 / (n - 1), and 0 when n < 2 (docs/design.md §1, step 2).
     """
 
     def __init__(self) -> None:

@@ -15,11 +15,13 @@ if str(REPO) not in sys.path:
 
 from learning_helpers import SHARED_YAML  # noqa: E402
 
+from ebpo.trainer.config import PRESETS_DIR  # noqa: E402
+
 
 @pytest.fixture
 def configs_dir(tmp_path) -> Path:
-    """The repository's presets with ``ebpo.yaml`` replaced by :data:`SHARED_YAML`."""
+    """The shipped presets with ``ebpo.yaml`` replaced by :data:`SHARED_YAML`."""
     target = tmp_path / "configs"
-    shutil.copytree(REPO / "configs", target)
+    shutil.copytree(PRESETS_DIR, target)
     (target / "ebpo.yaml").write_text(SHARED_YAML)
     return target

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,6 @@ from typing import Any
 
 from ebpo.dataclass_cli import add_command, dataclass_parser, from_args
 
-DEFAULT_BENCHMARKS = Path(os.environ.get("EBPO_SHARED", "../shared")) / "data" / "benchmarks"
 SCHEMA_HELP = (
     "read the input with this ebpo.data.loaders schema (shared, math500, olympiadbench, dapo_math_17k, "
     "records, ...) and write our record format, ready for `ebpo train`; default: keep the file's own columns"
@@ -64,8 +62,13 @@ class TopicCommand:
             "metavar": "HAND_JSONL",
         },
     )
-    benchmarks: str = field(
-        default=str(DEFAULT_BENCHMARKS), metadata={"help": "benchmark directory for --evaluate"}
+    data_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "for --evaluate: read the evaluation sets from DIR/<name>.jsonl (default: $EBPO_DATA_DIR if "
+            "set, else their Hugging Face hub copies, as ebpo eval does)",
+            "metavar": "DIR",
+        },
     )
     embedding_model: str | None = field(
         default=None,
@@ -81,7 +84,7 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "annotate",
         help="add a difficulty (pass rate) or topic column to a dataset, for clustered sampling",
-        description="Annotate a JSONL/Parquet dataset for the topic and difficulty samplers (SPEC section 4).",
+        description="Annotate a JSONL/Parquet dataset for the topic and difficulty samplers (docs/design.md §4).",
     )
     sub = parser.add_subparsers(dest="annotate_command", metavar="KIND")
     parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
@@ -115,7 +118,7 @@ def _difficulty_parser(prog: str) -> argparse.ArgumentParser:
 def _topic_parser(prog: str) -> argparse.ArgumentParser:
     from ebpo.annotate.topic import JudgeConfig
 
-    description = "Label each prompt with one of the nine topics of the paper (SPEC section 4)."
+    description = "Label each prompt with one of the nine topics of the paper (docs/design.md §4)."
     return dataclass_parser(prog, description, [TopicCommand, JudgeConfig])
 
 
@@ -179,7 +182,7 @@ def _backend_options(args: argparse.Namespace) -> dict[str, Any]:
 def _evaluate(args: argparse.Namespace, backend: Any) -> int:
     from ebpo.annotate.topic import agreement, load_hand_labels
 
-    rows = load_hand_labels(args.evaluate, args.benchmarks)
+    rows = load_hand_labels(args.evaluate, args.data_dir)
     predicted = backend.label([row["problem"] for row in rows])
     report = agreement(predicted, [row["label"] for row in rows])
     print(f"{args.backend}: accuracy {report['accuracy']:.3f} on {report['n']} hand-labelled problems")

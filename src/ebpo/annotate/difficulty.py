@@ -1,4 +1,4 @@
-"""``ebpo annotate difficulty``: each prompt's pass rate under a model (SPEC section 4; paper appendix).
+"""``ebpo annotate difficulty``: each prompt's pass rate under a model (docs/design.md §4; paper appendix).
 
 difficulty(q) = c_q / k, where c_q is the number of the k responses sampled from the model at temperature T
 (the paper: k = 16, T = 1.0, the base model) that the reward scores as correct (reward > threshold,

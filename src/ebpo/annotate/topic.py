@@ -1,4 +1,4 @@
-"""Topic labels for clustered sampling (SPEC section 4; paper, appendix "Clustered Sampling Details").
+"""Topic labels for clustered sampling (docs/design.md §4; paper, appendix "Clustered Sampling Details").
 
 The paper gives every problem one of nine topics, chosen by an LLM judge (GPT-4.1). Three backends, found
 through a registry (:func:`get_topic_backend`), each a class with ``label(texts) -> list[str | None]``:
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ebpo.data.topics import TOPICS  # the paper's nine topics, in its order (SPEC section 4)
+from ebpo.data.topics import TOPICS  # the paper's nine topics, in its order (docs/design.md §4)
 from ebpo.registry import Registry
 
 if TYPE_CHECKING:  # imported where a request is made: `ebpo --help` stays fast
@@ -780,16 +780,19 @@ def agreement(predicted: Sequence[str | None], gold: Sequence[str]) -> dict[str,
     }
 
 
-def load_hand_labels(path: str | Path, benchmark_dir: str | Path) -> list[dict[str, str]]:
+def load_hand_labels(path: str | Path, data_dir: str | Path | None = None) -> list[dict[str, str]]:
     """Hand-labelled sample: one ``{"id", "problem", "label", "split"}`` dict per row.
 
-    ``path`` is JSONL with ``id``, ``source`` (a benchmark file stem), ``line`` (0-based row in
-    ``{benchmark_dir}/{source}.jsonl``), ``label`` (one of :data:`TOPICS`) and optional ``split``
-    (``dev``: seen while writing the rules and descriptions; ``heldout``: labelled after they were frozen).
-    The problem text is read from the benchmark file in place.
+    ``path`` is JSONL with ``id``, ``source`` (one of the five evaluation sets), ``line`` (0-based row of
+    that set), ``label`` (one of :data:`TOPICS`) and optional ``split`` (``dev``: seen while writing the
+    rules and descriptions; ``heldout``: labelled after they were frozen). The problem text is the set's
+    prompt, read by :func:`ebpo.data.loaders.load_benchmark`: from ``data_dir`` (our JSON Lines files, else
+    ``$EBPO_DATA_DIR``), else from its hub copy.
     """
+    from ebpo.data.loaders import load_benchmark
+
     rows: list[dict[str, str]] = []
-    files: dict[str, list[str]] = {}
+    problems: dict[str, list[str]] = {}
     with open(path, encoding="utf-8") as fh:
         for line_no, line in enumerate(fh, start=1):
             if not line.strip():
@@ -798,13 +801,19 @@ def load_hand_labels(path: str | Path, benchmark_dir: str | Path) -> list[dict[s
             if row.get("label") not in TOPICS:
                 raise ValueError(f"{path}, line {line_no}: label {row.get('label')!r} is not one of {TOPICS}")
             source = row["source"]
-            if source not in files:
-                bench = Path(benchmark_dir) / f"{source}.jsonl"
-                if not bench.is_file():
-                    raise FileNotFoundError(f"{path}, line {line_no}: benchmark file {bench} not found")
-                files[source] = bench.read_text(encoding="utf-8").splitlines()
-            problem = json.loads(files[source][int(row["line"])])["problem"]
+            if source not in problems:
+                problems[source] = [record.prompt for record in load_benchmark(source, data_dir)]
+            index = int(row["line"])
+            if not 0 <= index < len(problems[source]):
+                raise ValueError(
+                    f"{path}, line {line_no}: row {index} of {source} does not exist ({len(problems[source])} rows)"
+                )
             rows.append(
-                {"id": row["id"], "problem": problem, "label": row["label"], "split": row.get("split", "")}
+                {
+                    "id": row["id"],
+                    "problem": problems[source][index],
+                    "label": row["label"],
+                    "split": row.get("split", ""),
+                }
             )
     return rows

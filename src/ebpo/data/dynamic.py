@@ -1,4 +1,4 @@
-"""DAPO dynamic sampling (SPEC section 3; Yu et al. 2025, "DAPO", section 3.2).
+"""DAPO dynamic sampling (docs/design.md §3; Yu et al. 2025, "DAPO", section 3.2).
 
 A group whose rewards are all equal (all pass or all fail) has zero GRPO advantage and gives no gradient.
 DAPO drops such groups and samples more prompts until the batch holds ``batch_size`` informative groups,

@@ -1,13 +1,14 @@
 """Read problems into :class:`~ebpo.data.records.Record`: JSON Lines, Parquet and Hugging Face hub datasets.
 
 Every source goes through one mapping function, :func:`records_from_rows`, which applies a named **schema**
-(how a row's columns become a record's fields; SPEC section 6):
+(how a row's columns become a record's fields; docs/design.md §6):
 
 | schema | columns read | notes |
 |---|---|---|
-| ``shared`` | ``problem``, ``answer`` | the benchmark files in ``shared/data/benchmarks/*.jsonl`` |
+| ``shared`` | ``problem``, ``answer`` | our benchmark JSON Lines files (``--data-dir``, ``$EBPO_DATA_DIR``) |
 | ``math500`` | ``problem``, ``answer``, ``subject``, ``level``, ``unique_id`` | ``subject`` -> ``topic`` |
-| ``aime24`` | ``problem``, ``answer``, ``id`` | integer answers become strings |
+| ``aime24``, ``aime25`` | ``problem``, ``answer`` (else the ``\\boxed{}`` of ``solution``), ``id`` | numbers become text |
+| ``amc23`` | ``question``, ``answer`` (a float in the hub copy), ``id`` | ``27.0`` becomes ``"27"`` |
 | ``olympiadbench`` | ``question``, ``final_answer`` (list), ``id`` | several answers joined with ``","`` |
 | ``dapo_math_17k`` | ``prompt`` (chat messages), ``reward_model.ground_truth``, ``data_source`` | de-duplicated by prompt text |
 | ``records`` | ``Record.to_dict()`` rows | our own format (``write_records``) |
@@ -20,6 +21,9 @@ ids are taken from the row when it has one (``id``, ``unique_id``), else ``"<sou
 a hash of the prompt text (stable under de-duplication). Ids are unique within a source: evaluation caches,
 annotation resumes and training logs match results to records by id.
 
+The five evaluation sets (:func:`load_benchmark`) come from the Hugging Face hub at pinned revisions
+(:data:`HUB_BENCHMARKS`), or from our JSON Lines files in a folder the user names.
+
 Heavy imports (``pyarrow``, ``datasets``) happen inside the functions that need them.
 """
 
@@ -30,6 +34,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +47,11 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "BENCHMARKS",
+    "BENCHMARK_INSTRUCTION",
+    "DATA_DIR_ENV",
+    "HUB_BENCHMARKS",
+    "BenchmarkUnavailableError",
+    "HubBenchmark",
     "LoadResult",
     "RowError",
     "Schema",
@@ -51,6 +61,7 @@ __all__ = [
     "list_schemas",
     "load_benchmark",
     "load_hub",
+    "load_hub_benchmark",
     "load_jsonl",
     "load_parquet",
     "load_records",
@@ -134,7 +145,7 @@ def _text(
 def _text(row: Mapping[str, Any], name: str, *, required: bool, numbers: bool = True) -> str | None: ...
 def _text(row: Mapping[str, Any], name: str, *, required: bool = True, numbers: bool = True) -> str | None:
     """A non-empty string column. With ``numbers`` (answers, ids: AIME answers are often ints) a number is
-    converted to its text; prompts and labels (``numbers=False``) must be strings, so a shifted column or a
+    converted to its text (an integral float without its ``.0``); prompts and labels (``numbers=False``) must be strings, so a shifted column or a
     stray number fails here, naming the row, instead of later inside the tokenizer."""
     if name not in row or row[name] is None:
         if required:
@@ -144,6 +155,8 @@ def _text(row: Mapping[str, Any], name: str, *, required: bool = True, numbers: 
     allowed = (str, int, float) if numbers else (str,)
     if isinstance(value, bool) or not isinstance(value, allowed):
         raise _FieldError(name, f"expected a string, got {type(value).__name__}")
+    if isinstance(value, float) and value.is_integer():  # AMC 2023's hub copy stores 27 as 27.0
+        value = int(value)
     text = value if isinstance(value, str) else str(value)
     if required and not text.strip():
         raise _FieldError(name, "empty")
@@ -169,7 +182,7 @@ def _level(row: Mapping[str, Any], name: str = "level") -> int | None:
         raise _FieldError(name, f"expected an integer level, got {value!r}") from None
 
 
-@register_schema("shared", "benchmark files in shared/data/benchmarks: problem, answer")
+@register_schema("shared", "our benchmark JSON Lines files (--data-dir): problem, answer")
 def _shared(row: Mapping[str, Any], index: int, source: str) -> Record:
     return Record(
         id=_row_id(row, index, source, "id"),
@@ -191,11 +204,40 @@ def _math500(row: Mapping[str, Any], index: int, source: str) -> Record:
     )
 
 
-@register_schema("aime24", "AIME 2024 hub copies: problem, answer (int or string), optional id")
-def _aime24(row: Mapping[str, Any], index: int, source: str) -> Record:
+_BOXED_ONLY_RE = re.compile(r"\s*\\boxed\s*\{(.*)\}\s*", re.DOTALL)  # the whole field is one \boxed{...}
+
+
+def _aime(row: Mapping[str, Any], index: int, source: str) -> Record:
+    """``answer`` (int or string), else ``solution`` when it is one ``\\boxed{...}``: math-ai/aime24 has no
+    ``answer`` column and stores the bare answer as ``\\boxed{204}`` there (a worked solution is refused)."""
+    if row.get("answer") is None and isinstance(row.get("solution"), str):
+        boxed = _BOXED_ONLY_RE.fullmatch(row["solution"])
+        if boxed is None or not boxed.group(1).strip():
+            raise _FieldError("solution", "no answer column and no \\boxed{...} answer in the solution")
+        answer = boxed.group(1).strip()
+    else:
+        answer = _text(row, "answer")
     return Record(
         id=_row_id(row, index, source, "id", "ID"),
         prompt=_text(row, "problem", numbers=False),
+        answer=answer,
+        source=source,
+    )
+
+
+register_schema(
+    "aime24", "AIME hub copies: problem, answer (int or string; else the \\boxed{} of solution), optional id"
+)(_aime)
+register_schema("aime25", "AIME 2025 (math-ai/aime25): problem, answer, id; the same mapping as aime24")(
+    _aime
+)
+
+
+@register_schema("amc23", "AMC 2023 (math-ai/amc23): question, answer (a float: 27.0 -> '27'), optional id")
+def _amc23(row: Mapping[str, Any], index: int, source: str) -> Record:
+    return Record(
+        id=_row_id(row, index, source, "id"),
+        prompt=_text(row, "question", numbers=False),
         answer=_text(row, "answer"),
         source=source,
     )
@@ -518,33 +560,137 @@ def load_records(
     return read_records(source, schema, skip_invalid=skip_invalid, **kwargs).records
 
 
-# -- the shared benchmarks ---------------------------------------------------------------------------
+# -- the five evaluation sets -------------------------------------------------------------------------
 
 BENCHMARKS: tuple[str, ...] = ("aime24", "aime25", "amc23", "math500", "olympiadbench")
+DATA_DIR_ENV = "EBPO_DATA_DIR"
+# The instruction every evaluation prompt ends with, after a newline (the usual one for boxed answers; our
+# JSON Lines files carry it already, the hub copies get it appended).
+BENCHMARK_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
 
-def benchmark_dir() -> Path:
-    """Where the shared benchmark files are: ``$EBPO_SHARED_DATA`` (the benchmarks folder itself, or a
-    folder holding ``benchmarks/``), else ``<repo>/../shared/data/benchmarks``."""
-    env = os.environ.get("EBPO_SHARED_DATA")
-    if env:
-        root = Path(env)
-        return root / "benchmarks" if (root / "benchmarks").is_dir() else root
-    repo = Path(__file__).resolve().parents[3]
-    return repo.parent / "shared" / "data" / "benchmarks"
+@dataclass(frozen=True)
+class HubBenchmark:
+    """The public Hugging Face hub copy of one evaluation set: ``datasets.load_dataset(dataset, config,
+    split=split, revision=revision)``, its rows mapped by loader schema ``schema``."""
+
+    name: str
+    dataset: str
+    config: str | None
+    split: str
+    revision: str  # a commit of the dataset repository, so the rows cannot change under a result
+    schema: str
+    rows: int  # rows at that revision
+    columns: str  # the copy's column layout (docs/evaluation.md)
 
 
-def load_benchmark(name: str, data_dir: str | os.PathLike[str] | None = None) -> list[Record]:
-    """One of the five shared evaluation sets (:data:`BENCHMARKS`) as records with ids ``"<name>-0000"``."""
+HUB_BENCHMARKS: dict[str, HubBenchmark] = {
+    hub.name: hub
+    for hub in (
+        HubBenchmark(
+            "aime24", "math-ai/aime24", None, "test", "83a7f387baaa524a8bda0022eac0541582297103", "aime24", 30,
+            "id (int), problem, solution (the bare answer as \\boxed{204}), url",
+        ),
+        HubBenchmark(
+            "aime25", "math-ai/aime25", None, "test", "563bb8404243c5f09de6ec262f2db674fe5bce9b", "aime25", 30,
+            "problem, answer, id (strings)",
+        ),
+        HubBenchmark(
+            "amc23", "math-ai/amc23", None, "test", "80815d37005feb82cd7f8fbc6901d5d3eff43057", "amc23", 40,
+            "id, question, answer (float), url",
+        ),
+        HubBenchmark(
+            "math500", "HuggingFaceH4/MATH-500", None, "test", "6e4ed1a2a79af7d8630a6b768ec859cb5af4d3be",
+            "math500", 500, "problem, solution, answer, subject, level (int), unique_id",
+        ),
+        HubBenchmark(
+            "olympiadbench", "Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train",
+            "91184b52131e7fc9455fef848035173aea8cc01a", "olympiadbench", 674,
+            "id (int), question, final_answer (list), solution (list), subfield, answer_type, unit, ...",
+        ),
+    )
+}  # fmt: skip
+
+
+class BenchmarkUnavailableError(OSError):
+    """Neither the hub copy of a benchmark nor a local file of it could be read; the message says which
+    benchmark, which hub dataset, and the flag that names a local copy."""
+
+
+def benchmark_dir() -> Path | None:
+    """The folder of our benchmark JSON Lines files named by ``$EBPO_DATA_DIR``, or ``None`` (load from the
+    hub)."""
+    env = os.environ.get(DATA_DIR_ENV)
+    return Path(env).expanduser() if env else None
+
+
+def load_benchmark(
+    name: str,
+    data_dir: str | os.PathLike[str] | None = None,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> list[Record]:
+    """One of the five evaluation sets (:data:`BENCHMARKS`) as records with ids ``"<name>-0000"``, each
+    prompt ending with :data:`BENCHMARK_INSTRUCTION`.
+
+    From ``<data_dir>/<name>.jsonl`` (our format: ``problem``, ``answer`` per line, the instruction
+    included) when ``data_dir`` or ``$EBPO_DATA_DIR`` names a folder; else from the hub copy at its pinned
+    revision (:func:`load_hub_benchmark`; ``cache_dir`` is ``datasets``' cache, default its own).
+    """
     if name not in BENCHMARKS:
         raise ValueError(f"unknown benchmark {name!r}; valid choices: {', '.join(BENCHMARKS)}")
-    folder = Path(data_dir) if data_dir is not None else benchmark_dir()
+    folder = Path(data_dir).expanduser() if data_dir is not None else benchmark_dir()
+    if folder is None:
+        return load_hub_benchmark(name, cache_dir=cache_dir)
     path = folder / f"{name}.jsonl"
     if not path.is_file():
-        raise FileNotFoundError(
-            f"benchmark file {path} not found; set EBPO_SHARED_DATA to the folder holding {name}.jsonl"
+        hub = HUB_BENCHMARKS[name]
+        raise BenchmarkUnavailableError(
+            f"benchmark {name}: {path} not found; --data-dir (or ${DATA_DIR_ENV}) must name a folder holding "
+            f"{name}.jsonl, or leave both unset to load {hub.dataset} from the Hugging Face hub"
         )
-    return load_jsonl(path, "shared", source=None).records
+    return load_jsonl(path, "shared").records
+
+
+def load_hub_benchmark(name: str, *, cache_dir: str | os.PathLike[str] | None = None) -> list[Record]:
+    """The hub copy of ``name`` (:data:`HUB_BENCHMARKS`) at its pinned revision, cached by ``datasets``, as
+    the same records as our JSON Lines file of it: ids ``"<name>-0000"`` by row (the copy's own id kept in
+    ``extra["hub_id"]``), prompt = the copy's problem, a newline and :data:`BENCHMARK_INSTRUCTION`.
+
+    Raises :class:`BenchmarkUnavailableError` (one line) when the copy cannot be read: no network and no
+    cached copy, or an unreachable hub.
+    """
+    import datasets
+
+    hub = HUB_BENCHMARKS[name]
+    try:
+        rows = datasets.load_dataset(
+            hub.dataset,
+            hub.config,
+            split=hub.split,
+            revision=hub.revision,
+            cache_dir=None if cache_dir is None else str(cache_dir),
+        )
+    except Exception as err:  # datasets raises connection, HTTP, not-found and offline errors alike
+        reason = (str(err).strip().splitlines() or [""])[0]
+        raise BenchmarkUnavailableError(
+            f"benchmark {name}: cannot load {hub.dataset} ({_hub_label(hub)}) from the Hugging Face hub "
+            f"({type(err).__name__}: {reason}); pass --data-dir DIR (or set ${DATA_DIR_ENV}) to a folder "
+            f"holding {name}.jsonl (one JSON object with problem and answer per line)"
+        ) from err
+    mapped = records_from_rows(rows, hub.schema, source=name, file=f"{hub.dataset} ({_hub_label(hub)})")
+    records = []
+    for index, record in enumerate(mapped.records):
+        record.extra = {**record.extra, "hub_id": record.id}
+        record.id = f"{name}-{index:04d}"
+        record.prompt = f"{record.prompt}\n{BENCHMARK_INSTRUCTION}"
+        records.append(record)
+    return records
+
+
+def _hub_label(hub: HubBenchmark) -> str:
+    config = f"config {hub.config}, " if hub.config else ""
+    return f"{config}split {hub.split}, revision {hub.revision[:12]}"
 
 
 # -- chat templates and writing ------------------------------------------------------------------------

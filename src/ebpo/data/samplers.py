@@ -1,4 +1,4 @@
-"""Prompt samplers: the random, topic-coherent and easy-to-hard curriculum streams (SPEC section 4).
+"""Prompt samplers: the random, topic-coherent and easy-to-hard curriculum streams (docs/design.md §4).
 
 Every sampler is an :class:`IndexStream`: an endless, deterministic sequence of record indices cut into
 batches of ``batch_size`` prompts. The order of epoch ``e`` is a pure function of ``(seed, e)``, so the whole
@@ -178,7 +178,7 @@ class RandomSampler(IndexStream):
 
 
 class TopicSampler(IndexStream):
-    """Topic-coherent stream (EBPO-topic, SPEC section 4): consecutive batches come from one topic.
+    """Topic-coherent stream (EBPO-topic, docs/design.md §4): consecutive batches come from one topic.
 
     Args:
         records: Records (their ``topic``), mappings with a ``"topic"`` key, or the topic keys themselves.
@@ -233,7 +233,7 @@ class TopicSampler(IndexStream):
 
 
 class DifficultySampler(IndexStream):
-    """Easy-to-hard curriculum (EBPO-diff, SPEC section 4): sorted by pass rate, highest first, no shuffle.
+    """Easy-to-hard curriculum (EBPO-diff, docs/design.md §4): sorted by pass rate, highest first, no shuffle.
 
     Args:
         records: Records (their ``difficulty`` = base-model pass rate in [0, 1]), mappings with a

@@ -1,4 +1,4 @@
-"""The paper's nine topic labels (SPEC section 4; paper, appendix "Clustered Sampling Details").
+"""The paper's nine topic labels (docs/design.md §4; paper, appendix "Clustered Sampling Details").
 
 Defined once here and imported by ``ebpo.annotate.topic`` (the labellers) and ``ebpo.tasks.arith`` (one
 arith topic per label), so the two can never disagree.

@@ -1,7 +1,9 @@
 """``ebpo eval``: Pass@1 over n samples (plus pass@k, maj@k) for one or more models on named benchmarks.
 
-With no MODEL, evaluates the built-in ``arith`` base model (built on first use) on the ``arith`` test split;
-with models, the default benchmarks are the paper's five (aime24, aime25, amc23, math500, olympiadbench).
+With no MODEL, evaluates the built-in ``arith`` base model (shipped with the package) on the ``arith`` test
+split; with models, the default benchmarks are the paper's five (aime24, aime25, amc23, math500,
+olympiadbench), loaded from their public Hugging Face hub copies at pinned revisions (cached by ``datasets``),
+or from our JSON Lines files with ``--data-dir DIR`` or ``$EBPO_DATA_DIR``.
 Writes ``results.md`` (the paper-style table: one row per model, one column per benchmark, plus Average),
 ``results.csv`` and ``results.json`` to ``--out-dir`` and prints the table.
 """
@@ -68,6 +70,14 @@ def add_parser(subparsers) -> None:
         default=None,
         help="comma-separated benchmark names: aime24, aime25, amc23, math500, olympiadbench, arith "
         "(default: arith when only the built-in model is evaluated, else the five paper sets)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        metavar="DIR",
+        help="read the paper's sets from DIR/<name>.jsonl (one JSON object with problem and answer per line) "
+        "instead of the Hugging Face hub (default: $EBPO_DATA_DIR if set, else the hub copies at pinned "
+        "revisions, cached by datasets; docs/evaluation.md)",
     )
     parser.add_argument(
         "--n", type=int, default=32, help="samples per problem; Pass@1 averages over them (default 32)"
@@ -306,6 +316,15 @@ def _skipped_metrics(args: argparse.Namespace) -> list[str]:
     return skipped + [f"maj@{k}" for k in dict.fromkeys(args.maj_ks) if k > args.n]
 
 
+def _data_dir_setting(flag: str | None) -> str | None:
+    """Where the paper's sets are read from, for results.json: the folder (flag, else $EBPO_DATA_DIR), or
+    None for the hub copies."""
+    from ebpo.data.loaders import benchmark_dir
+
+    folder = flag or benchmark_dir()
+    return None if folder is None else str(folder)
+
+
 def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[str, Any]) -> int:
     from ebpo.eval.harness import (
         PAPER_BENCHMARKS,
@@ -353,8 +372,9 @@ def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[st
         "chat_template": args.chat_template,
         "reward_options": dict(args.reward_option),
         "skipped_metrics": skipped,
+        "data_dir": _data_dir_setting(args.data_dir),
     }
-    records_by_bench = {spec.name: spec.load() for spec in specs}
+    records_by_bench = {spec.name: spec.load(data_dir=args.data_dir) for spec in specs}
     reward_options = dict(args.reward_option)
     rewards: dict[str, Any] = {}  # one reward object (and worker pool) per name
 

@@ -1,4 +1,4 @@
-"""The evaluation harness: sample n responses per problem, score them, summarise (SPEC §5).
+"""The evaluation harness: sample n responses per problem, score them, summarise (docs/design.md §5).
 
 ```python
 from ebpo.eval import SamplingConfig, evaluate
@@ -110,10 +110,15 @@ def problem_seed(seed: int, problem_id: str) -> int:
 
 @dataclass(frozen=True)
 class BenchmarkSpec:
-    """A named evaluation set: how to load its records and which reward grades it."""
+    """A named evaluation set: how to load its records and which reward grades it.
+
+    ``load(data_dir=None)`` returns the records; ``data_dir`` names a folder of our JSON Lines files for
+    the sets that have a public copy on the hub (``ebpo.data.loaders.load_benchmark``), and is ignored by
+    generated sets (``arith``).
+    """
 
     name: str
-    load: Callable[[], list[Record]]
+    load: Callable[..., list[Record]]
     reward: str
     max_new_tokens: int  # the CLI's default response budget for this set
 
@@ -136,11 +141,11 @@ def get_benchmark(name: str) -> BenchmarkSpec:
     return _BENCHMARKS.get(name)
 
 
-def _shared_loader(name: str) -> Callable[[], list[Record]]:
-    def load() -> list[Record]:
+def _paper_loader(name: str) -> Callable[..., list[Record]]:
+    def load(data_dir: str | Path | None = None) -> list[Record]:
         from ebpo.data.loaders import load_benchmark
 
-        return list(load_benchmark(name))
+        return list(load_benchmark(name, data_dir))
 
     return load
 
@@ -149,10 +154,11 @@ ARITH_TEST_SIZE = 450  # 10 problems per (topic, level) cell of the 9 x 5 grid
 ARITH_TEST_SEED = 0
 
 for _name in ("aime24", "aime25", "amc23", "math500", "olympiadbench"):
-    register_benchmark(BenchmarkSpec(_name, _shared_loader(_name), reward="math", max_new_tokens=4096))
+    register_benchmark(BenchmarkSpec(_name, _paper_loader(_name), reward="math", max_new_tokens=4096))
 
 
-def _load_arith_test() -> list[Record]:
+def _load_arith_test(data_dir: str | Path | None = None) -> list[Record]:
+    """The arith test split (generated; ``data_dir`` is not used)."""
     from ebpo.tasks import get_task
 
     return get_task("arith").generate("test", ARITH_TEST_SIZE, seed=ARITH_TEST_SEED)

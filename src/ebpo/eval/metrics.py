@@ -1,4 +1,4 @@
-"""Evaluation metrics: avg@n Pass@1, unbiased pass@k, maj@k, and their standard errors (SPEC §5).
+"""Evaluation metrics: avg@n Pass@1, unbiased pass@k, maj@k, and their standard errors (docs/design.md §5).
 
 Conventions (one problem has n sampled responses, in sampling order j = 0..n-1):
 

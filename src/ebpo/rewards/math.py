@@ -8,7 +8,7 @@ A completion is scored in two stages.
    line, with a trailing period and ``$`` delimiters removed). No extractable answer scores as wrong,
    without calling the verifier.
 2. Comparison with math-verify, gold first (``verify(parse(gold), parse(pred))``: the function is not
-   symmetric, SPEC section 6). Both sides are parsed from ``\\boxed{...}`` around the normalised answer
+   symmetric, docs/design.md §6). Both sides are parsed from ``\\boxed{...}`` around the normalised answer
    (:func:`normalize_answer` strips ``$`` delimiters, as in OlympiadBench's ``$2^{1009}$``). math-verify's
    own SIGALRM timeouts are off (``parsing_timeout=None``, ``timeout_seconds=None``: math-verify 0.9 API);
    the wall-clock limit is enforced by :class:`ebpo.rewards.pool.TimeoutPool`, whose workers are killed
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MathReward",
     "extract_final_answer",
+    "last_boxed",
     "normalize_answer",
     "verify_answer",
     "verify_answer_safe",
@@ -60,7 +61,7 @@ def _matching_braces(text: str) -> dict[int, int]:
     return match
 
 
-def _last_boxed(text: str) -> str | None:
+def last_boxed(text: str) -> str | None:
     """Content of the last ``\\boxed{...}`` / ``\\fbox{...}`` whose braces balance, or ``None``."""
     starts = [m.end() - 1 for m in _BOX_RE.finditer(text)]  # positions of the opening braces
     if not starts:
@@ -96,7 +97,7 @@ def extract_final_answer(completion: str) -> str | None:
     >>> extract_final_answer("Answer: 42")
     '42'
     """
-    boxed = _last_boxed(completion)
+    boxed = last_boxed(completion)
     if boxed is not None:
         return normalize_answer(boxed) or None
     phrase = _after_phrase(completion)

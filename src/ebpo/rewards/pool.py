@@ -3,7 +3,7 @@
 Why not ``concurrent.futures.ProcessPoolExecutor``: it cannot stop one running call. A verifier that meets a
 pathological answer (``\\boxed{{{{...}}}}`` nested thousands deep, a tower of exponents) can run for minutes
 inside SymPy; math-verify's own guard is ``signal.alarm``, which only works on the main thread of the main
-interpreter (SPEC section 6). Here each worker owns a pipe; the parent hands a worker one task at a time,
+interpreter (docs/design.md §6). Here each worker owns a pipe; the parent hands a worker one task at a time,
 waits on all pipes with the nearest deadline as its timeout, and on overrun sends the worker SIGKILL, starts
 a replacement and records the task as ``TIMEOUT``. One bad answer therefore costs at most ``timeout_s`` of
 one worker, never the training step.

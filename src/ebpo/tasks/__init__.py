@@ -28,7 +28,7 @@ class Task:
         verify: ``(completion, answer) -> float`` in {0.0, 1.0}.
         topics: the suite's topic names (``Record.topic`` values).
         levels: the difficulty levels (``Record.level`` values).
-        paper_topics: each topic's label among the paper's nine (SPEC §4), for topic-clustered sampling.
+        paper_topics: each topic's label among the paper's nine (docs/design.md §4), for topic-clustered sampling.
         splits: the split names ``generate`` accepts.
     """
 

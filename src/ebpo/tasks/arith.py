@@ -1,6 +1,6 @@
 """``arith``: synthetic verifiable arithmetic in nine topics x five levels, small enough for a CPU model.
 
-Each topic is one distinct skill and stands for one of the paper's nine topic labels (SPEC §4), so that
+Each topic is one distinct skill and stands for one of the paper's nine topic labels (docs/design.md §4), so that
 topic-clustered sampling (EBPO-topic) has real clusters to work with:
 
 | topic      | skill                                   | example prompt -> answer      | paper label                          |
@@ -44,7 +44,7 @@ from ebpo.data.topics import TOPICS as PAPER_TOPIC_LABELS
 TOPICS: tuple[str, ...] = ("mod", "sequence", "area", "count", "max", "dot", "word", "units", "power")
 LEVELS: tuple[int, ...] = (1, 2, 3, 4, 5)
 
-# arith topic -> the paper's topic label (SPEC §4): the i-th arith topic stands for the i-th paper label, so
+# arith topic -> the paper's topic label (docs/design.md §4): the i-th arith topic stands for the i-th paper label, so
 # each of the nine labels has exactly one arith topic (see the table in the module docstring).
 PAPER_TOPICS: dict[str, str] = dict(zip(TOPICS, PAPER_TOPIC_LABELS, strict=True))
 
@@ -251,7 +251,8 @@ assert tuple(PROBLEM_MAKERS) == TOPICS and set(PAPER_TOPICS) == set(TOPICS)
 
 
 def split_of(prompt: str) -> str:
-    """The split a prompt belongs to: bucket = SHA-256(prompt) mod 100, 80/10/10 into train/validation/test."""
+    """The split a prompt belongs to: bucket = SHA-256(prompt) mod 100, 60/20/10/10 into sft / train /
+    validation / test (:data:`SPLITS`)."""
     bucket = int.from_bytes(hashlib.sha256(prompt.encode("utf-8")).digest()[:8], "big") % 100
     for name, (lo, hi) in SPLITS.items():
         if lo <= bucket < hi:

@@ -1,7 +1,8 @@
 """``ebpo train``: the reference trainer from the command line.
 
 ebpo train                                   # built-in default: EBPO on arith with the base model
-ebpo train --config configs/grpo.yaml run.steps=100 rollout.temperature=0.8
+ebpo train --config grpo run.steps=100 rollout.temperature=0.8   # a shipped preset, by name
+ebpo train --config my.yaml                  # or any YAML file (a subset of the keys)
 ebpo train --resume runs/20260101-120000-ebpo run.steps=120
 ebpo train run.name=demo --overwrite         # replace the run already in runs/demo
 ebpo train --help-config                     # every config key, its default and help
@@ -15,6 +16,8 @@ from pathlib import Path
 
 
 def add_parser(subparsers) -> None:
+    from ebpo.trainer.config import list_presets  # standard library only: keeps `ebpo --help` fast
+
     parser = subparsers.add_parser(
         "train",
         help="RL-train a causal LM with EBPO or a baseline (default: EBPO on the arith task, a few minutes on CPU)",
@@ -28,7 +31,10 @@ def add_parser(subparsers) -> None:
         help="dotted config overrides applied after --config, e.g. algorithm.estimator=grpo optim.lr=5e-5",
     )
     parser.add_argument(
-        "--config", metavar="FILE", help="YAML config (see configs/*.yaml); default: built-in"
+        "--config",
+        metavar="NAME|FILE",
+        help=f"a preset shipped with the package ({', '.join(list_presets())}; src/ebpo/configs/) or a YAML "
+        f"file; default: built-in (= the ebpo preset)",
     )
     parser.add_argument(
         "--resume",

@@ -9,7 +9,8 @@ and checked against the field's type. An unknown key names the valid keys of its
 Every field carries its help text in ``metadata["help"]`` (``ebpo train --help-config`` prints them).
 The defaults are the built-in demo: EBPO on the ``arith`` task with the built-in base model, sized to
 finish in a few minutes on 2 CPU cores. The paper's settings (Appendix A: lr 1e-6, KL 0.001, global batch
-512 prompts, mini-batch 128, G = 4) are scaled down in ``configs/*.yaml``.
+512 prompts, mini-batch 128, G = 4) are scaled down in the presets, ``src/ebpo/configs/*.yaml``, shipped
+with the package: ``load_config("grpo")`` (``ebpo train --config grpo``) finds one by name.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ class ModelConfig:
 
     path: str | None = _help(
         "Directory (or hub id already in the local cache) of any Hugging Face causal LM + tokenizer. "
-        "Default null: the built-in arith base model (`ebpo base-model`), built on first use, then reused.",
+        "Default null: the built-in arith base model, shipped with the package (`ebpo base-model` prints its "
+        "directory).",
         default=None,
     )
     dtype: str = _help(
@@ -136,14 +138,14 @@ class RolloutConfig:
 
 @dataclass
 class AlgorithmConfig:
-    """Advantage estimator, policy loss and reward shaping (SPEC sections 1-3)."""
+    """Advantage estimator, policy loss and reward shaping (docs/design.md §1-§3)."""
 
     estimator: str = _help(
         "Advantage estimator (`ebpo.advantages`): ebpo | grpo | dr_grpo | rloo | reinforce_pp_baseline | jspo.",
         default="ebpo",
     )
     estimator_options: dict[str, Any] = _help(
-        "Keyword options for the estimator, e.g. {prior_scope: cluster, prior_memory: 50} (SPEC section 2).",
+        "Keyword options for the estimator, e.g. {prior_scope: cluster, prior_memory: 50} (docs/design.md §2).",
         default_factory=dict,
     )
     policy_loss: str = _help(
@@ -167,7 +169,7 @@ class AlgorithmConfig:
         "skips the reference model). Default 0.001, the paper's.",
         default=0.001,
     )
-    kl_estimator: str = _help("KL estimator for the penalty: k1 | k2 | k3 (SPEC section 3).", default="k3")
+    kl_estimator: str = _help("KL estimator for the penalty: k1 | k2 | k3 (docs/design.md §3).", default="k3")
     dynamic_sampling: bool = _help(
         "DAPO dynamic sampling: drop groups whose rewards are all equal and sample more prompts until the "
         "batch is full (`ebpo.data.dynamic`).",
@@ -676,6 +678,29 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return values
 
 
+PRESETS_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+
+def list_presets() -> list[str]:
+    """Names of the presets shipped with the package (``src/ebpo/configs/<name>.yaml``), sorted."""
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+
+
+def resolve_config(name_or_path: str | Path) -> Path:
+    """The YAML file of ``--config``: an existing file as given, else the shipped preset of that name
+    (``grpo`` or ``grpo.yaml``); neither raises ``ConfigError`` listing the presets."""
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        return path
+    text = str(name_or_path)
+    stem = text[: -len(".yaml")] if text.endswith(".yaml") else text
+    if "/" not in stem and (PRESETS_DIR / f"{stem}.yaml").is_file():
+        return PRESETS_DIR / f"{stem}.yaml"
+    raise ConfigError(
+        f"--config {text}: no such file and no preset of that name; presets: {', '.join(list_presets())}"
+    )
+
+
 def load_config(
     path: str | Path | None = None,
     overrides: list[str] | None = None,
@@ -683,9 +708,11 @@ def load_config(
     validate: bool = True,
     base: dict[str, Any] | None = None,
 ) -> TrainConfig:
-    """Defaults <- ``base`` dict <- YAML file ``path`` <- ``overrides``; validated unless ``validate=False``."""
+    """Defaults <- ``base`` dict <- YAML file ``path`` (a file, or a preset name: :func:`resolve_config`) <-
+    ``overrides``; validated unless ``validate=False``."""
     values: dict[str, Any] = dict(base or {})
     if path is not None:
+        path = resolve_config(path)
         values = merge_dicts(values, read_yaml(path))
     values = apply_overrides(values, list(overrides or []))
     try:

@@ -1,7 +1,7 @@
 """The training-dynamics figure: reward, entropy, gradient norm, per-step KL and EBPO shrinkage per step.
 
 These are the curves of the paper's Figures 3-5 (gradient norm, KL(pi_t || pi_{t+1}), entropy) plus the
-reward and the mean shrinkage S of the EBPO baseline (SPEC section 5). Matplotlib's Agg backend: no display.
+reward and the mean shrinkage S of the EBPO baseline (docs/design.md §5). Matplotlib's Agg backend: no display.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ One step (``Trainer.train`` -> ``Trainer._train_step``):
 3. score them with the reward (``ebpo.rewards``); DAPO overlong shaping and dynamic sampling when set; a
    reward function that raises stops the run with a checkpoint (or, with ``algorithm.skip_reward_errors``,
    the sample is masked out and counted in ``reward/errors``);
-4. one advantage per response from the estimator (``ebpo.advantages``), broadcast over its tokens (SPEC
-   1.6); a response's group id is its prompt's position in the step's batch, never the record id;
+4. one advantage per response from the estimator (``ebpo.advantages``), broadcast over its tokens
+   (docs/design.md §1, step 6); a response's group id is its prompt's position in the step's batch, never the record id;
 5. old log-probs recomputed at the rollout temperature (verl's ``recompute_log_prob``: the first ratio is
    exactly 1), then K = ``optim.epochs`` passes of shuffled mini-batch updates: policy loss and aggregation
    (``ebpo.losses``) plus ``kl_coef * agg(kl(logp, ref_logp))`` to the frozen initial policy, AdamW;
@@ -333,7 +333,7 @@ class Trainer:
     def _collect(self, at_start: StepStart) -> tuple[list[Group], dict[str, float]]:
         """Steps 1-3: prompts, their G responses each, rewards; returns (groups, metrics).
 
-        Without dynamic sampling: one batch from the sampler. With it (DAPO, SPEC 3): groups whose rewards
+        Without dynamic sampling: one batch from the sampler. With it (DAPO, docs/design.md §3): groups whose rewards
         are all equal are dropped and more prompts drawn, at most ``1 + algorithm.max_gen_rounds`` rounds
         (``ebpo.data.dynamic.collect_groups``, which hands the dropped groups to ``estimator.observe`` so
         EBPO's prior still sees every sampled group); a shortfall trains on the groups there are.

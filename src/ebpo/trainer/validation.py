@@ -1,4 +1,4 @@
-"""Validation during training (SPEC 5): pass@1 over ``run.eval_n`` samples, unbiased pass@k and maj@k.
+"""Validation during training (docs/design.md §5): pass@1 over ``run.eval_n`` samples, unbiased pass@k and maj@k.
 
 It draws from its own generator, re-seeded identically at every validation: common random numbers across
 checkpoints, and the training RNG stream is never touched (exact resume depends on that).
