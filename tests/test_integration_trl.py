@@ -547,7 +547,7 @@ def test_the_paper_command_builds_the_paper_settings(example, tmp_path, monkeypa
     assert (config.weight_decay, config.max_grad_norm) == (0.01, 1.0)  # verl's defaults in our verl recipe
     assert config.max_completion_length == 8192
     assert (config.advantage_estimator, config.prompt_sampler) == ("ebpo", "topic")  # EBPO-topic
-    assert config.estimator_options() == {  # the paper's EBPO (SPEC section 1)
+    assert config.estimator_options() == {  # the paper's EBPO (docs/design.md §1)
         "prior_scope": "global",
         "cluster_min_groups": 16,
         "prior_memory": "all",

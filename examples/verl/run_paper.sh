@@ -53,7 +53,7 @@ COMMON=(
   trainer.test_freq=50
   trainer.total_epochs=100
 )
-# GRPO's loss: PPO clip 0.2, per-sequence token mean then mean over sequences (SPEC section 3)
+# GRPO's loss: PPO clip 0.2, per-sequence token mean then mean over sequences (docs/design.md §3)
 GRPO_LOSS=(actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean actor_rollout_ref.actor.clip_ratio_low=0.2
   actor_rollout_ref.actor.clip_ratio_high=0.2)
 EBPO=(algorithm.adv_estimator=ebpo "${GRPO_LOSS[@]}")

@@ -73,7 +73,7 @@ def _blame(where: str) -> Iterator[None]:
 
 @dataclass
 class EBPOConfig(GRPOConfig):
-    """``GRPOConfig`` plus EBPO's options (SPEC sections 1, 2 and 4). All other fields are TRL's.
+    """``GRPOConfig`` plus EBPO's options (docs/design.md §1, §2 and §4). All other fields are TRL's.
 
     The paper's settings map to: ``learning_rate=1e-6``, ``beta=0.001`` (TRL's KL is the k3 estimator),
     ``num_generations=4``, ``loss_type="grpo"``; EBPO-naive / -topic / -diff = ``prompt_sampler`` ``random`` /

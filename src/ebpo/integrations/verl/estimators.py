@@ -16,7 +16,7 @@ Registered function (verl's contract, ``core_algos.compute_*_outcome_advantage``
   equal are dropped the way DAPO drops them, but the prior still sees them (``est.observe``, as the
   reference trainer's dynamic sampling does); they get advantage 0 and :class:`EBPORayPPOTrainer` trains
   the step exactly as if they had been removed from the batch (:mod:`.filtering`).
-- The sequence advantage A_i (SPEC section 1) is broadcast over the response tokens times the mask (SPEC 1
+- The sequence advantage A_i (docs/design.md §1) is broadcast over the response tokens times the mask (§1
   step 6); returns = advantages, as verl's outcome estimators do.
 
 Options come from the algorithm config: ``+algorithm.<name>.<option>=value`` (e.g.
@@ -148,7 +148,7 @@ def column_values(non_tensor_batch: Mapping[str, Any], key: str) -> list[Any] | 
 def saturated_rows(rewards_B: torch.Tensor, index: Sequence[Any], keep_B: torch.Tensor) -> torch.Tensor:
     """Rows (among ``keep_B``) of groups with at least two kept members whose kept rewards are all equal.
 
-    DAPO's filter (SPEC 3): a group with one member is kept (its variance is undefined, not zero).
+    DAPO's filter (docs/design.md §3): a group with one member is kept (its variance is undefined, not zero).
     """
     inverse_B = torch.as_tensor(
         np.unique(np.asarray(list(index), dtype=object).astype(str), return_inverse=True)[1], dtype=torch.long
@@ -347,7 +347,7 @@ def make_verl_estimator(
                 ).float()
             owner.forget_clusters()
             adv_BT = adv_B.to(device=token_level_rewards.device, dtype=token_level_rewards.dtype)
-            adv_BT = adv_BT.unsqueeze(-1) * mask_BT  # broadcast over response tokens (SPEC 1, step 6)
+            adv_BT = adv_BT.unsqueeze(-1) * mask_BT  # broadcast over response tokens (docs/design.md §1, step 6)
         return adv_BT, adv_BT
 
     compute_outcome_advantage.__name__ = f"compute_{name}_outcome_advantage"
