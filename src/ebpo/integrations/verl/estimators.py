@@ -347,7 +347,7 @@ def make_verl_estimator(
                 ).float()
             owner.forget_clusters()
             adv_BT = adv_B.to(device=token_level_rewards.device, dtype=token_level_rewards.dtype)
-            adv_BT = adv_BT.unsqueeze(-1) * mask_BT  # broadcast over response tokens (docs/design.md §1, step 6)
+            adv_BT = adv_BT.unsqueeze(-1) * mask_BT  # over response tokens (design.md §1, step 6)
         return adv_BT, adv_BT
 
     compute_outcome_advantage.__name__ = f"compute_{name}_outcome_advantage"
