@@ -5,11 +5,16 @@ Run from the repository root:
     .venv/bin/python docs/results/lr_and_seeds/analyze.py reproduce NEW.csv COMMITTED.csv
     .venv/bin/python docs/results/lr_and_seeds/analyze.py sensitivity NEW.csv
     .venv/bin/python docs/results/lr_and_seeds/analyze.py lr LR=CSV [LR=CSV ...]
+    .venv/bin/python docs/results/lr_and_seeds/analyze.py figures OUT_DIR SENS.csv MATRIX.csv LR=CSV [LR=CSV ...]
 
-``reproduce`` compares every row of NEW whose cell (arm, method, variant, G, seed) is in COMMITTED, on every column but ``command`` and
-``timing_*``, for exact equality of the stored text. ``sensitivity`` prints GRPO G16 - G4 (published arm, fixed
-prompts) paired by seed over all seeds, seeds 0-4 and seeds 5-9. ``lr`` picks each method's learning rate by
-its mean validation AUC over seeds (never the test set) and pairs the methods by seed at their chosen rates.
+``reproduce`` compares every row of NEW whose cell (arm, method, variant, G, seed) is in COMMITTED, on every
+column but ``command`` and ``timing_*``, for exact equality of the stored text. ``sensitivity`` prints GRPO
+G16 - G4 (published arm, fixed prompts) paired by seed over all seeds, seeds 0-4 and seeds 5-9. ``lr`` picks each
+method's learning rate by its mean validation AUC over seeds (never the test set) and pairs the methods by seed
+at their chosen rates.
+``figures`` draws ``lr.png`` (each method's test Pass@1 and validation AUC against the rate) and
+``literature.png`` (the paired differences the literature predicts: DAPO - GRPO at each rate, G16 - G4 at fixed
+prompts from SENS, 64 x 4 - 16 x 16 at an equal response budget from MATRIX).
 """
 
 from __future__ import annotations
@@ -97,10 +102,7 @@ def sensitivity(path: str) -> int:
 
 
 def lr_tables(pairs: list[str]) -> int:
-    per_lr = {}
-    for pair in pairs:
-        lr, path = pair.split("=", 1)
-        per_lr[lr] = [r for r in read(path) if r["variant"] == "fixed-prompts" and r["group_size"] == "4"]
+    per_lr = read_lrs(pairs)
     rates = list(per_lr)
 
     def values(arm: str, method: str, lr: str, metric: str) -> dict[int, float]:
@@ -111,8 +113,7 @@ def lr_tables(pairs: list[str]) -> int:
     lines.append("|---|---|" + "---|" * len(rates) + "---|")
     best = {}
     for arm, method, label in METHODS:
-        auc = {lr: mean_ci(values(arm, method, lr, "auc").values()) for lr in rates}
-        best[method] = max(rates, key=lambda lr: auc[lr].mean)
+        best[method] = chosen_rate(per_lr, arm, method)
         for metric, name in (("auc", "validation AUC %"), ("pass1", "test Pass@1 %")):
             cis = [fmt(mean_ci(values(arm, method, lr, metric).values()), False) for lr in rates]
             lines.append(f"| {label} | {name} | " + " | ".join(cis) + f" | {best[method]} |")
@@ -135,6 +136,97 @@ def lr_tables(pairs: list[str]) -> int:
     return 0
 
 
+def read_lrs(pairs: list[str]) -> dict[str, list[dict[str, str]]]:
+    out = {}
+    for pair in pairs:
+        lr, path = pair.split("=", 1)
+        out[lr] = [r for r in read(path) if r["variant"] == "fixed-prompts" and r["group_size"] == "4"]
+    return out
+
+
+def chosen_rate(per_lr: dict[str, list[dict[str, str]]], arm: str, method: str) -> str:
+    """The rate with the highest mean validation AUC over seeds."""
+    return max(
+        per_lr, key=lambda lr: mean_ci(by_seed(per_lr[lr], "auc", arm=arm, method=method).values()).mean
+    )
+
+
+def figures(out_dir: str, sens_path: str, matrix_path: str, pairs: list[str]) -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    per_lr = read_lrs(pairs)
+    rates = list(per_lr)
+    x = [float(lr) for lr in rates]
+    metrics = (("pass1", "test Pass@1 (%)"), ("auc", "validation AUC (%)"))
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, (metric, label) in zip(axes, metrics):
+        for i, (arm, method, name) in enumerate(METHODS):
+            cis = [mean_ci(by_seed(per_lr[lr], metric, arm=arm, method=method).values()) for lr in rates]
+            shift = [v * (1 + 0.04 * (i - 1)) for v in x]
+            ax.errorbar(shift, [100 * c.mean for c in cis], [100 * c.half_width for c in cis], marker="o",
+                        capsize=3, label=name)  # fmt: skip
+            best = rates.index(chosen_rate(per_lr, arm, method))
+            ax.plot([shift[best]], [100 * cis[best].mean], "k*", markersize=11)
+        ax.set_xscale("log")
+        ax.minorticks_off()
+        ax.set_xticks(x, rates)
+        ax.set_xlabel("learning rate")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(
+        "G = 4, fixed prompts, seeds 0-4: mean ± 95% over seeds; * = the rate chosen on validation AUC"
+    )
+    fig.tight_layout()
+    fig.savefig(Path(out_dir) / "lr.png", dpi=100)
+    plt.close(fig)
+
+    sens, matrix = read(sens_path), read(matrix_path)
+    grpo = {"arm": "published", "method": "grpo"}
+    entries: list[tuple[str, dict[str, MeanCI]]] = []
+    for lr in rates:
+        entries.append((f"DAPO - GRPO, lr {lr}", {
+            m: paired_ci(by_seed(per_lr[lr], m, arm="published", method="dapo"), by_seed(per_lr[lr], m, **grpo))
+            for m, _ in metrics
+        }))  # fmt: skip
+    lr_d, lr_g = chosen_rate(per_lr, "published", "dapo"), chosen_rate(per_lr, "published", "grpo")
+    entries.append((f"DAPO ({lr_d}) - GRPO ({lr_g}), chosen", {
+        m: paired_ci(by_seed(per_lr[lr_d], m, arm="published", method="dapo"), by_seed(per_lr[lr_g], m, **grpo))
+        for m, _ in metrics
+    }))  # fmt: skip
+    g_fixed = dict(variant="fixed-prompts", **grpo)
+    entries.append(("G16 - G4, 32 prompts (10 seeds)", {
+        m: paired_ci(by_seed(sens, m, group_size="16", **g_fixed), by_seed(sens, m, group_size="4", **g_fixed))
+        for m, _ in metrics
+    }))  # fmt: skip
+    g_equal = dict(variant="equal-responses", **grpo)
+    entries.append(("64 x G4 - 16 x G16, 256 responses (5 seeds)", {
+        m: paired_ci(by_seed(matrix, m, group_size="4", **g_equal), by_seed(matrix, m, group_size="16", **g_equal))
+        for m, _ in metrics
+    }))  # fmt: skip
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.5 * len(entries) + 1.6), sharey=True)
+    y = list(range(len(entries)))[::-1]
+    for ax, (metric, label) in zip(axes, metrics):
+        cis = [e[1][metric] for e in entries]
+        ax.errorbar(
+            [100 * c.mean for c in cis], y, xerr=[100 * c.half_width for c in cis], fmt="o", capsize=3
+        )
+        ax.axvline(0, color="k", linewidth=0.8)
+        ax.set_xlabel(f"paired difference, {label}")
+        ax.grid(alpha=0.3)
+    axes[0].set_yticks(y, [e[0] for e in entries])
+    fig.suptitle("What the literature predicts, on this testbed (GRPO as published; mean ± 95% over seeds)")
+    fig.tight_layout()
+    fig.savefig(Path(out_dir) / "literature.png", dpi=100)
+    plt.close(fig)
+    print(f"wrote {Path(out_dir) / 'lr.png'} and {Path(out_dir) / 'literature.png'}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if len(argv) >= 3 and argv[0] == "reproduce":
         return reproduce(argv[1], argv[2])
@@ -142,6 +234,8 @@ def main(argv: list[str]) -> int:
         return sensitivity(argv[1])
     if len(argv) >= 2 and argv[0] == "lr":
         return lr_tables(argv[1:])
+    if len(argv) >= 5 and argv[0] == "figures":
+        return figures(argv[1], argv[2], argv[3], argv[4:])
     print(__doc__)
     return 2
 
