@@ -12,7 +12,8 @@ options), then ``--updates`` optimizer updates on equal slices of the round (our
 prompts / updates``; TRL: ``per_device_train_batch_size = prompts x G / updates``, ``steps_per_generation =
 updates``, so TRL's ``max_steps`` is ``steps x updates``), AdamW at the same learning rate, no KL term (no
 reference model on either side), no evaluation and no checkpoints inside the timed steps, one process,
-the same torch thread count. ``--model random`` is a randomly initialised Llama of ``--hidden-size`` and
+the same torch thread count, the same ``arith`` training problems (every topic and level; the trainer does not
+inherit a level selection from ``configs/ebpo.yaml``). ``--model random`` is a randomly initialised Llama of ``--hidden-size`` and
 ``--layers`` with our character tokenizer: it seldom emits EOS, so nearly every response runs to
 ``--max-new-tokens`` on both sides. ``--ours KEY=VALUE`` adds a trainer config override (e.g.
 ``run.step_kl=subset``); the table names them.
@@ -56,6 +57,7 @@ class Setting:
     lr: float = 1e-4
     threads: int = 1
     seed: int = 0
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         if self.prompts % self.updates:
@@ -129,6 +131,8 @@ def ours_overrides(setting: Setting, extra: Sequence[str] = ()) -> list[str]:
         f"data.batch_size={s.prompts}",
         f"data.group_size={s.group_size}",
         f"data.train_size={max(s.prompts * s.steps, 64)}",
+        "data.levels=null",  # every level and topic, as TRL's dataset below (not whatever ebpo.yaml selects)
+        "data.topics=null",
         "data.val_size=9",
         f"optim.mini_batch_size={s.prompts // s.updates}",
         f"optim.lr={s.lr}",
@@ -144,7 +148,7 @@ def ours_overrides(setting: Setting, extra: Sequence[str] = ()) -> list[str]:
         "run.eval_k=1",
         f"run.seed={s.seed}",
         f"run.threads={s.threads}",
-        "run.device=cpu",
+        f"run.device={s.device}",
         "run.progress=false",
         "run.plot=false",
         *extra,
@@ -209,7 +213,7 @@ def time_trl(setting: Setting, work_dir: Path) -> tuple[list[float], list[float]
 
     args = EBPOConfig(
         output_dir=str(work_dir),
-        use_cpu=True,
+        use_cpu=s.device == "cpu",
         bf16=False,
         report_to="none",
         disable_tqdm=True,
@@ -273,8 +277,8 @@ def format_table(setting: Setting, ours: Timing, trl: Timing, repeats: int, mode
     lines = [
         f"Setting: {s.prompts} prompts x G={s.group_size} = {s.rollouts_per_step} rollouts per step, "
         f"<= {s.max_new_tokens} new tokens, {s.updates} updates per step, {repeats} runs of {s.steps} steps "
-        f"per trainer, alternated (first step of each run dropped), {s.threads} torch thread(s), CPU, model "
-        f"{model_label}.",
+        f"per trainer, alternated (first step of each run dropped), {s.threads} torch thread(s), "
+        f"{s.device.upper() if s.device == 'cpu' else s.device}, model {model_label}.",
         "",
         "| trainer | median wall s / step | rollouts / s | median CPU s / step | rollouts / CPU s | whole runs s |",
         "|---|---|---|---|---|---|",
