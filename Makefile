@@ -25,7 +25,7 @@ TORCH_INDEX ?=
 export TORCH_INDEX  # the wheel test (tests/test_package.py) installs torch from the same index
 TORCH_INSTALL = install -q torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 
-.PHONY: demo test test-main test-verl install verl-env lint bench clean
+.PHONY: demo test test-main test-verl install verl-env lint bench gpu-wheels gpu-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -65,6 +65,25 @@ bench: $(STAMP) $(VERL_STAMP)
 	$(VERL_PY) benchmarks/bench_advantages.py  # compares against verl's own GRPO functions
 	$(PY) benchmarks/bench_rewards.py
 	$(PY) benchmarks/bench_eval.py
+
+# The GPU check (benchmarks/gpu_check.py; docs/benchmarks.md, "GPU check"). Here, with a network: the wheels
+# a GPU machine with torch, transformers and accelerate lacks, for its Python (GPU_PYTHON), into .whl/.
+# There, with no network (the device tool: carry .whl): install them aside and run the check on CUDA.
+GPU_PYTHON ?= 3.12
+GPU_WHEELS ?= .whl
+GPU_SITE ?= /tmp/ebpo-gpu-site
+
+gpu-wheels:
+	mkdir -p $(GPU_WHEELS)
+	python3 -m pip download -q --no-deps --only-binary=:all: --python-version $(GPU_PYTHON) --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		-d $(GPU_WHEELS) -r benchmarks/gpu_wheels.txt
+	du -sh $(GPU_WHEELS)
+
+gpu-check:
+	python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) \
+		$(GPU_WHEELS)/*.whl
+	PYTHONPATH=src:$(GPU_SITE) PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py --out docs/results/gpu.md
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV) build dist *.egg-info src/*.egg-info

@@ -1,7 +1,9 @@
 """Speed of EBPO and our GRPO against verl's GRPO advantage functions on the same batches.
 
-    .venv/bin/python benchmarks/bench_advantages.py              # CPU, 1 thread, the three standard shapes
-    .venv/bin/python benchmarks/bench_advantages.py --device cuda
+    .venv-verl/bin/python benchmarks/bench_advantages.py         # CPU, 1 thread, the three standard shapes
+    .venv-verl/bin/python benchmarks/bench_advantages.py --device cuda
+
+Without verl (``verl.trainer.ppo.core_algos`` does not import) it times our estimators alone.
 
 verl's ``compute_grpo_outcome_advantage`` (a Python loop over samples) and
 ``compute_grpo_vectorized_outcome_advantage`` take token-level rewards (B, T), a response mask and a
@@ -74,35 +76,73 @@ def ours_token_level(estimator, rewards_BT: torch.Tensor, mask_BT: torch.Tensor,
     return adv_B.unsqueeze(-1) * mask_BT
 
 
-def bench_shape(prompts: int, group_size: int, args: argparse.Namespace) -> tuple[float, ...]:
-    """Median seconds of (verl loop GRPO, verl vectorised GRPO, our GRPO, our EBPO, our EBPO sequence-only)."""
-    from verl.trainer.ppo.core_algos import (
-        compute_grpo_outcome_advantage,
-        compute_grpo_vectorized_outcome_advantage,
-    )
+COLUMNS = ("verl loop GRPO", "verl vectorised GRPO", "our GRPO", "our EBPO", "EBPO seq-only")
 
+
+def verl_grpo() -> tuple[Callable, Callable] | None:
+    """verl's (loop, vectorised) GRPO advantage functions, or None where verl does not import."""
+    try:
+        from verl.trainer.ppo.core_algos import (
+            compute_grpo_outcome_advantage,
+            compute_grpo_vectorized_outcome_advantage,
+        )
+    except Exception:  # noqa: BLE001 - absent, or present but broken beside this torch: time ours alone
+        return None
+    return compute_grpo_outcome_advantage, compute_grpo_vectorized_outcome_advantage
+
+
+def bench_shape(prompts: int, group_size: int, args: argparse.Namespace) -> dict[str, float]:
+    """Median seconds of each of :data:`COLUMNS` (verl's two only where verl imports)."""
     rewards_BT, mask_BT, index = make_batch(prompts, group_size, args.length, args.device, args.seed)
     rewards_B = rewards_BT.sum(dim=-1)
     grpo = ebpo.get_estimator("grpo")
     ebpo_est = ebpo.get_estimator("ebpo")
-
-    # correctness first: our GRPO equals verl's on these batches (no singleton groups here)
-    ref_BT, _ = compute_grpo_vectorized_outcome_advantage(rewards_BT, mask_BT, index)
-    ours_BT = ours_token_level(grpo, rewards_BT, mask_BT, index)
-    torch.testing.assert_close(ours_BT.cpu(), ref_BT.float().cpu(), atol=1e-4, rtol=1e-4)
     ours_token_level(ebpo_est, rewards_BT, mask_BT, index)  # warm the prior
-
-    fns = [
-        lambda: compute_grpo_outcome_advantage(rewards_BT, mask_BT, index),
-        lambda: compute_grpo_vectorized_outcome_advantage(rewards_BT, mask_BT, index),
-        lambda: ours_token_level(grpo, rewards_BT, mask_BT, index),
-        lambda: ours_token_level(ebpo_est, rewards_BT, mask_BT, index),
-        lambda: ebpo_est(rewards_B, index),
-    ]
+    fns = {
+        "our GRPO": lambda: ours_token_level(grpo, rewards_BT, mask_BT, index),
+        "our EBPO": lambda: ours_token_level(ebpo_est, rewards_BT, mask_BT, index),
+        "EBPO seq-only": lambda: ebpo_est(rewards_B, index),
+    }
     # small batches take ~1 ms, where one scheduler hiccup moves a median: give them more repeats
-    scale = 8 if prompts * group_size <= 8192 else 1
-    repeats = [args.loop_repeats] + [args.repeats * scale] * 4
-    return tuple(interleaved_medians(fns, repeats, args.device))
+    repeats = {name: args.repeats * (8 if prompts * group_size <= 8192 else 1) for name in fns}
+    verl = verl_grpo()
+    if verl is not None:
+        loop, vectorised = verl
+        # correctness first: our GRPO equals verl's on these batches (no singleton groups here)
+        ref_BT, _ = vectorised(rewards_BT, mask_BT, index)
+        ours_BT = ours_token_level(grpo, rewards_BT, mask_BT, index)
+        torch.testing.assert_close(ours_BT.cpu(), ref_BT.float().cpu(), atol=1e-4, rtol=1e-4)
+        fns = {
+            "verl loop GRPO": lambda: loop(rewards_BT, mask_BT, index),
+            "verl vectorised GRPO": lambda: vectorised(rewards_BT, mask_BT, index),
+            **fns,
+        }
+        repeats = {
+            "verl loop GRPO": args.loop_repeats,
+            "verl vectorised GRPO": repeats["our GRPO"],
+            **repeats,
+        }
+    medians = interleaved_medians(list(fns.values()), list(repeats.values()), args.device)
+    return dict(zip(fns, medians, strict=True))
+
+
+def table(shapes: list[tuple[int, int]], args: argparse.Namespace) -> list[str]:
+    """The markdown table's lines: milliseconds per call and the ratios (those against verl where it imports)."""
+    lines = [
+        "| prompts x G | " + " | ".join(COLUMNS) + " | EBPO / verl vec | verl loop / EBPO |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for prompts, group_size in shapes:
+        times = bench_shape(prompts, group_size, args)
+        cells = " | ".join(f"{1e3 * times[name]:.2f} ms" if name in times else "n/a" for name in COLUMNS)
+        ratios = "n/a | n/a"
+        if "verl vectorised GRPO" in times:
+            ebpo_s = times["our EBPO"]
+            ratios = (
+                f"{ebpo_s / times['verl vectorised GRPO']:.2f}x | {times['verl loop GRPO'] / ebpo_s:.1f}x"
+            )
+        lines.append(f"| {prompts} x {group_size} | {cells} | {ratios} |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,18 +169,11 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
 
-    print(f"device={args.device} threads={args.threads} T={args.length} torch={torch.__version__}")
+    verl = "verl imports" if verl_grpo() is not None else "verl does not import: ours alone"
+    print(f"device={args.device} threads={args.threads} T={args.length} torch={torch.__version__}; {verl}")
     print()
-    print(
-        "| prompts x G | verl loop GRPO | verl vectorised GRPO | our GRPO | our EBPO | EBPO seq-only "
-        "| EBPO / verl vec | verl loop / EBPO |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    for prompts, group_size in SHAPES:
-        times = bench_shape(prompts, group_size, args)
-        t_loop, t_vec, _, t_ebpo, _ = times
-        ms = " | ".join(f"{1e3 * t:.2f} ms" for t in times)
-        print(f"| {prompts} x {group_size} | {ms} | {t_ebpo / t_vec:.2f}x | {t_loop / t_ebpo:.1f}x |")
+    for line in table(SHAPES, args):
+        print(line, flush=True)
     return 0
 
 

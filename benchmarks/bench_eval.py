@@ -84,48 +84,11 @@ def main() -> None:
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(args.device).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.padding_side = "left"
     prompts = [rec.prompt for rec in get_task("arith").generate("test", args.prompts, seed=0)]
-    stop_ids = stop_token_ids(model, tokenizer)
-
-    def ours() -> int:
-        generator = torch.Generator(device=args.device).manual_seed(0)
-        out = sample(
-            model,
-            tokenizer,
-            prompts,
-            n=args.n,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            max_new_tokens=args.max_new_tokens,
-            generator=generator,
-        )
-        return int(out.lengths.sum())
-
-    enc = tokenizer(prompts, return_tensors="pt", padding=True).to(args.device)
-
-    @torch.no_grad()
-    def hf() -> int:
-        torch.manual_seed(0)
-        out = model.generate(
-            **enc,
-            do_sample=True,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=0,
-            num_return_sequences=args.n,
-            max_new_tokens=args.max_new_tokens,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=stop_ids,
-        )
-        resp = out[:, enc["input_ids"].shape[1] :].cpu()
-        is_stop = torch.isin(resp, torch.tensor(stop_ids))
-        before_stop = (is_stop.long().cumsum(1) - is_stop.long()) == 0  # tokens up to and including EOS
-        return int(before_stop.sum())
-
+    result = compare_samplers(
+        model, tokenizer, prompts, args.n, args.max_new_tokens, args.temperature, args.top_p, args.repeats
+    )
     num_samples = args.prompts * args.n
-    timings = timed_interleaved({"ours": ours, "hf": hf}, args.repeats, args.device)
-    (t_ours, tok_ours), (t_hf, tok_hf) = timings["ours"], timings["hf"]
     device_name = (
         torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU, {args.threads} thread(s)"
     )
@@ -135,9 +98,64 @@ def main() -> None:
     )
     print("| sampler | s / batch | samples / s | tokens / s |")
     print("|---|---:|---:|---:|")
-    print(f"| ebpo.generation.sample | {t_ours:.3f} | {num_samples / t_ours:.1f} | {tok_ours / t_ours:.0f} |")
-    print(f"| HF generate (peer) | {t_hf:.3f} | {num_samples / t_hf:.1f} | {tok_hf / t_hf:.0f} |")
-    print(f"ratio (ours / HF, samples/s): {t_hf / t_ours:.2f}x")
+    for name, label in (("ours", "ebpo.generation.sample"), ("hf", "HF generate (peer)")):
+        seconds, tokens = result[name]
+        print(f"| {label} | {seconds:.3f} | {num_samples / seconds:.1f} | {tokens / seconds:.0f} |")
+    print(f"ratio (ours / HF, samples/s): {result['hf'][0] / result['ours'][0]:.2f}x")
+
+
+def compare_samplers(
+    model,
+    tokenizer,
+    prompts: list[str],
+    n: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    repeats: int,
+) -> dict[str, tuple[float, int]]:
+    """``{"ours": (median s, tokens), "hf": (median s, tokens)}`` of ``sample`` and ``model.generate`` on the
+    same left-padded ``prompts`` (``n`` each), on the model's device; see the module docstring."""
+    device = str(next(model.parameters()).device)
+    stop_ids = stop_token_ids(model, tokenizer)
+
+    def ours() -> int:
+        generator = torch.Generator(device=device).manual_seed(0)
+        out = sample(
+            model,
+            tokenizer,
+            prompts,
+            n=n,
+            temperature=temperature,
+            top_p=top_p,
+            max_new_tokens=max_new_tokens,
+            generator=generator,
+        )
+        return int(out.lengths.sum())
+
+    tokenizer.padding_side = "left"
+    enc = tokenizer(prompts, return_tensors="pt", padding=True).to(device)
+
+    @torch.no_grad()
+    def hf() -> int:
+        torch.manual_seed(0)
+        out = model.generate(
+            **enc,
+            do_sample=True,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=0,
+            num_return_sequences=n,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=stop_ids,
+        )
+        resp = out[:, enc["input_ids"].shape[1] :].cpu()
+        is_stop = torch.isin(resp, torch.tensor(stop_ids))
+        before_stop = (is_stop.long().cumsum(1) - is_stop.long()) == 0  # tokens up to and including EOS
+        return int(before_stop.sum())
+
+    return timed_interleaved({"ours": ours, "hf": hf}, repeats, device)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Training throughput: our trainer (``ebpo.trainer.Trainer``) against TRL's ``GRPOTrainer`` through our
 adapter (``ebpo.integrations.trl.EBPOTrainer``), same model, batch, G, lengths and number of updates.
 
-    .venv/bin/python benchmarks/throughput.py                       # base model, 16 prompts x G=8, 6 steps
-    .venv/bin/python benchmarks/throughput.py --steps 10 --prompts 16 --group-size 8 --updates 4
+    .venv/bin/python benchmarks/throughput.py                       # base model, 16 prompts x G=8, 3 x 8 steps
+    .venv/bin/python benchmarks/throughput.py --model random --hidden-size 128 --layers 4 --max-new-tokens 48
+    .venv/bin/python benchmarks/throughput.py --ours run.step_kl=subset --ours rollout.old_logp=sampler
     .venv/bin/python benchmarks/throughput.py --model PATH --append docs/results/README.md
 
 One "step" is one generation round: ``--prompts`` prompts x G responses of at most ``--max-new-tokens``
@@ -11,15 +12,21 @@ options), then ``--updates`` optimizer updates on equal slices of the round (our
 prompts / updates``; TRL: ``per_device_train_batch_size = prompts x G / updates``, ``steps_per_generation =
 updates``, so TRL's ``max_steps`` is ``steps x updates``), AdamW at the same learning rate, no KL term (no
 reference model on either side), no evaluation and no checkpoints inside the timed steps, one process,
-the same torch thread count.
+the same torch thread count, the same ``arith`` training problems (every topic and level; the trainer does not
+inherit a level selection from the ``ebpo`` preset). ``--model random`` is a randomly initialised Llama of ``--hidden-size`` and
+``--layers`` with our character tokenizer: it seldom emits EOS, so nearly every response runs to
+``--max-new-tokens`` on both sides. ``--ours KEY=VALUE`` adds a trainer config override (e.g.
+``run.step_kl=subset``); the table names them.
 
-Timing: ours = ``timing_s/step`` of each step from ``metrics.jsonl`` (sampling, scoring, advantages, the
-log-prob passes and updates, and the per-step KL metric; validation before and after is outside it);
-TRL = wall time from ``on_step_begin`` to ``on_step_end`` of its optimizer steps (its generation happens
-inside the first of every ``updates`` steps), summed per generation round. Reported: median seconds per
-round after dropping the first round of each (warm-up), rollouts/s = prompts x G / that median, and the
-ratio ours/TRL in rollouts/s from this one run. Both sides run in this one process one after the other, so
-the machine's load is shared alike only as far as it stays constant: run it on a quiet machine.
+Timing: ours = each ``Trainer._train_step`` (sampling, scoring, advantages, the log-prob passes and
+updates, the per-step KL metric; validation before and after is outside it); TRL = from ``on_step_begin``
+to ``on_step_end`` of its optimizer steps (its generation and old log-prob pass happen inside the first of
+every ``updates`` steps), summed per generation round. Both wall seconds and this process's CPU seconds
+are taken per round. The two trainers run ``--repeats`` times each, alternately (ours, TRL, TRL, ours,
+...), in this one process, so that a change of the machine's load falls on both; the first round of every
+run is dropped (warm-up). Reported: median seconds per round over the kept rounds, rollouts/s = prompts x
+G / that median, and the ratio ours / TRL in rollouts/s, from wall time and from CPU time (CPU time is the
+steadier of the two on a machine that other jobs share).
 """
 
 from __future__ import annotations
@@ -30,8 +37,8 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,47 +53,58 @@ class Setting:
     group_size: int = 8
     max_new_tokens: int = 12
     updates: int = 4
-    steps: int = 6
+    steps: int = 8
     lr: float = 1e-4
     threads: int = 1
     seed: int = 0
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         if self.prompts % self.updates:
             raise ValueError(f"--prompts ({self.prompts}) must be a multiple of --updates ({self.updates})")
         if self.steps < 2:
-            raise ValueError("--steps must be >= 2 (the first round of each trainer is dropped as warm-up)")
+            raise ValueError("--steps must be >= 2 (the first round of each run is dropped as warm-up)")
 
     @property
     def rollouts_per_step(self) -> int:
         return self.prompts * self.group_size
 
 
-@dataclass(frozen=True)
+@dataclass
 class Timing:
-    """Seconds per generation round (all rounds, in order) and the summary the table reports."""
+    """Wall and CPU seconds of every kept generation round of one trainer, over all its runs."""
 
     name: str
-    round_s: list[float]
-    total_s: float
     rollouts_per_step: int
-    train_cpu_s: float = float("nan")
-    steps: int = 1
+    wall_s: list[float] = field(default_factory=list)
+    cpu_s: list[float] = field(default_factory=list)
+    run_s: list[float] = field(default_factory=list)
+
+    def add_run(self, wall_s: Sequence[float], cpu_s: Sequence[float], run_s: float) -> None:
+        """One run's per-round times; its first round (warm-up) is dropped."""
+        if len(wall_s) != len(cpu_s) or len(wall_s) < 2:
+            raise ValueError(
+                f"{self.name}: {len(wall_s)} wall and {len(cpu_s)} CPU rounds; need >= 2 of each"
+            )
+        self.wall_s += list(wall_s[1:])
+        self.cpu_s += list(cpu_s[1:])
+        self.run_s.append(run_s)
 
     @property
-    def cpu_s_per_step(self) -> float:
-        """CPU seconds of this process in ``train()`` per generation round (load-robust beside wall time;
-        ours includes its two validations of 9 problems x 1 sample)."""
-        return self.train_cpu_s / self.steps
+    def median_wall_s(self) -> float:
+        return statistics.median(self.wall_s)
 
     @property
-    def median_s(self) -> float:
-        """Median seconds per round without the first (warm-up) round."""
-        return statistics.median(self.round_s[1:])
+    def median_cpu_s(self) -> float:
+        return statistics.median(self.cpu_s)
 
     @property
     def rollouts_per_s(self) -> float:
-        return self.rollouts_per_step / self.median_s
+        return self.rollouts_per_step / self.median_wall_s
+
+    @property
+    def rollouts_per_cpu_s(self) -> float:
+        return self.rollouts_per_step / self.median_cpu_s
 
 
 def rounds_from_update_times(update_s: Sequence[float], updates: int) -> list[float]:
@@ -96,17 +114,25 @@ def rounds_from_update_times(update_s: Sequence[float], updates: int) -> list[fl
     return [sum(update_s[i : i + updates]) for i in range(0, len(update_s), updates)]
 
 
-def time_ours(setting: Setting, work_dir: Path) -> Timing:
-    """Our trainer through its public API (``load_config`` + ``Trainer``) with the EBPO preset."""
-    from ebpo.trainer import Trainer, load_config
-    from ebpo.trainer.trainer import read_metrics
+def run_order(repeats: int) -> list[str]:
+    """``ours`` and ``trl`` ``repeats`` times each, in ABBA order (ours, trl, trl, ours, ...), so that a
+    steady drift of the machine's load favours neither side."""
+    order: list[str] = []
+    for r in range(repeats):
+        order += ["ours", "trl"] if r % 2 == 0 else ["trl", "ours"]
+    return order
 
+
+def ours_overrides(setting: Setting, extra: Sequence[str] = ()) -> list[str]:
+    """The trainer config overrides that put the ``ebpo`` preset at the shared setting, then ``extra``."""
     s = setting
-    overrides = [
+    return [
         f"model.path={s.model}",
         f"data.batch_size={s.prompts}",
         f"data.group_size={s.group_size}",
         f"data.train_size={max(s.prompts * s.steps, 64)}",
+        "data.levels=null",  # every level and topic, as TRL's dataset below (not whatever ebpo.yaml selects)
+        "data.topics=null",
         "data.val_size=9",
         f"optim.mini_batch_size={s.prompts // s.updates}",
         f"optim.lr={s.lr}",
@@ -122,25 +148,37 @@ def time_ours(setting: Setting, work_dir: Path) -> Timing:
         "run.eval_k=1",
         f"run.seed={s.seed}",
         f"run.threads={s.threads}",
-        "run.device=cpu",
+        f"run.device={s.device}",
         "run.progress=false",
         "run.plot=false",
+        *extra,
     ]
-    cfg = load_config("ebpo", overrides)
-    start = time.perf_counter()
-    trainer = Trainer(cfg, run_dir=work_dir / "ours")
-    cpu_start = time.process_time()
-    trainer.train()
-    cpu = time.process_time() - cpu_start
-    total = time.perf_counter() - start
-    rows = [row for row in read_metrics(work_dir / "ours") if row["step"] >= 1]
-    return Timing(
-        "ebpo Trainer", [row["timing_s/step"] for row in rows], total, s.rollouts_per_step, cpu, s.steps
-    )
 
 
-def time_trl(setting: Setting, work_dir: Path) -> Timing:
-    """TRL's GRPOTrainer via ``EBPOTrainer`` (EBPO advantages from our registry, TRL's loop for the rest)."""
+def time_ours(setting: Setting, work_dir: Path, extra: Sequence[str] = ()) -> tuple[list[float], list[float]]:
+    """Wall and CPU seconds of each step of our trainer (public API: ``load_config`` + ``Trainer``)."""
+    from ebpo.trainer import Trainer, load_config
+
+    wall: list[float] = []
+    cpu: list[float] = []
+
+    class StepTimed(Trainer):
+        def _train_step(self) -> dict[str, float]:
+            wall_start, cpu_start = time.perf_counter(), time.process_time()
+            try:
+                return super()._train_step()
+            finally:
+                cpu.append(time.process_time() - cpu_start)
+                wall.append(time.perf_counter() - wall_start)
+
+    cfg = load_config("ebpo", ours_overrides(setting, extra))
+    StepTimed(cfg, run_dir=work_dir).train()
+    return wall, cpu
+
+
+def time_trl(setting: Setting, work_dir: Path) -> tuple[list[float], list[float]]:
+    """Wall and CPU seconds per generation round of TRL's GRPOTrainer via ``EBPOTrainer`` (EBPO advantages
+    from our registry, TRL's loop for the rest)."""
     import datasets
     import torch
     from transformers import TrainerCallback
@@ -162,18 +200,20 @@ def time_trl(setting: Setting, work_dir: Path) -> Timing:
 
     class StepTimer(TrainerCallback):
         def __init__(self) -> None:
-            self.update_s: list[float] = []
-            self._start = 0.0
+            self.wall_s: list[float] = []
+            self.cpu_s: list[float] = []
+            self._start = (0.0, 0.0)
 
         def on_step_begin(self, args, state, control, **kwargs):
-            self._start = time.perf_counter()
+            self._start = (time.perf_counter(), time.process_time())
 
         def on_step_end(self, args, state, control, **kwargs):
-            self.update_s.append(time.perf_counter() - self._start)
+            self.wall_s.append(time.perf_counter() - self._start[0])
+            self.cpu_s.append(time.process_time() - self._start[1])
 
     args = EBPOConfig(
-        output_dir=str(work_dir / "trl"),
-        use_cpu=True,
+        output_dir=str(work_dir),
+        use_cpu=s.device == "cpu",
         bf16=False,
         report_to="none",
         disable_tqdm=True,
@@ -200,115 +240,141 @@ def time_trl(setting: Setting, work_dir: Path) -> Timing:
         advantage_estimator="ebpo",
     )
     timer = StepTimer()
-    start = time.perf_counter()
     trainer = EBPOTrainer(
         model=s.model, reward_funcs=arith_reward, args=args, train_dataset=dataset, callbacks=[timer]
     )
-    cpu_start = time.process_time()
     trainer.train()
-    cpu = time.process_time() - cpu_start
-    total = time.perf_counter() - start
-    return Timing(
-        "TRL GRPOTrainer (EBPOTrainer)",
-        rounds_from_update_times(timer.update_s, s.updates),
-        total,
-        s.rollouts_per_step,
-        cpu,
-        s.steps,
-    )
+    return rounds_from_update_times(timer.wall_s, s.updates), rounds_from_update_times(timer.cpu_s, s.updates)
 
 
-def format_table(setting: Setting, ours: Timing, trl: Timing) -> str:
+def measure(
+    setting: Setting,
+    repeats: int,
+    extra: Sequence[str] = (),
+    runners: dict[str, Callable[[Path], tuple[list[float], list[float]]]] | None = None,
+) -> tuple[Timing, Timing]:
+    """Both trainers ``repeats`` times each in :func:`run_order`; returns (ours, TRL)."""
+    name = "ebpo Trainer" + (f" ({', '.join(extra)})" if extra else "")
+    timings = {
+        "ours": Timing(name, setting.rollouts_per_step),
+        "trl": Timing("TRL GRPOTrainer (EBPOTrainer)", setting.rollouts_per_step),
+    }
+    runners = runners or {
+        "ours": lambda work: time_ours(setting, work, extra),
+        "trl": lambda work: time_trl(setting, work),
+    }
+    with tempfile.TemporaryDirectory(prefix="ebpo-throughput-") as tmp:
+        for i, side in enumerate(run_order(repeats)):
+            start = time.perf_counter()
+            wall, cpu = runners[side](Path(tmp) / f"{side}-{i}")
+            timings[side].add_run(wall, cpu, time.perf_counter() - start)
+    return timings["ours"], timings["trl"]
+
+
+def format_table(setting: Setting, ours: Timing, trl: Timing, repeats: int, model_label: str) -> str:
     """The markdown table and the ratio line."""
     s = setting
     lines = [
         f"Setting: {s.prompts} prompts x G={s.group_size} = {s.rollouts_per_step} rollouts per step, "
-        f"<= {s.max_new_tokens} new tokens, {s.updates} updates per step, {s.steps} steps (first dropped), "
-        f"{s.threads} torch thread(s), CPU, model `{s.model}`.",
+        f"<= {s.max_new_tokens} new tokens, {s.updates} updates per step, {repeats} runs of {s.steps} steps "
+        f"per trainer, alternated (first step of each run dropped), {s.threads} torch thread(s), "
+        f"{s.device.upper() if s.device == 'cpu' else s.device}, model {model_label}.",
         "",
-        "| trainer | median s / step | rollouts / s | CPU s / step (train()) | whole run s (incl. setup) |",
-        "|---|---|---|---|---|",
+        "| trainer | median wall s / step | rollouts / s | median CPU s / step | rollouts / CPU s | whole runs s |",
+        "|---|---|---|---|---|---|",
     ]
     for t in (ours, trl):
+        runs = ", ".join(f"{x:.1f}" for x in t.run_s)
         lines.append(
-            f"| {t.name} | {t.median_s:.2f} | {t.rollouts_per_s:.1f} | {t.cpu_s_per_step:.2f} | {t.total_s:.1f} |"
+            f"| {t.name} | {t.median_wall_s:.3f} | {t.rollouts_per_s:.1f} | {t.median_cpu_s:.3f} | "
+            f"{t.rollouts_per_cpu_s:.1f} | {runs} |"
         )
-    ratio = ours.rollouts_per_s / trl.rollouts_per_s
-    cpu_ratio = trl.cpu_s_per_step / ours.cpu_s_per_step
-    verdict = "holds" if ratio >= 1.5 else "does NOT hold"
+    wall_ratio = ours.rollouts_per_s / trl.rollouts_per_s
+    cpu_ratio = ours.rollouts_per_cpu_s / trl.rollouts_per_cpu_s
     lines += [
         "",
-        f"Ratio ours / TRL (rollouts/s, same run): **{ratio:.2f}x**; the 1.5x goal {verdict}. "
-        f"CPU seconds per step, TRL / ours: {cpu_ratio:.2f}x.",
+        f"Ratio ours / TRL (rollouts per second, this run): **{wall_ratio:.2f}x** from wall time, "
+        f"**{cpu_ratio:.2f}x** from CPU time.",
     ]
     return "\n".join(lines)
+
+
+def resolve_model(args: argparse.Namespace, tmp: Path) -> tuple[str, str]:
+    """(model directory, label for the table) of ``--model``."""
+    if args.model in (None, "builtin"):
+        from ebpo.models.base_model import build_base_model
+
+        path = str(build_base_model())
+        return path, f"the built-in arith base model (`{path}`)"
+    if args.model == "random":
+        from ebpo.models.tiny import build_tiny_model
+
+        path = str(
+            build_tiny_model(
+                tmp / "random-model", seed=0, hidden_size=args.hidden_size, num_layers=args.layers
+            )
+        )
+        return path, f"a random Llama, {args.hidden_size} wide, {args.layers} layers, character tokenizer"
+    return args.model, f"`{args.model}`"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--model", default=None, help="model directory (default: the built-in arith base model)"
+        "--model",
+        default=None,
+        help="builtin (default: the built-in arith base model), random (a random Llama of --hidden-size and "
+        "--layers), or a model directory",
     )
+    parser.add_argument("--hidden-size", type=int, default=128, help="width of --model random (default 128)")
+    parser.add_argument("--layers", type=int, default=4, help="layers of --model random (default 4)")
     parser.add_argument(
         "--prompts", type=int, default=16, help="prompts per step (default 16, as src/ebpo/configs/ebpo.yaml)"
     )
     parser.add_argument("--group-size", type=int, default=8, help="G, responses per prompt (default 8)")
     parser.add_argument("--max-new-tokens", type=int, default=12, help="longest response (default 12)")
     parser.add_argument("--updates", type=int, default=4, help="optimizer updates per step (default 4)")
-    parser.add_argument("--steps", type=int, default=6, help="generation rounds per trainer (default 6)")
+    parser.add_argument("--steps", type=int, default=8, help="generation rounds per run (default 8)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per trainer, alternated (default 3)")
     parser.add_argument("--lr", type=float, default=1e-4, help="learning rate of both (default 1e-4)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads for both (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="seed of both (default 0)")
     parser.add_argument(
-        "--order",
-        choices=["ours-first", "trl-first"],
-        default="ours-first",
-        help="which trainer runs first (default ours-first)",
+        "--ours",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override for our trainer only (repeatable), e.g. run.step_kl=subset",
     )
     parser.add_argument(
         "--append", default=None, help="markdown file to append the table to (e.g. docs/results/README.md)"
     )
     parser.add_argument("--json", default=None, help="write the raw per-round times to this JSON file")
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
 
-    model = args.model
-    if model is None:
-        from ebpo.models.base_model import build_base_model
-
-        model = str(build_base_model())
-    setting = Setting(
-        model,
-        args.prompts,
-        args.group_size,
-        args.max_new_tokens,
-        args.updates,
-        args.steps,
-        args.lr,
-        args.threads,
-        args.seed,
-    )
-    with tempfile.TemporaryDirectory(prefix="ebpo-throughput-") as tmp:
-        work = Path(tmp)
-        runners = [time_ours, time_trl] if args.order == "ours-first" else [time_trl, time_ours]
-        timings = {fn.__name__: fn(setting, work) for fn in runners}
-    ours, trl = timings["time_ours"], timings["time_trl"]
-    table = format_table(setting, ours, trl)
+    with tempfile.TemporaryDirectory(prefix="ebpo-throughput-model-") as tmp:
+        model, label = resolve_model(args, Path(tmp))
+        setting = Setting(
+            model,
+            args.prompts,
+            args.group_size,
+            args.max_new_tokens,
+            args.updates,
+            args.steps,
+            args.lr,
+            args.threads,
+            args.seed,
+        )
+        ours, trl = measure(setting, args.repeats, args.ours)
+    table = format_table(setting, ours, trl, args.repeats, label)
     print(table)
     if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "setting": setting.__dict__,
-                    "ours_round_s": ours.round_s,
-                    "trl_round_s": trl.round_s,
-                    "ours_total_s": ours.total_s,
-                    "trl_total_s": trl.total_s,
-                    "ours_cpu_s": ours.train_cpu_s,
-                    "trl_cpu_s": trl.train_cpu_s,
-                },
-                indent=1,
-            )
-        )
+        payload = {"setting": setting.__dict__, "ours_overrides": args.ours}
+        for side, t in (("ours", ours), ("trl", trl)):
+            payload[side] = {"wall_s": t.wall_s, "cpu_s": t.cpu_s, "run_s": t.run_s}
+        Path(args.json).write_text(json.dumps(payload, indent=1))
     if args.append:
         stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         command = "python benchmarks/throughput.py " + " ".join(sys.argv[1:] if argv is None else argv)

@@ -412,6 +412,52 @@ def test_stateless_estimators_match_loop_reference(name, seed):
         assert torch.isfinite(adv).all()
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_group_metrics_match_loop_reference(seed):
+    """groups/all_fail and groups/all_pass (binary rewards: read off the group means; shaped: group min and
+    max against the batch's), adv/zero_frac and adv/abs_mean, against a loop over the groups."""
+    rng = random.Random(seed)
+    for name in ("grpo", "ebpo", "rloo"):
+        est = ebpo.get_estimator(name)
+        for _ in range(3):
+            rewards, index, passed, _ = _random_batch(rng, binary=rng.random() < 0.5)
+            if rng.random() < 0.25:  # whole groups at the floor or the ceiling
+                rewards = [float(r > 0.5) for r in rewards]
+            adv = est(torch.tensor(rewards), passed).tolist()
+            groups = _groups(rewards, index).values()
+            binary = all(r in (0.0, 1.0) for r in rewards)
+            floor, ceiling = (0.0, 1.0) if binary else (min(rewards), max(rewards))
+            informative = floor < ceiling
+            fail = sum(informative and all(rewards[i] == floor for i in g) for g in groups) / len(groups)
+            passes = sum(informative and all(rewards[i] == ceiling for i in g) for g in groups) / len(groups)
+            metrics = est.metrics()
+            assert (metrics["groups/all_fail"], metrics["groups/all_pass"]) == (fail, passes)
+            assert metrics["groups/num"] == len(groups)
+            assert metrics["adv/zero_frac"] == sum(abs(a) < 1e-8 for a in adv) / len(adv)
+            assert metrics["adv/abs_mean"] == pytest.approx(_mean([abs(a) for a in adv]), rel=1e-6)
+
+
+def test_ebpo_keeps_current_only_the_accumulators_its_options_read():
+    """W_within is read only with sigma2=pooled and W_inv_size only with tau2=latent: other options leave
+    them as they were (in the state all the same), and what they read is the same either way."""
+    rewards, index = [1.0, 0.0, 1.0, 1.0, 0.0, 0.0], [0, 0, 1, 1, 2, 2]
+    paper = ebpo.get_estimator("ebpo")
+    paper(rewards, index)
+    prior = paper.state_dict()["prior"]
+    assert (prior["W_glob"]["count"], prior["W_means"]["count"]) == (6, 3)
+    assert (prior["W_within"]["count"], prior["W_inv_size"]["count"]) == (0, 0)
+    both = ebpo.get_estimator("ebpo", sigma2="pooled", tau2="latent")
+    both(rewards, index)
+    prior = both.state_dict()["prior"]
+    assert (prior["W_within"]["count"], prior["W_inv_size"]["count"]) == (3, 3)
+    # a checkpoint that holds them (written by either) loads into either and trains alike
+    again = ebpo.get_estimator("ebpo")
+    again.load_state_dict(both.state_dict() | {"options": paper.state_dict()["options"]})
+    paper(rewards, index)
+    again(rewards, index)
+    assert paper.prior_stats() == again.prior_stats()
+
+
 EBPO_OPTIONS = [
     {},
     {"normalize": "none"},

@@ -168,25 +168,46 @@ def test_determinism_and_seed_sensitivity(spiky):
     assert not torch.equal(a.response_ids, c.response_ids)
 
 
+@torch.no_grad()
+def response_logits(model, out) -> torch.Tensor:
+    """Logits (N, T, V) predicting each response token, from one full forward over prompt + response."""
+    ids_NL = torch.cat([out.prompt_ids, out.response_ids], dim=1)
+    mask_NL = torch.cat([out.prompt_mask, out.response_mask], dim=1)
+    logits_NLV = model(
+        input_ids=ids_NL, attention_mask=mask_NL, position_ids=prompt_position_ids(mask_NL)
+    ).logits
+    return logits_NLV[:, out.prompt_ids.shape[1] - 1 : -1].float()
+
+
 def test_old_logp_equals_recomputed_forward(spiky):
     """PPO's first ratio exp(logp - old_logp) must be 1: recompute logp with one full forward pass over
     prompt + response at the sampling temperature."""
     model, tok = spiky
     temperature = 0.8
     out = sample(model, tok, PROMPTS, n=2, temperature=temperature, top_p=0.9, max_new_tokens=12, generator=3)
-    ids_NL = torch.cat([out.prompt_ids, out.response_ids], dim=1)
-    mask_NL = torch.cat([out.prompt_mask, out.response_mask], dim=1)
-    with torch.no_grad():
-        logits_NLV = model(
-            input_ids=ids_NL, attention_mask=mask_NL, position_ids=prompt_position_ids(mask_NL)
-        ).logits
-    P = out.prompt_ids.shape[1]
-    logits_NTV = logits_NLV[:, P - 1 : -1].float() / temperature
+    logits_NTV = response_logits(model, out) / temperature
     logp_NT = torch.log_softmax(logits_NTV, -1).gather(-1, out.response_ids[..., None]).squeeze(-1)
     logp_NT = logp_NT * out.response_mask
     assert torch.allclose(logp_NT, out.old_logp, atol=1e-4)
     ratio = torch.exp(logp_NT - out.old_logp)[out.response_mask.bool()]
     assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-4)
+
+
+def test_entropy_is_the_recomputed_forwards_and_changes_no_draw(spiky):
+    """with_entropy records, per response token, the entropy of the distribution old_logp comes from (the
+    temperature-scaled one, T = 1 when greedy), as one full forward pass gives it; the draws are unchanged."""
+    from ebpo.losses import entropy_from_logits
+
+    model, tok = spiky
+    for temperature in (0.8, 0.0):
+        kwargs = dict(n=2, temperature=temperature, top_p=0.9, max_new_tokens=12, generator=3)
+        out = sample(model, tok, PROMPTS, with_entropy=True, **kwargs)
+        plain = sample(model, tok, PROMPTS, **kwargs)
+        assert plain.entropy is None and out.entropy is not None and out.entropy.dtype == torch.float32
+        assert torch.equal(out.response_ids, plain.response_ids) and torch.equal(out.old_logp, plain.old_logp)
+        entropy_NT = entropy_from_logits(response_logits(model, out) / (temperature or 1.0))
+        assert torch.allclose(entropy_NT * out.response_mask, out.entropy, atol=1e-4)
+        assert bool((out.entropy[out.response_mask == 0] == 0).all())
 
 
 def test_batch_size_chunks_and_token_id_prompts_match(spiky):

@@ -563,7 +563,7 @@ def test_the_paper_command_builds_the_paper_settings(example, tmp_path, monkeypa
 def test_the_laptop_defaults_are_the_ebpo_train_demo(example, tmp_path):
     from ebpo.trainer.config import load_config
 
-    demo = load_config(REPO / "configs" / "ebpo.yaml")
+    demo = load_config("ebpo")
     _, config = example.parse_arguments(["--output_dir", str(tmp_path), "--use_cpu"])
     updates_per_step = demo.data.batch_size // demo.optim.mini_batch_size
     assert config.num_generations == demo.data.group_size

@@ -147,12 +147,15 @@ def test_end_to_end_run_learns_and_logs(tiny_model_dir, tmp_path):
     assert sorted(per_topic) == ["eval/pass@1/mod", "eval/pass@1/sequence"]
 
 
-def test_exact_resume_is_bit_for_bit(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize(
+    "fast", [(), ("rollout.old_logp=sampler", "run.step_kl=subset")], ids=["default", "fast"]
+)
+def test_exact_resume_is_bit_for_bit(tiny_model_dir, tmp_path, fast):
     # one run of 4 steps ...
-    Trainer(tiny_config(tiny_model_dir, "run.steps=4"), run_dir=tmp_path / "straight").train()
+    Trainer(tiny_config(tiny_model_dir, "run.steps=4", *fast), run_dir=tmp_path / "straight").train()
     # ... equals 2 steps, the process gone, a resume from the checkpoint and 2 more
-    Trainer(tiny_config(tiny_model_dir, "run.steps=2"), run_dir=tmp_path / "split").train()
-    Trainer(tiny_config(tiny_model_dir, "run.steps=4"), resume=tmp_path / "split").train()
+    Trainer(tiny_config(tiny_model_dir, "run.steps=2", *fast), run_dir=tmp_path / "split").train()
+    Trainer(tiny_config(tiny_model_dir, "run.steps=4", *fast), resume=tmp_path / "split").train()
 
     straight, split = final_params(tmp_path / "straight"), final_params(tmp_path / "split")
     assert straight.keys() == split.keys()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -78,3 +80,79 @@ def test_micro_batches_leave_the_vanilla_update_alone_but_change_kl_cov(tiny_mod
     whole = _one_step(tiny_model_dir, tmp_path / "kl_whole", *kl_cov)
     split = _one_step(tiny_model_dir, tmp_path / "kl_split", *kl_cov, "optim.micro_batch_size=2")
     assert _max_diff(whole, split) > 1e-5  # measured 1.7e-4
+
+
+@pytest.mark.parametrize("extra", [(), ("optim.micro_batch_size=2", "optim.epochs=2")])
+def test_first_update_serves_its_rows_old_logprobs_to_the_bit(tiny_model_dir, tmp_path, extra):
+    """The step's first update runs at the sampling policy, so its forward gives its rows' old log-probs and
+    entropies; with the pass over the other rows they equal, to the bit, one forward of the sampling policy
+    over the whole batch (what the trainer computed before it reused that forward)."""
+    import copy
+
+    from ebpo.losses import masked_mean
+    from ebpo.trainer.rollout import forward_logp
+
+    # 4 prompts x G = 4, one prompt per update: the first update holds 4 of the 16 rows
+    cfg = tiny_config(tiny_model_dir, "run.steps=1", "data.batch_size=4", *extra)
+    trainer = Trainer(cfg, run_dir=tmp_path / "run")
+    seen = {}
+    step_kl = trainer._step_kl
+
+    def spy(batch, old_logp_BT, stride):
+        seen.update(batch=batch, old_logp_BT=old_logp_BT.clone())
+        return step_kl(batch, old_logp_BT, stride)
+
+    trainer._step_kl = spy
+    sampling_policy = copy.deepcopy(trainer.model)
+    metrics = trainer._train_step()
+    batch = seen["batch"]
+    with torch.no_grad():
+        logp_BT, entropy_BT = forward_logp(
+            sampling_policy, batch.model_inputs(), cfg.rollout.temperature, with_entropy=True
+        )
+    mask_BT = batch.response_mask_BT.bool()
+    assert batch.num_rows == 16 and int(mask_BT.sum()) > 16
+    assert torch.equal(seen["old_logp_BT"][mask_BT], logp_BT[mask_BT])
+    assert metrics["actor/entropy"] == float(masked_mean(entropy_BT, batch.response_mask_BT))
+    trainer._lock.release()
+
+
+def test_step_kl_scope_changes_that_metric_and_nothing_else(tiny_model_dir, tmp_path):
+    """run.step_kl=subset estimates actor/step_kl from every U-th row, none skips it; training is the same to
+    the bit (the pass after the updates reads the model and draws nothing)."""
+    from test_trainer import training_rows
+
+    runs = {}
+    for scope in ("all", "subset", "none"):
+        cfg = tiny_config(tiny_model_dir, "run.steps=2", "data.batch_size=4", f"run.step_kl={scope}")
+        Trainer(cfg, run_dir=tmp_path / scope).train()
+        runs[scope] = (final_params(tmp_path / scope), training_rows(tmp_path / scope))
+    params, rows = runs["all"]
+    for scope in ("subset", "none"):
+        other_params, other_rows = runs[scope]
+        assert all(torch.equal(params[name], other_params[name]) for name in params), scope
+        drop = {"actor/step_kl"}
+        assert [{k: v for k, v in r.items() if k not in drop} for r in other_rows] == [
+            {k: v for k, v in r.items() if k not in drop} for r in rows
+        ]
+    steps = rows[1:]  # step 0 is the validation before training
+    assert all(row["actor/step_kl"] > 0 for row in steps)
+    assert all(row["actor/step_kl"] >= 0 for row in runs["subset"][1][1:])
+    assert [row["actor/step_kl"] for row in runs["subset"][1][1:]] != [row["actor/step_kl"] for row in steps]
+    assert all("actor/step_kl" not in row for row in runs["none"][1])
+
+
+def test_sampler_old_logprobs_train_as_recomputed_ones_up_to_rounding(tiny_model_dir, tmp_path):
+    """rollout.old_logp=sampler takes the PPO ratio's old log-probs and the entropy from the sampler, which
+    differ from a full forward's by float rounding only: the same responses, and one step's update within
+    rounding of the recomputed run's."""
+    from test_trainer import training_rows
+
+    recomputed = _one_step(tiny_model_dir, tmp_path / "recompute")
+    sampled = _one_step(tiny_model_dir, tmp_path / "sampler", "rollout.old_logp=sampler")
+    assert _max_diff(recomputed, sampled) < 1e-6  # measured 3.7e-9
+    (a,) = training_rows(tmp_path / "recompute")[1:]
+    (b,) = training_rows(tmp_path / "sampler")[1:]
+    assert a["reward/mean"] == b["reward/mean"] and a["response_length/mean"] == b["response_length/mean"]
+    assert math.isclose(a["actor/entropy"], b["actor/entropy"], abs_tol=1e-5)
+    assert math.isclose(a["actor/ppo_kl"], b["actor/ppo_kl"], abs_tol=1e-5)

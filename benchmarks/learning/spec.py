@@ -29,6 +29,11 @@ VARIANT_TITLES = {
 RESULT_KEYS_IGNORED = ("out_dir", "name", "progress", "plot")
 """``run`` fields that do not change a run's result, left out of its key."""
 
+KEYED_ONLY_OFF_DEFAULT = {("rollout", "old_logp"): "recompute", ("run", "step_kl"): "all"}
+"""Config fields added after runs were first keyed, whose default reproduces those runs (the trainer then does
+what it did before the field existed): at that default a field is left out of the key, so the earlier runs
+keep their keys and finished results; any other value enters it."""
+
 
 @dataclass(frozen=True)
 class Budget:
@@ -188,7 +193,8 @@ class RunSpec:
     @cached_property
     def key(self) -> str:
         """12 hex digits over what determines the result: the resolved config (less ``run`` fields that only
-        name or display the run), the model, the test settings and the checkpoint rule.
+        name or display the run, and :data:`KEYED_ONLY_OFF_DEFAULT` fields at their default), the model, the
+        test settings and the checkpoint rule.
 
         The model enters by its identity (``model_identity``: the weights' hash), not its path: a base model
         rebuilt in place (``ebpo base-model --out``) is another model and reruns every cell, and a runs
@@ -199,6 +205,9 @@ class RunSpec:
             "run": {k: v for k, v in self.config["run"].items() if k not in RESULT_KEYS_IGNORED},
             "model": {**self.config["model"], "path": model_id},
         }
+        for (section, name), default in KEYED_ONLY_OFF_DEFAULT.items():
+            if config[section].get(name) == default:
+                config[section] = {k: v for k, v in config[section].items() if k != name}
         payload = {
             "config": config,
             "model": model_id,

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LAPTOP_DEFAULTS: dict[str, Any] = dict(
-    # configs/ebpo.yaml (the `ebpo train` demo) in TRL's terms: one generation block = one training step there
+    # the ebpo preset (the `ebpo train` demo) in TRL's terms: one generation block = one training step there
     num_generations=8,  # data.group_size
     per_device_train_batch_size=32,  # 4 prompts x G per update (optim.mini_batch_size)
     steps_per_generation=8,  # 32 prompts x G per generation block (data.batch_size), 8 updates each

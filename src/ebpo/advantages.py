@@ -194,6 +194,8 @@ def _factorize_hashables(keys: Any) -> tuple[np.ndarray, int]:
     """Number distinct keys in order of first appearance: (int64 array of ids, count)."""
     mapping: dict[Hashable, int] = {}
     try:
+        if isinstance(keys, list) and len(set(keys)) == len(keys):  # all distinct (verl's runs): 0, 1, ...
+            return np.arange(len(keys), dtype=np.int64), len(keys)
         inverse = [mapping.setdefault(key, len(mapping)) for key in keys]
     except TypeError:
         for position, key in enumerate(keys):
@@ -206,12 +208,15 @@ def _factorize_hashables(keys: Any) -> tuple[np.ndarray, int]:
 
 
 class Batch(NamedTuple):
-    """A validated batch: float64 rewards, group ids 0..M-1, and optional per-sample cluster keys."""
+    """A validated batch: float64 rewards, group ids 0..M-1, and optional per-sample cluster keys; in an
+    estimator's ``_advantages``, also the batch's :class:`GroupStats` (computed once per call, shared by the
+    estimator and the metrics)."""
 
     rewards_N: torch.Tensor  # (N,) float64
     group_N: torch.Tensor  # (N,) long, values in 0..num_groups-1
     num_groups: int
     cluster: list[Hashable] | None  # N keys, or None
+    stats: GroupStats | None = None
 
 
 def _prepare(rewards: Any, index: Any, cluster: Any) -> Batch:
@@ -224,10 +229,14 @@ def _prepare(rewards: Any, index: Any, cluster: Any) -> Batch:
         raise ValueError(
             f"rewards must be a 1-D tensor of N sequence rewards, got shape {tuple(rewards_t.shape)}"
         )
-    rewards_N = rewards_t.detach().to(torch.float64)
+    if rewards_t.dtype == torch.float64 and not rewards_t.requires_grad:
+        rewards_N = rewards_t  # only read, never written to
+    else:
+        rewards_N = rewards_t.detach().to(torch.float64)
     num = rewards_N.numel()
-    bad_N = ~(rewards_N.abs() <= MAX_ABS_REWARD)  # true for NaN, +-inf and huge values
-    if bool(bad_N.any()):
+    # one reduction: the largest |reward| is NaN when any reward is, so the comparison fails for NaN too
+    if num and not float(rewards_N.abs().max()) <= MAX_ABS_REWARD:
+        bad_N = ~(rewards_N.abs() <= MAX_ABS_REWARD)  # true for NaN, +-inf and huge values
         position = int(bad_N.nonzero()[0, 0])
         raise ValueError(
             f"reward at position {position} is {rewards_N[position].item():g}: rewards must be finite with "
@@ -300,13 +309,15 @@ def grpo_advantage(
     *,
     norm_by_std: bool = True,
     eps: float = 1e-6,
+    stats: GroupStats | None = None,
 ) -> torch.Tensor:
     """GRPO (Shao et al. 2024; docs/design.md §3): A_i = (r_i - r̄_g) / (s_g + eps), s_g the unbiased group std.
 
     With ``norm_by_std=False`` this is Dr. GRPO's A_i = r_i - r̄_g. A group of one has r_i = r̄_g and
-    s_g = 0, so its advantage is 0 (verl instead uses mean 0, std 1 there and returns r_i).
+    s_g = 0, so its advantage is 0 (verl instead uses mean 0, std 1 there and returns r_i). ``stats``: the
+    batch's :func:`group_moments`, when already computed (here and in the functions below).
     """
-    stats = group_moments(rewards_N, group_N, num_groups)
+    stats = stats if stats is not None else group_moments(rewards_N, group_N, num_groups)
     adv_N = rewards_N - stats.mean_M[group_N]
     if norm_by_std:
         std_M = torch.sqrt(stats.var_M)
@@ -314,24 +325,33 @@ def grpo_advantage(
     return adv_N
 
 
-def dr_grpo_advantage(rewards_N: torch.Tensor, group_N: torch.Tensor, num_groups: int) -> torch.Tensor:
+def dr_grpo_advantage(
+    rewards_N: torch.Tensor, group_N: torch.Tensor, num_groups: int, *, stats: GroupStats | None = None
+) -> torch.Tensor:
     """Dr. GRPO (Liu et al. 2025; docs/design.md §3): A_i = r_i - r̄_g, no std normalisation."""
-    return grpo_advantage(rewards_N, group_N, num_groups, norm_by_std=False)
+    return grpo_advantage(rewards_N, group_N, num_groups, norm_by_std=False, stats=stats)
 
 
-def rloo_advantage(rewards_N: torch.Tensor, group_N: torch.Tensor, num_groups: int) -> torch.Tensor:
+def rloo_advantage(
+    rewards_N: torch.Tensor, group_N: torch.Tensor, num_groups: int, *, stats: GroupStats | None = None
+) -> torch.Tensor:
     """RLOO (Ahmadian et al. 2024; docs/design.md §3): A_i = r_i - (sum_g - r_i) / (G - 1) = G / (G - 1) * (r_i - r̄_g).
 
     A group of one has no other sample to form a baseline from: its advantage is 0.
     """
-    stats = group_moments(rewards_N, group_N, num_groups)
+    stats = stats if stats is not None else group_moments(rewards_N, group_N, num_groups)
     count_N = stats.count_M[group_N]
     loo_scale_N = torch.where(count_N > 1, count_N / (count_N - 1).clamp_min(1.0), torch.zeros_like(count_N))
     return loo_scale_N * (rewards_N - stats.mean_M[group_N])
 
 
 def reinforce_pp_baseline_advantage(
-    rewards_N: torch.Tensor, group_N: torch.Tensor, num_groups: int, *, whiten_eps: float = 1e-8
+    rewards_N: torch.Tensor,
+    group_N: torch.Tensor,
+    num_groups: int,
+    *,
+    whiten_eps: float = 1e-8,
+    stats: GroupStats | None = None,
 ) -> torch.Tensor:
     """REINFORCE++-baseline (Hu 2025; verl's ``reinforce_plus_plus_baseline``).
 
@@ -340,7 +360,7 @@ def reinforce_pp_baseline_advantage(
     sequence weighted by its length; equal to ours when all responses have one length) and gives a group
     of one the baseline 0; here a group of one gets a = 0 before whitening.
     """
-    stats = group_moments(rewards_N, group_N, num_groups)
+    stats = stats if stats is not None else group_moments(rewards_N, group_N, num_groups)
     adv_N = rewards_N - stats.mean_M[group_N]
     if adv_N.numel() == 0:
         return adv_N
@@ -349,7 +369,12 @@ def reinforce_pp_baseline_advantage(
 
 
 def jspo_advantage(
-    rewards_N: torch.Tensor, group_N: torch.Tensor, num_groups: int, *, eps: float = 1e-6
+    rewards_N: torch.Tensor,
+    group_N: torch.Tensor,
+    num_groups: int,
+    *,
+    eps: float = 1e-6,
+    stats: GroupStats | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """JSPO's James-Stein baseline (Zeng et al. 2025; docs/design.md §3), returning (A_N, lambda_M).
 
@@ -364,7 +389,7 @@ def jspo_advantage(
     of one has no leave-one-out mean, so its baseline is the outside mean alone (lambda taken as 1), and 0
     advantage when it is also the only prompt.
     """
-    stats = group_moments(rewards_N, group_N, num_groups)
+    stats = stats if stats is not None else group_moments(rewards_N, group_N, num_groups)
     count_M, mean_M = stats.count_M, stats.mean_M
     sum_M = mean_M * count_M
     num = rewards_N.numel()
@@ -405,7 +430,8 @@ def shrinkage_baseline(
     """
     noise_M = sigma2_M / count_M  # sigma2 / G_m
     denom_M = noise_M + tau2_M
-    shrinkage = torch.where(denom_M > 0, noise_M / torch.where(denom_M > 0, denom_M, 1.0), 0.0)
+    positive_M = denom_M > 0
+    shrinkage = torch.where(positive_M, noise_M / torch.where(positive_M, denom_M, 1.0), 0.0)
     V_eb = (1.0 - shrinkage) * mean_M + shrinkage * mu_glob_M
     return shrinkage, V_eb
 
@@ -455,27 +481,30 @@ def ebpo_advantage(
 
 
 def _common_metrics(
-    rewards_N: torch.Tensor, group_N: torch.Tensor, num_groups: int, adv_N: torch.Tensor
-) -> dict[str, torch.Tensor]:
-    """groups/num, groups/all_fail, groups/all_pass, adv/zero_frac, adv/abs_mean (definitions: module doc)."""
-    inf = torch.full((num_groups,), math.inf, dtype=rewards_N.dtype, device=rewards_N.device)
-    group_min_M = inf.scatter_reduce(0, group_N, rewards_N, reduce="amin")
-    group_max_M = (-inf).scatter_reduce(0, group_N, rewards_N, reduce="amax")
-    batch_min, batch_max = rewards_N.min(), rewards_N.max()
-    binary = bool(((rewards_N == 0) | (rewards_N == 1)).all())
-    if binary:
-        floor, ceiling, informative = rewards_N.new_zeros(()), rewards_N.new_ones(()), True
+    batch: Batch, stats: GroupStats, abs_adv_N: torch.Tensor
+) -> dict[str, torch.Tensor | float]:
+    """groups/num, groups/all_fail, groups/all_pass, adv/zero_frac, adv/abs_mean (definitions: module doc),
+    from the batch, its stats and the advantages' absolute values. A fraction is a count / the total, as
+    the mean of 0/1 values gives it, to the bit."""
+    rewards_N, num_groups = batch.rewards_N, batch.num_groups
+    num_fail: torch.Tensor | float = 0.0
+    num_pass: torch.Tensor | float = 0.0
+    if bool(((rewards_N == 0) | (rewards_N == 1)).all()):
+        # binary: a group's rewards are all 0 when its mean is 0, all 1 when its mean is exactly 1 (a sum of
+        # 0s and 1s is exact, and k / G = 1 only for k = G)
+        num_fail, num_pass = (stats.mean_M == 0).sum(), (stats.mean_M == 1).sum()
     else:
-        floor, ceiling, informative = batch_min, batch_max, bool(batch_min < batch_max)
-    zero = rewards_N.new_zeros(())
-    all_fail = (group_max_M == floor).double().mean() if informative else zero
-    all_pass = (group_min_M == ceiling).double().mean() if informative else zero
-    abs_adv_N = adv_N.abs()
+        floor, ceiling = float(rewards_N.min()), float(rewards_N.max())
+        if floor < ceiling:  # one value everywhere says nothing about which end it is at
+            inf = torch.full((num_groups,), math.inf, dtype=rewards_N.dtype, device=rewards_N.device)
+            group_min_M = inf.scatter_reduce(0, batch.group_N, rewards_N, reduce="amin")
+            group_max_M = (-inf).scatter_reduce(0, batch.group_N, rewards_N, reduce="amax")
+            num_fail, num_pass = (group_max_M == floor).sum(), (group_min_M == ceiling).sum()
     return {
-        "groups/num": rewards_N.new_tensor(float(num_groups)),
-        "groups/all_fail": all_fail,
-        "groups/all_pass": all_pass,
-        "adv/zero_frac": (abs_adv_N < ZERO_ADV_TOL).double().mean(),
+        "groups/num": float(num_groups),
+        "groups/all_fail": float(num_fail) / num_groups,
+        "groups/all_pass": float(num_pass) / num_groups,
+        "adv/zero_frac": float((abs_adv_N < ZERO_ADV_TOL).sum()) / abs_adv_N.numel(),
         "adv/abs_mean": abs_adv_N.mean(),
     }
 
@@ -494,10 +523,13 @@ _EMPTY_METRICS = {
 # ----------------------------------------------------------------------------------------------------
 
 
-def _check_advantages(name: str, adv_N: torch.Tensor, rewards_N: torch.Tensor) -> None:
-    """ValueError naming the first sample whose advantage is not finite or beyond float32's range."""
-    bad_N = ~(adv_N.abs() <= FLOAT32_MAX)  # true for NaN, +-inf and values float32 turns into inf
-    if bool(bad_N.any()):
+def _check_advantages(
+    name: str, adv_N: torch.Tensor, abs_adv_N: torch.Tensor, rewards_N: torch.Tensor
+) -> None:
+    """ValueError naming the first sample whose advantage is not finite or beyond float32's range
+    (``abs_adv_N``: the advantages' absolute values)."""
+    if not float(abs_adv_N.max()) <= FLOAT32_MAX:  # the max is NaN when any advantage is
+        bad_N = ~(abs_adv_N <= FLOAT32_MAX)  # true for NaN, +-inf and values float32 turns into inf
         position = int(bad_N.nonzero()[0, 0])
         largest = int(rewards_N.abs().argmax())
         raise ValueError(
@@ -537,19 +569,21 @@ class AdvantageEstimator:
         if batch.rewards_N.numel() == 0:
             self._metrics = dict(_EMPTY_METRICS)
             return torch.zeros(0, dtype=torch.float32, device=batch.rewards_N.device)
+        stats = group_moments(batch.rewards_N, batch.group_N, batch.num_groups)
+        batch = batch._replace(stats=stats)
         saved = self.state_dict()  # a batch that raises must leave no trace in the state
         try:
             adv_N, extra = self._advantages(batch)
-            _check_advantages(self.name, adv_N, batch.rewards_N)
+            abs_adv_N = adv_N.abs()
+            _check_advantages(self.name, adv_N, abs_adv_N, batch.rewards_N)
         except Exception:
             self.load_state_dict(saved)
             raise
-        metrics_t = {**_common_metrics(batch.rewards_N, batch.group_N, batch.num_groups, adv_N), **extra}
-        values = torch.stack([value.to(torch.float64).reshape(()) for value in metrics_t.values()]).tolist()
-        self._metrics = dict(zip(metrics_t, values, strict=True))
+        common = _common_metrics(batch, stats, abs_adv_N)
+        self._metrics = {name: float(value) for name, value in {**common, **extra}.items()}
         return adv_N.to(torch.float32)
 
-    def _advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
         raise NotImplementedError
 
     def observe(self, rewards: Any, index: Any, cluster: Any = None) -> None:
@@ -580,9 +614,14 @@ class GRPOEstimator(AdvantageEstimator):
         self.norm_by_std = bool(norm_by_std)
         self.eps = _check_eps("grpo", eps)
 
-    def _advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
         adv_N = grpo_advantage(
-            batch.rewards_N, batch.group_N, batch.num_groups, norm_by_std=self.norm_by_std, eps=self.eps
+            batch.rewards_N,
+            batch.group_N,
+            batch.num_groups,
+            norm_by_std=self.norm_by_std,
+            eps=self.eps,
+            stats=batch.stats,
         )
         return adv_N, {}
 
@@ -591,16 +630,16 @@ class GRPOEstimator(AdvantageEstimator):
 class DrGRPOEstimator(AdvantageEstimator):
     """Dr. GRPO: A_i = r_i - r̄_g (see :func:`dr_grpo_advantage`)."""
 
-    def _advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return dr_grpo_advantage(batch.rewards_N, batch.group_N, batch.num_groups), {}
+    def _advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+        return dr_grpo_advantage(batch.rewards_N, batch.group_N, batch.num_groups, stats=batch.stats), {}
 
 
 @register_estimator("rloo")
 class RLOOEstimator(AdvantageEstimator):
     """RLOO: A_i = r_i - mean of the other G - 1 rewards (see :func:`rloo_advantage`)."""
 
-    def _advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return rloo_advantage(batch.rewards_N, batch.group_N, batch.num_groups), {}
+    def _advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+        return rloo_advantage(batch.rewards_N, batch.group_N, batch.num_groups, stats=batch.stats), {}
 
 
 @register_estimator("reinforce_pp_baseline")
@@ -608,8 +647,11 @@ class ReinforcePPBaselineEstimator(AdvantageEstimator):
     """REINFORCE++-baseline: group-mean baseline, then batch whitening (see
     :func:`reinforce_pp_baseline_advantage`)."""
 
-    def _advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return reinforce_pp_baseline_advantage(batch.rewards_N, batch.group_N, batch.num_groups), {}
+    def _advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+        adv_N = reinforce_pp_baseline_advantage(
+            batch.rewards_N, batch.group_N, batch.num_groups, stats=batch.stats
+        )
+        return adv_N, {}
 
 
 @register_estimator("jspo")
@@ -620,16 +662,22 @@ class JSPOEstimator(AdvantageEstimator):
         super().__init__()
         self.eps = _check_eps("jspo", eps)
 
-    def _advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        adv_N, js_lambda_M = jspo_advantage(batch.rewards_N, batch.group_N, batch.num_groups, eps=self.eps)
+    def _advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+        adv_N, js_lambda_M = jspo_advantage(
+            batch.rewards_N, batch.group_N, batch.num_groups, eps=self.eps, stats=batch.stats
+        )
         return adv_N, {"jspo/lambda": js_lambda_M.mean()}
 
 
 class _Prior:
     """One EBPO prior: W_glob (rewards), W_means (group means), W_within (group variances, for
-    ``sigma2="pooled"``) and W_inv_size (1/G_m, for ``tau2="latent"``), all with one memory policy."""
+    ``sigma2="pooled"``) and W_inv_size (1/G_m, for ``tau2="latent"``), all with one memory policy.
 
-    def __init__(self, half_life: float | None) -> None:
+    ``pooled`` / ``latent``: whether W_within / W_inv_size are kept up to date. Only those options read
+    them; otherwise they stay as they are (in the state all the same, so that checkpoints have one format).
+    """
+
+    def __init__(self, half_life: float | None, *, pooled: bool = True, latent: bool = True) -> None:
         def make() -> Welford | EWWelford:
             return Welford() if half_life is None else EWWelford(half_life)
 
@@ -637,6 +685,7 @@ class _Prior:
         self.W_means = make()
         self.W_within = make()
         self.W_inv_size = make()
+        self.pooled, self.latent = pooled, latent
 
     def accumulators(self) -> dict[str, Welford | EWWelford]:
         return {
@@ -650,8 +699,10 @@ class _Prior:
         """Algorithm 1, lines 4-6: every reward into W_glob, every group mean into W_means."""
         self.W_glob.update(rewards_N)
         self.W_means.update(stats.mean_M)
-        self.W_within.update(stats.var_M[stats.count_M > 1])
-        self.W_inv_size.update(1.0 / stats.count_M)
+        if self.pooled:
+            self.W_within.update(stats.var_M[stats.count_M > 1])
+        if self.latent:
+            self.W_inv_size.update(1.0 / stats.count_M)
 
     def step(self) -> None:
         for acc in self.accumulators().values():
@@ -670,11 +721,13 @@ class _Prior:
             acc.load_state_dict(state[name])
 
 
-def _load_prior(half_life: float | None, state: dict[str, Any], key: str, where: str) -> _Prior:
+def _load_prior(
+    half_life: float | None, state: dict[str, Any], key: str, where: str, *, pooled: bool, latent: bool
+) -> _Prior:
     """A fresh :class:`_Prior` holding ``state[key]``; ValueError naming ``where`` if it is missing or bad."""
     if key not in state:
         raise ValueError(f"EBPO checkpoint has no {where!r} entry (keys: {sorted(state)})")
-    prior = _Prior(half_life)
+    prior = _Prior(half_life, pooled=pooled, latent=latent)
     accumulators = prior.accumulators()
     missing = sorted(set(accumulators) - set(state[key]))
     if missing:
@@ -749,10 +802,17 @@ class EBPOEstimator(AdvantageEstimator):
         self.sigma2_mode = sigma2
         self.normalize = normalize
         self.eps = float(eps)
-        self.prior = _Prior(self.half_life)
+        self.prior = self._new_prior()
         self.cluster_priors: dict[Hashable, _Prior] = {}
 
     # -- prior bookkeeping -------------------------------------------------------------------------
+
+    def _new_prior(self) -> _Prior:
+        """An empty prior that keeps current what these options read."""
+        return _Prior(self.half_life, **self._prior_reads())
+
+    def _prior_reads(self) -> dict[str, bool]:
+        return {"pooled": self.sigma2_mode == "pooled", "latent": self.tau2_mode == "latent"}
 
     def _read(self, prior: _Prior) -> tuple[float, float, float]:
         """Algorithm 1, lines 8-10: (mu_glob, sigma2, tau2) of one prior.
@@ -801,7 +861,7 @@ class EBPOEstimator(AdvantageEstimator):
         keys, cluster_M = self._group_clusters(batch)
         cluster_N = cluster_M[batch.group_N]
         for k, key in enumerate(keys):  # loop over the few clusters present, each update vectorised
-            prior = self.cluster_priors.setdefault(key, _Prior(self.half_life))
+            prior = self.cluster_priors.get(key) or self.cluster_priors.setdefault(key, self._new_prior())
             in_cluster_M = cluster_M == k
             prior.update(
                 batch.rewards_N[cluster_N == k],
@@ -830,16 +890,19 @@ class EBPOEstimator(AdvantageEstimator):
             self.load_state_dict(saved)
             raise
 
-    def _advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        stats = group_moments(batch.rewards_N, batch.group_N, batch.num_groups)
+    def _advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
+        stats = batch.stats
+        if stats is None:
+            stats = group_moments(batch.rewards_N, batch.group_N, batch.num_groups)
         clusters = self._update(batch, stats)
         mu_glob, sigma2, tau2 = self._read(self.prior)
         like = batch.rewards_N
-        mu_glob_M = like.new_full((batch.num_groups,), mu_glob)
-        sigma2_M = like.new_full((batch.num_groups,), sigma2)
-        tau2_M = like.new_full((batch.num_groups,), tau2)
-        cluster_prior_M = torch.zeros(batch.num_groups, dtype=torch.bool, device=like.device)
+        # each group's (mu_glob, sigma2, tau2): the global prior's, then a cluster's where it has one
+        prior_3M = like.new_tensor([mu_glob, sigma2, tau2])[:, None].repeat(1, batch.num_groups)
+        mu_glob_M, sigma2_M, tau2_M = prior_3M
+        cluster_prior_frac: torch.Tensor | float = 0.0  # one global prior: no group used a cluster's
         if clusters is not None:
+            cluster_prior_M = torch.zeros(batch.num_groups, dtype=torch.bool, device=like.device)
             keys, cluster_M = clusters
             for k, key in enumerate(keys):
                 prior = self.cluster_priors[key]
@@ -851,6 +914,7 @@ class EBPOEstimator(AdvantageEstimator):
                 sigma2_M[in_cluster_M] = cluster_sigma2
                 tau2_M[in_cluster_M] = cluster_tau2
                 cluster_prior_M |= in_cluster_M
+            cluster_prior_frac = cluster_prior_M.double().mean()
         adv_N, shrinkage, V_eb = ebpo_advantage(
             batch.rewards_N,
             batch.group_N,
@@ -862,14 +926,11 @@ class EBPOEstimator(AdvantageEstimator):
             eps=self.eps,
         )
         self._step()
-        extra = {
-            "ebpo/mu_glob": mu_glob_M.mean(),
-            "ebpo/sigma2": sigma2_M.mean(),
-            "ebpo/tau2": tau2_M.mean(),
-            "ebpo/shrinkage": shrinkage.mean(),
-            "ebpo/baseline_mean": V_eb.mean(),
-            "ebpo/cluster_prior_frac": cluster_prior_M.double().mean(),
-        }
+        # the means over the groups, one row each (a row's mean is the 1-D mean of that row, to the bit)
+        means = torch.cat([prior_3M, shrinkage[None], V_eb[None]]).mean(dim=1).tolist()
+        names = ("ebpo/mu_glob", "ebpo/sigma2", "ebpo/tau2", "ebpo/shrinkage", "ebpo/baseline_mean")
+        extra: dict[str, torch.Tensor | float] = dict(zip(names, means, strict=True))
+        extra["ebpo/cluster_prior_frac"] = cluster_prior_frac
         return adv_N, extra
 
     def prior_stats(self, cluster: Hashable | None = None) -> dict[str, float]:
@@ -892,11 +953,11 @@ class EBPOEstimator(AdvantageEstimator):
                 f"EBPO checkpoint has prior_memory={saved_memory!r} but this estimator has "
                 f"{self._options()['prior_memory']!r}; build the estimator with the checkpoint's prior_memory"
             )
-        prior = _load_prior(self.half_life, state, "prior", "prior")
+        prior = _load_prior(self.half_life, state, "prior", "prior", **self._prior_reads())
         cluster_priors = {}
         for key, prior_state in state.get("cluster_priors", []):
             cluster_priors[key] = _load_prior(
-                self.half_life, {"p": prior_state}, "p", f"cluster_priors[{key!r}]"
+                self.half_life, {"p": prior_state}, "p", f"cluster_priors[{key!r}]", **self._prior_reads()
             )
         self.prior, self.cluster_priors = prior, cluster_priors  # only a fully valid state is taken
 

@@ -21,6 +21,7 @@ Log-probabilities (``Rollouts.old_logp``) are those of the *temperature-scaled* 
 ratio ``exp(logp - old_logp)`` must compare the same distribution, so the trainer recomputes its policy
 log-probs with the same temperature, and the ratio starts at exactly 1 (up to float error) on the first
 update. With ``temperature == 0`` (greedy) the log-probs are those of the unscaled distribution (T = 1).
+``with_entropy=True`` also records each drawn token's distribution's entropy (``Rollouts.entropy``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,17 @@ from typing import Any
 
 import torch
 
-__all__ = ["Rollouts", "sample", "sample_next_token", "stop_token_ids", "left_pad", "prompt_position_ids"]
+from ebpo.losses import entropy_from_logits
+
+__all__ = [
+    "Rollouts",
+    "keeps_last_logits",
+    "left_pad",
+    "prompt_position_ids",
+    "sample",
+    "sample_next_token",
+    "stop_token_ids",
+]
 
 
 @dataclass
@@ -54,6 +65,8 @@ class Rollouts:
         lengths: LongTensor (N,), number of response tokens including EOS (= ``response_mask.sum(1)``).
         truncated: BoolTensor (N,), True where no EOS was sampled within ``max_new_tokens``.
         group_index: LongTensor (N,), index into ``prompts`` of the prompt each row answers.
+        entropy: FloatTensor (N, T), float32, entropy of the distribution ``old_logp`` is taken from, at each
+            response token (0 where ``response_mask`` is 0); None unless ``sample(..., with_entropy=True)``.
     """
 
     prompt_ids: torch.Tensor
@@ -65,6 +78,7 @@ class Rollouts:
     lengths: torch.Tensor
     truncated: torch.Tensor
     group_index: torch.Tensor
+    entropy: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -139,7 +153,7 @@ def sample_next_token(
         token_B = logits_BV.argmax(dim=-1)
         logp_BV = torch.log_softmax(logits_BV, dim=-1)
         return token_B, logp_BV.gather(-1, token_B[:, None]).squeeze(-1)
-    logp_BV = torch.log_softmax(logits_BV / temperature, dim=-1)
+    logp_BV = torch.log_softmax(logits_BV / temperature if temperature != 1.0 else logits_BV, dim=-1)
     probs_BV = logp_BV.exp()
     draw_device = generator.device if generator is not None else probs_BV.device
     if top_p >= 1.0:  # no nucleus: draw over the vocabulary in id order, no sort
@@ -173,16 +187,21 @@ def _encode_prompts(tokenizer, prompts: Sequence[str | Sequence[int]]) -> list[l
     return encoded
 
 
-def _last_logits_only(model) -> dict[str, int]:
-    """``{"logits_to_keep": 1}`` when the model's forward takes it: the prefill then computes logits for
-    the last position only instead of a (B, P, V) tensor (gigabytes for long prompts and a large vocab)."""
+def keeps_last_logits(model) -> bool:
+    """Whether the model's forward takes ``logits_to_keep=k`` (Hugging Face causal LMs do): logits for the
+    last k positions only, instead of a (B, L, V) tensor (gigabytes for long prompts and a large vocab)."""
     import inspect
 
     try:
         params = inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
-        return {}
-    return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        return False
+    return "logits_to_keep" in params
+
+
+def _last_logits_only(model) -> dict[str, int]:
+    """``{"logits_to_keep": 1}`` when the model takes it: the prefill computes the last position's logits."""
+    return {"logits_to_keep": 1} if keeps_last_logits(model) else {}
 
 
 def _sample_per_prompt(
@@ -226,18 +245,21 @@ def _generate_chunk(
     stop_ids: list[int],
     pad_id: int,
     prompt_generators: Sequence[torch.Generator] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample n responses for each of B prompts: returns ``(response_ids_NT, old_logp_NT)`` on the CPU,
-    N = B*n, right-padded with ``pad_id`` / 0. A row's tokens stop after its first stop token.
-    ``prompt_generators`` (B,), when given, replaces ``generator``: prompt b's rows draw from entry b."""
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Sample n responses for each of B prompts: returns ``(response_ids_NT, old_logp_NT, entropy_NT)`` on
+    the CPU, N = B*n, right-padded with ``pad_id`` / 0 / 0 (``entropy_NT`` None without ``with_entropy``).
+    A row's tokens stop after its first stop token. ``prompt_generators`` (B,), when given, replaces
+    ``generator``: prompt b's rows draw from entry b."""
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
     num_rows = prompt_ids_BP.shape[0] * n
     response_ids_NT = torch.full((num_rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
     old_logp_NT = torch.zeros((num_rows, max_new_tokens), dtype=torch.float32, device=device)
+    entropy_NT = torch.zeros_like(old_logp_NT) if with_entropy else None
     if max_new_tokens == 0:
-        return response_ids_NT.cpu(), old_logp_NT.cpu()
+        return response_ids_NT.cpu(), old_logp_NT.cpu(), None if entropy_NT is None else entropy_NT.cpu()
     stop_ids_S = torch.as_tensor(stop_ids, dtype=torch.long, device=device)
 
     # Prefill once per unique prompt, then repeat the cache n times (rows b*n .. b*n+n-1 = prompt b).
@@ -271,6 +293,8 @@ def _generate_chunk(
             )
         response_ids_NT[active_rows_A, step] = token_A
         old_logp_NT[active_rows_A, step] = logp_A
+        if entropy_NT is not None:  # of the distribution logp_A is taken from (T = 1 when greedy)
+            entropy_NT[active_rows_A, step] = entropy_from_logits(logits_AV.float() / (temperature or 1.0))
         if step == max_new_tokens - 1:
             break
         still_active_A = ~torch.isin(token_A, stop_ids_S)
@@ -293,7 +317,7 @@ def _generate_chunk(
         logits_AV = out.logits[:, -1, :].float()
         next_pos_A = next_pos_A + 1
         del out
-    return response_ids_NT.cpu(), old_logp_NT.cpu()
+    return response_ids_NT.cpu(), old_logp_NT.cpu(), None if entropy_NT is None else entropy_NT.cpu()
 
 
 def response_mask_from_ids(response_ids_NT: torch.Tensor, stop_ids: Sequence[int]) -> torch.Tensor:
@@ -316,6 +340,7 @@ def sample(
     batch_size: int | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     generators: Sequence[torch.Generator | int] | None = None,
+    with_entropy: bool = False,
 ) -> Rollouts:
     """Sample ``n`` responses per prompt with a KV cache; see the module docstring for the algorithm.
 
@@ -341,6 +366,8 @@ def sample(
             the call, in any order and any ``batch_size`` (up to the float rounding of a batched forward
             pass, which can differ with the batch's shape). One draw call per prompt and step instead of
             one per step. ``ebpo eval`` seeds one per problem.
+        with_entropy: also return each response token's distribution's entropy (``Rollouts.entropy``); the
+            draws are the same either way.
 
     Returns:
         :class:`Rollouts` with N = B*n rows, on the CPU.
@@ -380,7 +407,7 @@ def sample(
     was_training = model.training
     model.eval()
     try:
-        chunks: list[tuple[torch.Tensor, torch.Tensor]] = []
+        chunks: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
         for start in range(0, num_prompts, max(1, prompts_per_chunk)):
             chunk_ids_BP, chunk_mask_BP = left_pad(encoded[start : start + prompts_per_chunk], pad_id)
             chunks.append(
@@ -398,22 +425,29 @@ def sample(
                     prompt_generators=None
                     if prompt_generators is None
                     else prompt_generators[start : start + prompts_per_chunk],
+                    with_entropy=with_entropy,
                 )
             )
     finally:
         model.train(was_training)
 
     if chunks:
-        response_ids_NT = torch.cat([ids for ids, _ in chunks], dim=0)
-        old_logp_NT = torch.cat([logp for _, logp in chunks], dim=0)
+        response_ids_NT = torch.cat([ids for ids, _, _ in chunks], dim=0)
+        old_logp_NT = torch.cat([logp for _, logp, _ in chunks], dim=0)
     else:
         response_ids_NT = torch.zeros((0, max_new_tokens), dtype=torch.long)
         old_logp_NT = torch.zeros((0, max_new_tokens), dtype=torch.float32)
+    entropy_NT = None
+    if with_entropy:
+        entropies = [entropy for _, _, entropy in chunks if entropy is not None]
+        entropy_NT = torch.cat(entropies) if entropies else torch.zeros_like(old_logp_NT)
     response_mask_NT = response_mask_from_ids(response_ids_NT, stop_ids)
     lengths_N = response_mask_NT.sum(dim=1)
     longest = int(lengths_N.max()) if len(lengths_N) else 0
     response_ids_NT = response_ids_NT[:, :longest].masked_fill(response_mask_NT[:, :longest] == 0, pad_id)
     old_logp_NT = old_logp_NT[:, :longest] * response_mask_NT[:, :longest]
+    if entropy_NT is not None:
+        entropy_NT = entropy_NT[:, :longest] * response_mask_NT[:, :longest]
     response_mask_NT = response_mask_NT[:, :longest]
     ended_N = torch.isin(response_ids_NT, torch.as_tensor(stop_ids, dtype=torch.long)).any(dim=1)
 
@@ -437,4 +471,5 @@ def sample(
         lengths=lengths_N,
         truncated=~ended_N,
         group_index=torch.arange(num_prompts).repeat_interleave(n),
+        entropy=entropy_NT,
     )

@@ -39,6 +39,8 @@ def _as_float64_1d(values: Any) -> torch.Tensor:
     float32 and round 100000001.0 to 1e8).
     """
     if isinstance(values, torch.Tensor):
+        if values.dtype == torch.float64 and values.dim() == 1 and not values.requires_grad:
+            return values  # already what the callers read (they never write to it)
         return values.detach().reshape(-1).to(torch.float64)
     return torch.as_tensor(values, dtype=torch.float64).reshape(-1)
 
@@ -70,15 +72,15 @@ def batch_moments(values: Any) -> tuple[int, float, float]:
     n = values_n.numel()
     if n == 0:
         return 0, 0.0, 0.0
-    _check_finite_values(values_n)
-    shift = values_n[0]
-    shifted_n = values_n - shift
-    mean = shift + shifted_n.mean()
-    m2 = ((values_n - mean) ** 2).sum()
-    if not (math.isfinite(float(mean)) and math.isfinite(float(m2))):
+    shift = float(values_n[0])
+    mean = shift + float((values_n - shift).mean())
+    m2 = float(((values_n - mean) ** 2).sum())
+    # a NaN or inf value makes the mean or M2 non-finite, so the values need a look only then
+    if not (math.isfinite(mean) and math.isfinite(m2)):
+        _check_finite_values(values_n)
         position = int(values_n.abs().argmax())
         raise _overflow_error(f"value at position {position} is {values_n[position].item():g}")
-    return n, float(mean), float(m2)
+    return n, mean, m2
 
 
 def _chan_combine(

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ebpo.generation import Rollouts
+from ebpo.generation import Rollouts, keeps_last_logits
 from ebpo.losses import entropy_from_logits
 
 
@@ -44,6 +44,10 @@ class RolloutBatch:
     """The training reward (float64): the score plus DAPO's overlong penalty when that is on."""
     valid_B: torch.Tensor
     """False where the reward function raised or returned a non-finite value (the row is masked out)."""
+    sampler_logp_BT: torch.Tensor | None = None
+    """The sampler's log-probs of the response tokens (float32, 0 on padding): ``rollout.old_logp=sampler``."""
+    sampler_entropy_BT: torch.Tensor | None = None
+    """The sampler's entropies at the response tokens (float32, 0 on padding), when it recorded them."""
 
     @staticmethod
     def from_rollouts(
@@ -60,6 +64,8 @@ class RolloutBatch:
             score_B=score_B,
             reward_B=reward_B,
             valid_B=valid_B,
+            sampler_logp_BT=rollouts.old_logp,
+            sampler_entropy_BT=rollouts.entropy,
         )
 
     @property
@@ -68,7 +74,9 @@ class RolloutBatch:
 
     def select(self, rows: torch.Tensor | slice) -> RolloutBatch:
         """The rows ``rows`` (indices or a slice) of every field."""
-        return RolloutBatch(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
+        return RolloutBatch(
+            **{f.name: _rows(getattr(self, f.name), rows) for f in fields(self)}  # type: ignore[arg-type]
+        )
 
     def model_inputs(self, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
         """The token tensors :func:`forward_logp` reads, on ``device``, named as in ``ebpo.generation.Rollouts``."""
@@ -92,6 +100,10 @@ class RolloutBatch:
         def right(tensor_BT: torch.Tensor, value: int) -> torch.Tensor:
             return F.pad(tensor_BT, (0, width_T - tensor_BT.shape[1]), value=value)
 
+        def right_optional(name: str) -> torch.Tensor | None:  # None unless every batch holds the field
+            parts = [getattr(b, name) for b in batches]
+            return None if any(p is None for p in parts) else torch.cat([right(p, 0) for p in parts])
+
         return RolloutBatch(
             prompt_ids_BP=torch.cat([left(b.prompt_ids_BP, pad_id) for b in batches]),
             prompt_mask_BP=torch.cat([left(b.prompt_mask_BP, 0) for b in batches]),
@@ -102,7 +114,13 @@ class RolloutBatch:
             score_B=torch.cat([b.score_B for b in batches]),
             reward_B=torch.cat([b.reward_B for b in batches]),
             valid_B=torch.cat([b.valid_B for b in batches]),
+            sampler_logp_BT=right_optional("sampler_logp_BT"),
+            sampler_entropy_BT=right_optional("sampler_entropy_BT"),
         )
+
+
+def _rows(tensor: torch.Tensor | None, rows: torch.Tensor | slice) -> torch.Tensor | None:
+    return None if tensor is None else tensor[rows]
 
 
 def _concat_padded(parts: Sequence[Mapping[str, torch.Tensor]], pad_id: int) -> dict[str, torch.Tensor]:
@@ -111,7 +129,8 @@ def _concat_padded(parts: Sequence[Mapping[str, torch.Tensor]], pad_id: int) -> 
     names = {f.name.rsplit("_", 1)[0]: f.name for f in fields(RolloutBatch)}
     batches = [RolloutBatch(**{names[key]: value for key, value in part.items()}) for part in parts]
     batch = RolloutBatch.concat(batches, pad_id)
-    return {key: getattr(batch, name) for key, name in names.items()}
+    keys = set().union(*parts) if parts else set()
+    return {key: getattr(batch, name) for key, name in names.items() if key in keys}
 
 
 def forward_logp(
@@ -120,28 +139,45 @@ def forward_logp(
     temperature: float,
     *,
     with_entropy: bool = False,
+    response_logits_only: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Token log-probs of the responses under ``log_softmax(logits / T)``: returns ``(logp_BT, entropy_BT)``.
 
     ``inputs`` holds ``prompt_ids`` / ``prompt_mask`` (B, P), left-padded, and ``response_ids`` /
     ``response_mask`` (B, T), right-padded (:meth:`RolloutBatch.model_inputs`). Position ids skip the left
     padding, as in generation, so the numbers match the sampler's. ``entropy_BT`` is the entropy of the same
-    distribution, or None without ``with_entropy``.
+    distribution (computed without gradient), or None without ``with_entropy``.
+
+    ``response_logits_only``: only the T + 1 last positions go through the output layer when the model takes
+    ``logits_to_keep`` (Hugging Face causal LMs), as the prompt's logits are never read. The log-probs are
+    the same to the bit; the trainer sets it for its passes without gradient only, because under autograd
+    the output layer's weight gradient would then sum over fewer positions, in another order, and differ
+    in the last bits from a full forward's. A row's numbers do not depend on the other rows of the call
+    (the trainer reuses an update's forward as the old log-probs of its rows).
     """
     prompt_ids_BP, prompt_mask_BP = inputs["prompt_ids"], inputs["prompt_mask"]
     response_ids_BT, response_mask_BT = inputs["response_ids"], inputs["response_mask"]
-    num_prompt = prompt_ids_BP.shape[1]
+    num_response = response_ids_BT.shape[1]
     input_ids_BL = torch.cat([prompt_ids_BP, response_ids_BT], dim=1)
     attention_BL = torch.cat([prompt_mask_BP, response_mask_BT], dim=1)
     position_BL = (attention_BL.cumsum(-1) - 1).clamp(min=0)
-    logits_BLV = model(input_ids=input_ids_BL, attention_mask=attention_BL, position_ids=position_BL).logits
-    # the token at response position t is predicted by the logits at sequence position P - 1 + t
-    logits_BTV = logits_BLV[:, num_prompt - 1 : -1, :].float() / temperature
+    keep = {"logits_to_keep": num_response + 1} if response_logits_only and keeps_last_logits(model) else {}
+    logits_BKV = model(
+        input_ids=input_ids_BL, attention_mask=attention_BL, position_ids=position_BL, **keep
+    ).logits
+    # the token at response position t is predicted by the logits at sequence position P - 1 + t, the
+    # (T + 1 - t)-th from the end
+    logits_BTV = logits_BKV[:, logits_BKV.shape[1] - num_response - 1 : -1, :].float()
+    if temperature != 1.0:  # x / 1.0 is x: skipping it saves a (B, T, V) copy and its backward
+        logits_BTV = logits_BTV / temperature
     # log_softmax at the sampled token without a second (B, T, V) tensor: z_y - logsumexp(z)
     logp_BT = logits_BTV.gather(-1, response_ids_BT[..., None]).squeeze(-1) - torch.logsumexp(
         logits_BTV, dim=-1
     )
-    entropy_BT = entropy_from_logits(logits_BTV) if with_entropy else None
+    entropy_BT = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy_BT = entropy_from_logits(logits_BTV.detach())
     return logp_BT, entropy_BT
 
 

@@ -10,9 +10,11 @@ One step (``Trainer.train`` -> ``Trainer._train_step``):
 4. one advantage per response from the estimator (``ebpo.advantages``), broadcast over its tokens
    (docs/design.md §1, step 6); a response's group id is its prompt's position in the step's batch, never the record id;
 5. old log-probs recomputed at the rollout temperature (verl's ``recompute_log_prob``: the first ratio is
-   exactly 1), then K = ``optim.epochs`` passes of shuffled mini-batch updates: policy loss and aggregation
+   exactly 1; the first update's own forward serves its rows), or the sampler's (``rollout.old_logp``),
+   then K = ``optim.epochs`` passes of shuffled mini-batch updates: policy loss and aggregation
    (``ebpo.losses``) plus ``kl_coef * agg(kl(logp, ref_logp))`` to the frozen initial policy, AdamW;
-6. ``actor/step_kl`` = KL(pi_t || pi_{t+1}) (k3 on the step's tokens) and the step's metrics, logged;
+6. ``actor/step_kl`` = KL(pi_t || pi_{t+1}) (k3 on the step's tokens, ``run.step_kl``) and the step's
+   metrics, logged;
 7. validation every ``run.eval_every`` steps, keeping the best checkpoint by maj@k (the paper's rule for
    its topic runs, Appendix A) beside the last one.
 
@@ -276,30 +278,50 @@ class Trainer:
         ).float()
         adv_time = time.perf_counter() - t0
 
-        # 5. old log-probs (recomputed), reference log-probs, entropy; then K epochs of shuffled mini-batches
+        # 5. old log-probs and entropy (recomputed, or the sampler's), reference log-probs; then K epochs of
+        # shuffled mini-batches. Recomputed: the step's first update runs its forward at the sampling
+        # policy, so its rows' old log-probs and entropies are taken from that forward (a row's numbers do
+        # not depend on the other rows of a forward: they equal a separate pass's to the bit), and the pass
+        # covers the other rows.
         t0 = time.perf_counter()
+        rows_per_update = o.mini_batch_size * G
+        order_B = torch.randperm(batch.num_rows, generator=self.generator)
+        other_rows = order_B[rows_per_update:]  # the first update's rows are order_B[:rows_per_update]
+        recompute = self.cfg.rollout.old_logp == "recompute"
+        if recompute:
+            old_logp_BT = torch.zeros(batch.response_ids_BT.shape, dtype=torch.float32)
+            entropy_BT = torch.zeros(batch.response_ids_BT.shape, dtype=torch.float32)
+        else:
+            assert batch.sampler_logp_BT is not None and batch.sampler_entropy_BT is not None  # sampled so
+            old_logp_BT, entropy_BT = batch.sampler_logp_BT, batch.sampler_entropy_BT
         with torch.no_grad():
-            old_logp_BT, entropy_BT = self._logp(self.model, batch, with_entropy=True)
-            assert entropy_BT is not None  # asked for with_entropy
+            if recompute and len(other_rows):
+                old_logp_BT[other_rows], entropy_rest_BT = self._logp(
+                    self.model, batch.select(other_rows), with_entropy=True
+                )
+                assert entropy_rest_BT is not None  # asked for with_entropy
+                entropy_BT[other_rows] = entropy_rest_BT
             ref_logp_BT = self._logp(self.ref_model, batch)[0] if self.ref_model is not None else None
         update_metrics: dict[str, list[float]] = defaultdict(list)
-        rows_per_update = o.mini_batch_size * G
-        for _epoch in range(o.epochs):
-            order_B = torch.randperm(batch.num_rows, generator=self.generator)
+        for epoch in range(o.epochs):
+            if epoch > 0:
+                order_B = torch.randperm(batch.num_rows, generator=self.generator)
             for start in range(0, batch.num_rows, rows_per_update):
                 rows = order_B[start : start + rows_per_update]
                 ref_BT = ref_logp_BT[rows] if ref_logp_BT is not None else None
-                part_metrics = self._update(batch.select(rows), adv_B[rows], old_logp_BT[rows], ref_BT)
+                first = recompute and epoch == 0 and start == 0
+                old_BT = None if first else old_logp_BT[rows]
+                part_metrics, sampled = self._update(batch.select(rows), adv_B[rows], old_BT, ref_BT)
+                if sampled is not None:  # the first update: its forward gave the old log-probs
+                    old_logp_BT[rows], entropy_BT[rows] = sampled
                 for name, values in part_metrics.items():
                     update_metrics[name].extend(values)
         self.scheduler.step()
 
-        # 6. KL(pi_t || pi_{t+1}) on the step's tokens: k3 with samples from pi_t (kl_penalty(p, q)
-        # estimates KL(p || q) from samples of p)
-        with torch.no_grad():
-            new_logp_BT, _ = self._logp(self.model, batch)
+        # 6. KL(pi_t || pi_{t+1}) on the step's tokens (run.step_kl): k3 with samples from pi_t
+        # (kl_penalty(p, q) estimates KL(p || q) from samples of p)
+        step_kl = self._step_kl(batch, old_logp_BT, batch.num_rows // rows_per_update)
         mask_BT = batch.response_mask_BT
-        step_kl = float(masked_mean(kl_penalty(old_logp_BT, new_logp_BT, "k3"), mask_BT))
         update_time = time.perf_counter() - t0
         step_time = time.perf_counter() - step_start
 
@@ -311,7 +333,6 @@ class Trainer:
             {
                 "reward/mean": float(batch.score_B[valid_B].mean()) if bool(valid_B.any()) else 0.0,
                 "actor/entropy": float(masked_mean(entropy_BT, mask_BT)),
-                "actor/step_kl": step_kl,
                 "actor/lr": float(self.scheduler.get_last_lr()[0]),
                 "response_length/mean": float(batch.lengths_B.float().mean()),
                 "response_length/clip_ratio": float(batch.truncated_B.float().mean()),
@@ -322,6 +343,8 @@ class Trainer:
                 "perf/tokens_per_s": int(batch.prompt_mask_BP.sum() + mask_BT.sum()) / max(step_time, 1e-9),
             }
         )
+        if step_kl is not None:
+            metrics["actor/step_kl"] = step_kl
         if self.cfg.algorithm.overlong_shaping:
             metrics["reward/shaped_mean"] = (
                 float(batch.reward_B[valid_B].mean()) if bool(valid_B.any()) else 0.0
@@ -378,6 +401,7 @@ class Trainer:
             top_p=r.top_p,
             max_new_tokens=r.max_new_tokens,
             generator=self.generator,
+            with_entropy=r.old_logp == "sampler",
         )
         answers = [rec.answer for rec in records for _ in range(G)]
         prompts = [rec.prompt for rec in records for _ in range(G)]
@@ -407,16 +431,35 @@ class Trainer:
             "mask such samples."
         )
 
+    def _step_kl(self, batch: RolloutBatch, old_logp_BT: Tensor, stride: int) -> float | None:
+        """``actor/step_kl`` per ``run.step_kl``: the k3 estimate of KL(pi_t || pi_t+1) over every response
+        token of the step (``all``), over those of every ``stride``-th row (``subset``: rows fixed by their
+        place in the batch, not by the updates' shuffle, so that no update's rows weigh more), or None."""
+        scope = self.cfg.run.step_kl
+        if scope == "none":
+            return None
+        if scope == "subset":
+            rows = slice(0, batch.num_rows, max(1, stride))
+            batch, old_logp_BT = batch.select(rows), old_logp_BT[rows]
+        with torch.no_grad():
+            new_logp_BT, _ = self._logp(self.model, batch)
+        return float(masked_mean(kl_penalty(old_logp_BT, new_logp_BT, "k3"), batch.response_mask_BT))
+
     def _logp(
         self, model: torch.nn.Module, batch: RolloutBatch, *, with_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs ``(B, T)`` (and entropies) of all rows, in parts of ``optim.micro_batch_size`` rows."""
+        """Log-probs ``(B, T)`` (and entropies) of all rows without gradient, in parts of
+        ``optim.micro_batch_size`` rows."""
         size = self.cfg.optim.micro_batch_size or batch.num_rows
         logps, entropies = [], []
         for start in range(0, batch.num_rows, size):
             part = batch.select(slice(start, start + size))
             logp_BT, entropy_BT = forward_logp(
-                model, part.model_inputs(self.device), self.cfg.rollout.temperature, with_entropy=with_entropy
+                model,
+                part.model_inputs(self.device),
+                self.cfg.rollout.temperature,
+                with_entropy=with_entropy,
+                response_logits_only=True,
             )
             logps.append(logp_BT.cpu())
             if entropy_BT is not None:
@@ -424,23 +467,38 @@ class Trainer:
         return torch.cat(logps), (torch.cat(entropies) if entropies else None)
 
     def _update(
-        self, mini: RolloutBatch, adv_B: Tensor, old_logp_BT: Tensor, ref_logp_BT: Tensor | None
-    ) -> dict:
+        self, mini: RolloutBatch, adv_B: Tensor, old_logp_BT: Tensor | None, ref_logp_BT: Tensor | None
+    ) -> tuple[dict[str, list[float]], tuple[Tensor, Tensor] | None]:
         """One optimizer step on a mini-batch, in parts of ``optim.micro_batch_size`` rows whose losses are
         weighted by their share of the mini-batch's tokens (token-mean) or sequences, so that for the vanilla
-        loss the gradient equals the whole mini-batch's. Returns each metric's values, one per part."""
+        loss the gradient equals the whole mini-batch's.
+
+        ``old_logp_BT`` None: the policy has not been updated since it sampled these rows (the step's first
+        update), so each forward's own log-probs, detached, are the old ones; they are returned with their
+        entropies as ``(old_logp_BT, entropy_BT)`` on the CPU (else None). Returns each metric's values, one
+        per part, and those log-probs."""
         a, o = self.cfg.algorithm, self.cfg.optim
         total_tokens = float(mini.response_mask_BT.sum().clamp(min=1))
         total_seqs = float((mini.response_mask_BT.sum(1) > 0).sum().clamp(min=1))
         size = o.micro_batch_size or mini.num_rows
         metrics: dict[str, list[float]] = defaultdict(list)
+        sampled_logps, sampled_entropies = [], []
         self.optimizer.zero_grad(set_to_none=True)
         for start in range(0, mini.num_rows, size):
             part = slice(start, start + size)
             inputs = mini.select(part).model_inputs(self.device)
             mask_BT = inputs["response_mask"]
-            logp_BT, _ = forward_logp(self.model, inputs, self.cfg.rollout.temperature)
-            old_BT, part_adv_B = old_logp_BT[part].to(self.device), adv_B[part].to(self.device)
+            logp_BT, entropy_BT = forward_logp(
+                self.model, inputs, self.cfg.rollout.temperature, with_entropy=old_logp_BT is None
+            )
+            if old_logp_BT is None:
+                assert entropy_BT is not None  # asked for with_entropy
+                old_BT = logp_BT.detach()
+                sampled_logps.append(old_BT.cpu())
+                sampled_entropies.append(entropy_BT.cpu())
+            else:
+                old_BT = old_logp_BT[part].to(self.device)
+            part_adv_B = adv_B[part].to(self.device)
             loss, part_metrics = self.policy_loss(logp_BT, old_BT, part_adv_B, mask_BT, self.loss_cfg)
             if ref_logp_BT is not None:
                 kl_BT = kl_penalty(logp_BT, ref_logp_BT[part].to(self.device), a.kl_estimator)
@@ -462,7 +520,8 @@ class Trainer:
         else:  # skip the update; the step's metrics say so
             metrics["actor/nonfinite_grad"].append(1.0)
             self.optimizer.zero_grad(set_to_none=True)
-        return metrics
+        sampled = (torch.cat(sampled_logps), torch.cat(sampled_entropies)) if sampled_logps else None
+        return metrics, sampled
 
     # -- validation and checkpoints ----------------------------------------------------------------
 

@@ -1,0 +1,371 @@
+"""GPU check: what a lent CUDA machine should confirm about ebpo, in one run that writes one markdown table.
+
+    python3 benchmarks/gpu_check.py --out docs/results/gpu.md   # on the GPU machine (make gpu-check)
+    python3 benchmarks/gpu_check.py --quick --out /tmp/gpu.md    # tiny sizes (the test suite runs this on CPU)
+
+Where CUDA is available every check runs on it; where it is not, the same checks run on the CPU (the
+fallback the test suite exercises) and the table says so. The checks:
+
+1. **Advantage estimators** (``benchmarks/bench_advantages.py``): our GRPO and EBPO against verl's
+   vectorised GRPO at 512 x 4, 512 x 16, 8192 x 16, T = 256, when ``verl.trainer.ppo.core_algos`` imports;
+   else ours alone.
+2. **``ebpo train``**, ``the ebpo preset`` on the shipped base model, 30 steps in float32 and in bfloat16
+   (``model.dtype``), with a CPU float32 run of the first 3 steps as the reference. The same seed gives
+   the same prompts, and the responses are drawn by the trainer's CPU generator from probabilities that
+   agree between devices to float rounding, so in float32 the first steps' metrics agree within
+   :data:`TOLERANCE` ``float32`` (relative 1e-3, absolute 1e-4; a draw that flips on a probability at the
+   edge can move a step's metrics more, and the table names the metric and step). bfloat16 rounds
+   logits to about 3 significant digits, which can change draws, and the trainer keeps bfloat16 weights
+   and optimizer state (no float32 master copy), so an update smaller than a weight's last digit is lost:
+   on the CPU, 2 steps of the quick sizes in bfloat16 gave a tenth of float32's step KL and no clipped
+   token. Its bound (relative 0.25, absolute 0.05) covers only what the responses decide (reward, length,
+   entropy, all-fail groups, EBPO's shrinkage): a sanity check that the run samples the same problem at
+   the same scale; the update's metrics are reported beside it, not bounded.
+3. **``ebpo.generation.sample`` against ``model.generate``** (``benchmarks/bench_eval.py``): the same model,
+   prompts, lengths and sampling settings, float32 and bfloat16; responses per second of each.
+4. **TRL**: 5 steps of ``EBPOTrainer`` (TRL's ``GRPOTrainer`` with our advantages), beside 5 steps of our
+   trainer at the same settings (``benchmarks/throughput.py``).
+
+What it needs beyond torch, transformers and accelerate (which the machine has): ``trl``, ``datasets`` and
+the packages they import that the machine lacks, carried as wheels (``make gpu-wheels`` here, then ``make
+gpu-check`` there; docs/benchmarks.md, "GPU check").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO / "benchmarks"), str(REPO)]
+
+import bench_advantages  # noqa: E402
+import bench_eval  # noqa: E402
+import throughput  # noqa: E402
+
+TOLERANCE = {"float32": (1e-3, 1e-4), "bfloat16": (0.25, 0.05)}
+"""(relative, absolute) bound on |device - CPU| for the first steps' metrics, per ``model.dtype``: a metric
+passes where |x - ref| <= absolute + relative * |ref|."""
+
+SAMPLED = ("reward/mean", "response_length/mean", "actor/entropy", "groups/all_fail", "ebpo/shrinkage")
+"""Metrics the sampled responses decide (before the step's updates)."""
+UPDATED = ("actor/pg_loss", "actor/grad_norm", "actor/ppo_kl", "actor/kl_ref", "actor/step_kl")
+"""Metrics of the step's updates."""
+BOUNDED = {"float32": SAMPLED + UPDATED, "bfloat16": SAMPLED}
+"""The metrics held to :data:`TOLERANCE` at each of the first steps, per ``model.dtype``."""
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big each check is: the full check, or ``--quick`` (the test suite's CPU run)."""
+
+    shapes: tuple[tuple[int, int], ...]
+    estimator_repeats: int
+    train_steps: int
+    compared_steps: int
+    train_overrides: tuple[str, ...]
+    sampler: tuple[int, int, int, int]
+    """(prompts, n, max_new_tokens, repeats)"""
+    trl_steps: int
+    trl_prompts: int
+
+
+FULL = Sizes(
+    shapes=((512, 4), (512, 16), (8192, 16)),
+    estimator_repeats=15,
+    train_steps=30,
+    compared_steps=3,
+    train_overrides=(),
+    sampler=(32, 8, 24, 5),
+    trl_steps=5,
+    trl_prompts=16,
+)
+QUICK = Sizes(
+    shapes=((64, 4),),
+    estimator_repeats=3,
+    train_steps=2,
+    compared_steps=2,
+    train_overrides=(
+        "data.batch_size=4",
+        "data.group_size=4",
+        "optim.mini_batch_size=2",
+        "data.val_size=9",
+        "run.eval_n=2",
+        "run.eval_k=2",
+    ),
+    sampler=(4, 2, 8, 1),
+    trl_steps=2,
+    trl_prompts=4,
+)
+
+
+@dataclass
+class Row:
+    check: str
+    setting: str
+    measured: str
+    bound: str = ""
+    verdict: str = ""
+
+
+def within(value: float, reference: float, dtype: str) -> bool:
+    relative, absolute = TOLERANCE[dtype]
+    return abs(value - reference) <= absolute + relative * abs(reference)
+
+
+def compare_metrics(
+    rows: Sequence[dict[str, Any]], reference: Sequence[dict[str, Any]], steps: int, dtype: str
+) -> tuple[bool, str]:
+    """Whether every :data:`BOUNDED` metric of steps 1..``steps`` is within :data:`TOLERANCE` of the
+    reference run's, and a line giving the largest relative difference of the bounded metrics and of the
+    others, and every metric out of bounds."""
+    by_step = {row["step"]: row for row in rows}
+    ref_by_step = {row["step"]: row for row in reference}
+    worst = {"bounded": (0.0, "all equal"), "reported": (0.0, "all equal")}
+    failures = []
+    for step in range(1, steps + 1):
+        if step not in by_step or step not in ref_by_step:
+            return False, f"step {step} missing"
+        for name in SAMPLED + UPDATED:
+            if name not in ref_by_step[step]:
+                continue
+            value, ref = by_step[step].get(name, math.nan), ref_by_step[step][name]
+            diff = abs(value - ref) / max(abs(ref), 1e-12)
+            kind = "bounded" if name in BOUNDED[dtype] else "reported"
+            if not diff <= worst[kind][0]:  # NaN counts as the worst
+                worst[kind] = (diff, f"{name} at step {step}")
+            if kind == "bounded" and not within(value, ref, dtype):
+                failures.append(f"{name}@{step}: {value:.6g} vs {ref:.6g}")
+    line = "largest relative difference {:.2g} ({})".format(*worst["bounded"])
+    if len(BOUNDED[dtype]) < len(SAMPLED + UPDATED):
+        line += "; of the update's metrics (not bounded) {:.2g} ({})".format(*worst["reported"])
+    if failures:
+        line += "; out of bounds: " + ", ".join(failures)
+    return not failures, line
+
+
+def estimator_rows(device: str, sizes: Sizes) -> list[Row]:
+    args = argparse.Namespace(
+        device=device, threads=1, length=256, repeats=sizes.estimator_repeats, loop_repeats=1, seed=0
+    )
+    peer = "verl imports" if bench_advantages.verl_grpo() is not None else "verl does not import: ours alone"
+    rows = []
+    for line in bench_advantages.table(list(sizes.shapes), args)[2:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        shape, times, ratio = cells[0], cells[1:6], cells[6]
+        measured = ", ".join(f"{name} {t}" for name, t in zip(bench_advantages.COLUMNS, times) if t != "n/a")
+        verdict = "n/a" if ratio == "n/a" else ("PASS" if float(ratio.rstrip("x")) <= 0.6 else "FAIL")
+        rows.append(
+            Row(
+                "estimator (bench_advantages)",
+                f"{shape}, T = 256; {peer}",
+                measured + (f"; EBPO / verl vectorised {ratio}" if ratio != "n/a" else ""),
+                "EBPO <= 0.6x verl vectorised" if ratio != "n/a" else "",
+                verdict,
+            )
+        )
+    return rows
+
+
+def train(
+    work: Path, name: str, device: str, dtype: str, steps: int, extra: Sequence[str]
+) -> tuple[float, Any]:
+    """``ebpo train`` (its command line, in this process) with the ebpo preset; (seconds, metrics rows)."""
+    from ebpo.cli import main as ebpo_main
+    from ebpo.trainer.metrics_log import read_metrics
+
+    run_dir = work / name
+    argv = [
+        "train",
+        "--config",
+        "ebpo",
+        "--run-dir",
+        str(run_dir),
+        f"run.steps={steps}",
+        f"run.device={device}",
+        f"model.dtype={dtype}",
+        "run.progress=false",
+        "run.plot=false",
+        *extra,
+    ]
+    start = time.perf_counter()
+    code = ebpo_main(argv)
+    seconds = time.perf_counter() - start
+    if code != 0:
+        raise RuntimeError(f"ebpo train {' '.join(argv[1:])} exited with {code}")
+    return seconds, read_metrics(run_dir)
+
+
+def train_rows(device: str, sizes: Sizes, work: Path) -> list[Row]:
+    k = sizes.compared_steps
+    # the reference: the first k steps on the CPU in float32 (a small validation: it draws from its own
+    # generator, so the training steps do not depend on it)
+    small_validation = ("data.val_size=9", "run.eval_n=2", "run.eval_k=2")
+    _, reference = train(
+        work, "cpu-reference", "cpu", "float32", k, (*sizes.train_overrides, *small_validation)
+    )
+    rows = []
+    for dtype in ("float32", "bfloat16"):
+        seconds, metrics = train(
+            work, f"{device}-{dtype}", device, dtype, sizes.train_steps, sizes.train_overrides
+        )
+        ok, line = compare_metrics(metrics, reference, k, dtype)
+        before, after = metrics[0].get("eval/pass@1", math.nan), metrics[-1].get("eval/pass@1", math.nan)
+        relative, absolute = TOLERANCE[dtype]
+        rows.append(
+            Row(
+                "ebpo train (the ebpo preset, shipped model)",
+                f"{device}, {dtype}, {sizes.train_steps} steps",
+                f"{seconds:.1f} s ({seconds / sizes.train_steps:.2f} s / step, validations included); validation "
+                f"pass@1 {before:.3f} -> {after:.3f}; first {k} steps vs CPU float32: {line}",
+                f"|x - cpu| <= {absolute:g} + {relative:g} |cpu|"
+                + ("" if dtype == "float32" else " for the metrics the responses decide"),
+                "PASS" if ok else "FAIL",
+            )
+        )
+    return rows
+
+
+def sampler_rows(device: str, sizes: Sizes) -> list[Row]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ebpo.models.base_model import build_base_model
+    from ebpo.tasks import get_task
+
+    prompts_n, n, max_new_tokens, repeats = sizes.sampler
+    path = build_base_model(progress=False)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    prompts = [rec.prompt for rec in get_task("arith").generate("test", prompts_n, seed=0)]
+    rows = []
+    for dtype in ("float32", "bfloat16"):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
+        result = bench_eval.compare_samplers(model, tokenizer, prompts, n, max_new_tokens, 1.0, 0.95, repeats)
+        samples = prompts_n * n
+        ours, hf = samples / result["ours"][0], samples / result["hf"][0]
+        rows.append(
+            Row(
+                "sample vs model.generate (bench_eval)",
+                f"{device}, {dtype}, shipped model, {prompts_n} prompts x {n}, <= {max_new_tokens} tokens, "
+                f"T 1, top-p 0.95, median of {repeats}",
+                f"ours {ours:.1f} samples/s, HF generate {hf:.1f} samples/s: {ours / hf:.2f}x",
+                "ran",
+                "PASS",
+            )
+        )
+    return rows
+
+
+def trl_rows(device: str, sizes: Sizes) -> list[Row]:
+    from ebpo.models.base_model import build_base_model
+
+    setting = throughput.Setting(
+        str(build_base_model(progress=False)),
+        prompts=sizes.trl_prompts,
+        group_size=4,
+        updates=2,
+        steps=sizes.trl_steps,
+        device=device,
+    )
+    ours, trl = throughput.measure(setting, repeats=1)
+    return [
+        Row(
+            "EBPOTrainer (TRL GRPOTrainer + our EBPO)",
+            f"{device}, float32, {setting.prompts} prompts x G=4, <= 12 tokens, 2 updates, {setting.steps} steps",
+            f"ran: {trl.median_wall_s:.3f} s / step after the first; our trainer at the same settings "
+            f"{ours.median_wall_s:.3f} s / step ({ours.rollouts_per_s / trl.rollouts_per_s:.2f}x TRL's rollouts/s)",
+            "runs",
+            "PASS",
+        )
+    ]
+
+
+def environment(device: str) -> list[str]:
+    import torch
+
+    versions = []
+    for name in ("torch", "transformers", "accelerate", "trl", "datasets"):
+        try:
+            module = __import__(name)
+            versions.append(f"{name} {module.__version__}")
+        except Exception as err:  # noqa: BLE001 - reported in the header
+            versions.append(f"{name} missing ({type(err).__name__})")
+    where = torch.cuda.get_device_name() if device == "cuda" else f"CPU ({platform.processor() or 'unknown'})"
+    lines = [
+        f"Device: {where}; CUDA {'available' if device == 'cuda' else 'NOT available: every check ran on the CPU'}.",
+        f"Python {platform.python_version()}; {', '.join(versions)}.",
+        f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: `python3 benchmarks/gpu_check.py "
+        f"{' '.join(sys.argv[1:])}`.",
+    ]
+    return lines
+
+
+def render(header: Sequence[str], rows: Sequence[Row]) -> str:
+    lines = ["# GPU check", "", *header, ""]
+    lines += ["| check | setting | measured | bound | verdict |", "|---|---|---|---|---|"]
+    for row in rows:
+        cells = [row.check, row.setting, row.measured, row.bound, row.verdict]
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def run_checks(device: str, sizes: Sizes, work: Path) -> list[Row]:
+    """Every check in turn; one that raises becomes a FAIL row naming the error, and the others still run."""
+    checks: list[tuple[str, Callable[[], list[Row]]]] = [
+        ("estimator", lambda: estimator_rows(device, sizes)),
+        ("ebpo train", lambda: train_rows(device, sizes, work)),
+        ("sample vs generate", lambda: sampler_rows(device, sizes)),
+        ("EBPOTrainer", lambda: trl_rows(device, sizes)),
+    ]
+    rows: list[Row] = []
+    for name, check in checks:
+        print(f"gpu_check: {name} ...", flush=True)
+        try:
+            rows += check()
+        except Exception as err:  # noqa: BLE001 - reported as a row; the other checks still run
+            traceback.print_exc()
+            first = str(err).splitlines()[0] if str(err) else ""
+            rows.append(Row(name, device, f"raised {type(err).__name__}: {first}", "", "FAIL"))
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="gpu_check.md", help="markdown file to write (default gpu_check.md)")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (the test suite's CPU run)")
+    parser.add_argument(
+        "--device", choices=["auto", "cuda", "cpu"], default="auto", help="default: cuda if present"
+    )
+    parser.add_argument("--json", default=None, help="also write the rows as JSON here")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda but torch sees no CUDA device")
+    if device == "cpu":
+        torch.set_num_threads(1)
+    sizes = QUICK if args.quick else FULL
+    with tempfile.TemporaryDirectory(prefix="ebpo-gpu-check-") as tmp:
+        rows = run_checks(device, sizes, Path(tmp))
+    text = render(environment(device), rows)
+    Path(args.out).write_text(text, encoding="utf-8")
+    if args.json:
+        Path(args.json).write_text(json.dumps([row.__dict__ for row in rows], indent=1))
+    print(text)
+    return 0 if all(row.verdict != "FAIL" for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
