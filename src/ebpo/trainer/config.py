@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import types
 import typing
 from collections.abc import Iterable, Iterator
@@ -25,14 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ebpo.errors import ConfigError
+from ebpo.persist import write_text_atomic
+
 
 def _help(text: str, **kwargs: Any) -> Any:
     """A dataclass field whose help text lives in ``metadata["help"]``."""
     return field(metadata={"help": text}, **kwargs)
-
-
-class ConfigError(ValueError):
-    """A configuration value, key or combination that cannot be used; the message says the fix."""
 
 
 @dataclass
@@ -746,9 +744,7 @@ def save_config(cfg: TrainConfig, path: str | Path) -> None:
     """Write ``cfg`` as YAML, atomically (a kill leaves the old file or the new one, never half of one)."""
     import yaml
 
-    tmp = Path(f"{path}.tmp")
-    tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    os.replace(tmp, path)
+    write_text_atomic(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
 
 def describe() -> list[tuple[str, str, str]]:
