@@ -34,7 +34,7 @@ import warnings
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from ebpo.errors import ConfigError
 
@@ -50,6 +50,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+StrPath = str | os.PathLike[str]
 
 # ---------------------------------------------------------------------------------------------------
 # atomic writes
@@ -75,17 +76,17 @@ def _replace_from_temporary(path: Path, write: Callable[[Path], Any]) -> Path:
     return path
 
 
-def write_text_atomic(path: str | Path, text: str) -> Path:
+def write_text_atomic(path: StrPath, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` so that a kill leaves the old content or the new, never part of it."""
     return _replace_from_temporary(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
-def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
+def write_bytes_atomic(path: StrPath, data: bytes) -> Path:
     """Write ``data`` to ``path`` so that a kill leaves the old content or the new, never part of it."""
     return _replace_from_temporary(Path(path), lambda tmp: tmp.write_bytes(data))
 
 
-def save_torch_atomic(state: Any, path: str | Path) -> Path:
+def save_torch_atomic(state: Any, path: StrPath) -> Path:
     """``torch.save(state, path)`` so that a kill leaves the old file or the new one, never part of it.
     Safe when several processes save to the same path at once: each writes its own temporary file, and
     ``path`` is always one whole file."""
@@ -95,7 +96,7 @@ def save_torch_atomic(state: Any, path: str | Path) -> Path:
 
 
 def replace_dir(
-    path: str | Path, fill: Callable[[Path], Any], *, spares: tuple[Path, Path] | None = None
+    path: StrPath, fill: Callable[[Path], Any], *, spares: tuple[Path, Path] | None = None
 ) -> Path:
     """Write the directory ``path`` whole: ``fill(staging)`` writes a fresh staging directory beside it, then
     ``path`` (if it exists) is renamed to a retired copy, the staging directory to ``path``, and the retired
@@ -136,7 +137,7 @@ class Journal:
     """
 
     def __init__(
-        self, path: str | Path, *, kind: str = "valid JSON", fix: str = "repair or delete that line"
+        self, path: StrPath, *, kind: str = "valid JSON", fix: str = "repair or delete that line"
     ) -> None:
         self.path, self.kind, self.fix = Path(path), kind, fix
 
@@ -163,22 +164,32 @@ class Journal:
                     handle.truncate(len(raw) - len(torn))
         return [(number, line) for number, line in enumerate(lines, start=1) if line.strip()]
 
-    def _parse(self, number: int, line: bytes, parse: Callable[[dict[str, Any]], T] | None) -> T:
+    def _parse(self, number: int, line: bytes, parse: Callable[[dict[str, Any]], Any] | None) -> Any:
         try:
             row = json.loads(line.decode("utf-8"))
             if not isinstance(row, dict):
                 raise TypeError(f"a JSON {type(row).__name__}, not an object")
-            return parse(row) if parse is not None else row  # type: ignore[return-value]
+            return parse(row) if parse is not None else row
         except (UnicodeDecodeError, ValueError, TypeError, KeyError) as err:
             raise ValueError(f"{self.path}, line {number}: not {self.kind} ({err}); {self.fix}") from None
 
+    @overload
+    def read(
+        self, parse: None = None, *, skip_bad: bool = False, repair: bool = False
+    ) -> list[dict[str, Any]]: ...
+
+    @overload
+    def read(
+        self, parse: Callable[[dict[str, Any]], T], *, skip_bad: bool = False, repair: bool = False
+    ) -> list[T]: ...
+
     def read(
         self,
-        parse: Callable[[dict[str, Any]], T] | None = None,
+        parse: Callable[[dict[str, Any]], Any] | None = None,
         *,
         skip_bad: bool = False,
         repair: bool = False,
-    ) -> list[T]:
+    ) -> list[Any]:
         """The rows in order, each through ``parse`` (which may raise ``ValueError``, ``TypeError`` or
         ``KeyError`` for a row it refuses); empty when the file does not exist.
 
@@ -241,7 +252,7 @@ class DirectoryLock:
 
     FILE = ".lock"
 
-    def __init__(self, directory: str | Path, *, what: str, hint: str) -> None:
+    def __init__(self, directory: StrPath, *, what: str, hint: str) -> None:
         self.directory, self.what, self.hint = Path(directory), what, hint
         self._handle: Any = None
 
@@ -330,7 +341,7 @@ class RunDirectory:
     OUTPUTS = (METRICS, CHECKPOINTS, SUMMARY, TENSORBOARD, PLOT, CONFIG)
     """What a run writes; ``--overwrite`` removes exactly these (and nothing else in the directory)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: StrPath) -> None:
         self.path = Path(path)
         self._lock = DirectoryLock(
             self.path, what="run directory", hint="wait for that run to finish, or choose another directory"

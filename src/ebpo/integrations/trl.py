@@ -47,8 +47,8 @@ import ebpo
 from ebpo.advantages import EBPOEstimator
 from ebpo.data.samplers import IndexStream, StreamSampler, get_sampler, list_samplers
 from ebpo.integrations import ESTIMATOR_STATE_FILE
+from ebpo.persist import save_torch_atomic
 from ebpo.registry import check_choice
-from ebpo.trainer.checkpoint import save_torch_atomic
 
 __all__ = ["ESTIMATOR_STATE_FILE", "EBPOConfig", "EBPOTrainer"]
 
