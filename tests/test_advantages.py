@@ -67,6 +67,23 @@ def test_registry_names_and_errors():
         ebpo.get_estimator("ebpo", cluster_min_groups=2.5)  # was silently truncated to 2
 
 
+def test_ebpo_options_are_one_dataclass_the_estimator_reads():
+    from dataclasses import fields
+
+    from ebpo.advantages import EBPOEstimator, EBPOOptions, OptionError, option_names
+
+    assert option_names("ebpo") == [f.name for f in fields(EBPOOptions)]
+    assert all(len(f.metadata["help"]) > 20 for f in fields(EBPOOptions))  # each option's help, once
+    options = EBPOOptions(prior_scope="cluster", prior_memory="50", cluster_min_groups=2)
+    same = ebpo.get_estimator("ebpo", prior_scope="cluster", prior_memory=50, cluster_min_groups=2)
+    assert repr(EBPOEstimator(options)) == repr(same) and EBPOEstimator(options).half_life == 50.0
+    assert EBPOEstimator(options, normalize="prior").normalize == "prior" and options.normalize == "batch"
+    for option, value in (("tau2_floor", float("nan")), ("eps", "tiny"), ("cluster_min_groups", True)):
+        with pytest.raises(OptionError) as err:
+            EBPOOptions(**{option: value})
+        assert err.value.option == option and option in str(err.value)
+
+
 def test_register_custom_estimator():
     @ebpo.register_estimator("test_constant_one")
     class ConstantOne(ebpo.advantages.AdvantageEstimator):

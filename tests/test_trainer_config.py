@@ -118,6 +118,35 @@ def test_validation_messages_say_the_fix(override, pattern):
         load_config(None, [override])
 
 
+def test_estimator_options_name_the_key_at_fault_and_list_the_options():
+    # algorithm.estimator_options is checked key by key against the estimator's options (EBPO's are the fields
+    # of ebpo.advantages.EBPOOptions), and the message names algorithm.estimator_options.<key>
+    ebpo_keys = "prior_scope, cluster_min_groups, prior_memory, tau2, tau2_floor, sigma2, normalize, eps"
+    listed = ", ".join(f"algorithm.estimator_options.{key}" for key in ebpo_keys.split(", "))
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["algorithm.estimator_options.prior_scop=cluster"])
+    assert str(err.value) == (
+        f"algorithm.estimator_options.prior_scop is rejected by 'ebpo': not one of its options ({listed})"
+    )
+    with pytest.raises(
+        ConfigError, match=r"^algorithm.estimator_options.tau2_floor: tau2_floor must be >= 0"
+    ):
+        load_config(None, ["algorithm.estimator_options.tau2_floor=-1"])
+    with pytest.raises(ConfigError, match=r"^algorithm.estimator_options.prior_memory: prior_memory must be"):
+        load_config(None, ["algorithm.estimator_options.prior_memory=forever"])
+    with pytest.raises(
+        ConfigError, match=r"rejected by 'grpo': .*\(algorithm.estimator_options.norm_by_std, "
+    ):
+        load_config(None, ["algorithm.estimator=grpo", "algorithm.estimator_options.normalize=prior"])
+    assert load_config(None, ["algorithm.estimator_options.prior_memory=50"]).algorithm.estimator_options == {
+        "prior_memory": 50  # kept as written: the estimator reads a half-life of 50 steps
+    }
+    # --help-config lists each of EBPO's options with its default and its one help text
+    rows = {key: (default, text) for key, default, text in describe()}
+    assert rows["algorithm.estimator_options.prior_memory"][0] == "'all'"
+    assert "half-life" in rows["algorithm.estimator_options.prior_memory"][1]
+
+
 def test_cluster_prior_needs_cluster_keys():
     with pytest.raises(ConfigError, match="set data.cluster_key=topic"):
         load_config(None, ["algorithm.estimator_options={prior_scope: cluster}"])
