@@ -27,9 +27,7 @@ def _one_thread():
 
 
 def parse_eval_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    eval_cli.add_parser(parser.add_subparsers())
-    return parser.parse_args(["eval", *argv])
+    return eval_cli.build_parser().parse_args(argv)
 
 
 class ExactReward:

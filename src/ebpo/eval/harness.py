@@ -45,6 +45,7 @@ __all__ = [
     "BenchmarkSpec",
     "EvalResult",
     "SamplingConfig",
+    "SamplingOptions",
     "cache_file",
     "evaluate",
     "get_benchmark",
@@ -64,20 +65,32 @@ GenerateFn = Callable[[list[str], int, list[int]], Any]
 
 
 @dataclass(frozen=True)
-class SamplingConfig:
-    """How responses are sampled for evaluation (every field is part of the cache key)."""
+class SamplingOptions:
+    """The sampling settings ``ebpo eval`` takes as flags as they are (:class:`SamplingConfig` adds the two it
+    decides per benchmark and model)."""
 
-    n: int = field(default=32, metadata={"help": "responses per problem (the paper: 32 for Pass@1)"})
-    temperature: float = field(default=0.6, metadata={"help": "sampling temperature; 0 = greedy"})
+    _argument_group_name = "sampling"
+
+    n: int = field(
+        default=32, metadata={"help": "samples per problem; Pass@1 averages over them (the paper: 32)"}
+    )
+    temperature: float = field(default=0.6, metadata={"help": "sampling temperature, 0 = greedy"})
     top_p: float = field(default=0.95, metadata={"help": "nucleus sampling mass in (0, 1]"})
-    max_new_tokens: int = field(default=4096, metadata={"help": "longest response in tokens (EOS included)"})
     seed: int = field(
-        default=0, metadata={"help": "base seed; a problem's generator is seeded problem_seed(seed, id)"}
+        default=0,
+        metadata={"help": "sampling seed; a problem's generator is seeded problem_seed(seed, id)"},
     )
     batch_size: int = field(
         default=64,
-        metadata={"help": "sequences decoded together; a chunk holds max(1, batch_size // n) problems"},
+        metadata={"help": "sequences decoded together; max(1, batch_size // n) problems per batch"},
     )
+
+
+@dataclass(frozen=True)
+class SamplingConfig(SamplingOptions):
+    """How responses are sampled for evaluation (every field is part of the cache key)."""
+
+    max_new_tokens: int = field(default=4096, metadata={"help": "longest response in tokens (EOS included)"})
     chat_template: bool = field(
         default=False,
         metadata={"help": "render prompts with ebpo.data.loaders.apply_chat_template (instruct models)"},

@@ -20,8 +20,9 @@ One step (``Trainer.train`` -> ``Trainer._train_step``):
 
 Exact resume: a checkpoint holds the model, optimizer, scheduler, estimator, sampler and every RNG state,
 so N steps, a kill, a resume and N more steps equal 2N steps in one run, bit for bit on CPU. Around the
-loop: ``setup.py`` (prompts, policy, optimizer), ``rollout.py`` (the typed batch, log-probs, scoring),
-``checkpoint.py``, ``metrics_log.py``, ``validation.py``, ``report.py``, ``plots.py``.
+loop: ``setup.py`` (prompts, policy, estimator and loss, optimizer), ``rollout.py`` (scored groups, the typed
+batch, log-probs), ``checkpoint.py``, ``metrics_log.py``, ``validation.py``, ``report.py``, ``plots.py``, and
+the run directory, an ``ebpo.persist.RunDirectory``.
 """
 
 from __future__ import annotations
