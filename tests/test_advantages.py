@@ -64,7 +64,7 @@ def test_registry_names_and_errors():
     with pytest.raises(ValueError, match="prior_memory"):
         ebpo.get_estimator("ebpo", prior_memory="forever")
     with pytest.raises(ValueError, match=r"cluster_min_groups must be an integer >= 1, got 2.5"):
-        ebpo.get_estimator("ebpo", cluster_min_groups=2.5)  # was silently truncated to 2
+        ebpo.get_estimator("ebpo", cluster_min_groups=2.5)  # refused, not truncated to 2
 
 
 def test_ebpo_options_are_one_dataclass_the_estimator_reads():
@@ -893,7 +893,8 @@ def test_load_state_dict_rejects_a_non_finite_or_negative_state(path, value):
 def test_normalize_prior_flows_through_the_trainer_config():
     # the trainer passes algorithm.estimator_options to get_estimator unchanged; verl's
     # +algorithm.ebpo.normalize and TRL's EBPOConfig.normalize do the same
-    from ebpo.trainer.config import ConfigError, load_config
+    from ebpo.errors import ConfigError
+    from ebpo.trainer.config import load_config
 
     cfg = load_config(None, ["algorithm.estimator_options.normalize=prior"])
     est = ebpo.get_estimator(cfg.algorithm.estimator, **cfg.algorithm.estimator_options)

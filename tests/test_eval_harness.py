@@ -450,7 +450,7 @@ def arith_scripted(prompts, n, seeds):
 
 
 def test_cli_unknown_benchmark_is_one_line_naming_the_flag(tmp_path, capsys):
-    """Issue 13.10: an unknown benchmark name ended in a traceback."""
+    """An unknown benchmark name is one line naming --benchmarks and the valid names, not a traceback."""
     from ebpo.cli import main
 
     argv = ["eval", "builtin", "--benchmarks", "aime2024", "--out-dir", str(tmp_path)]

@@ -486,7 +486,7 @@ def test_prepare_data_script_writes_verl_parquet(tmp_path, benchmark_dir, monkey
 
 
 # ----------------------------------------------------------------------------------------------------------
-# issue 10 section 4: rows rejected by rollout correction, filtered groups, trainer paths
+# rows rejected by rollout correction, filtered groups, trainer paths
 # ----------------------------------------------------------------------------------------------------------
 def test_rejected_rows_stay_out_of_the_prior_and_get_zero_advantage():
     # two groups of 4; verl's rollout-correction rejection (seq_max_k2 > 0.5) rejects rows 1 and 6, which

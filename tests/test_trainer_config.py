@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from ebpo.errors import ConfigError
 from ebpo.trainer.config import (
     PRESETS_DIR,
-    ConfigError,
     TrainConfig,
     apply_overrides,
     describe,
