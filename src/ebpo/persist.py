@@ -19,8 +19,8 @@ build, the TRL and verl adapters), so a kill at any moment has one set of conseq
   at a time (:class:`DirectoryLock`), fresh / resumed / overwritten, its metrics journal rewound to a
   checkpoint, its summary.
 
-Standard library only (torch is imported by :func:`save_torch_atomic` when it runs): this module sits at the
-bottom of the package, below everything that writes.
+The standard library and :mod:`ebpo.errors` only (torch is imported by :func:`save_torch_atomic` when it
+runs): this module sits at the bottom of the package, below everything that writes.
 """
 
 from __future__ import annotations
