@@ -133,13 +133,19 @@ class Journal:
     """An append-only JSON Lines file: one JSON object a line (the module docstring gives the policy).
 
     ``kind`` and ``fix`` word the error for a line that does not parse: ``<path>, line <n>: not <kind>
-    (<reason>); <fix>`` (``not a cached problem (...); delete the file to redo``).
+    (<reason>); <fix>`` (``not a cached problem (...); delete the file to redo``). ``sort_keys``: write each
+    row's keys sorted (``metrics.jsonl``) rather than in the row's own order.
     """
 
     def __init__(
-        self, path: StrPath, *, kind: str = "valid JSON", fix: str = "repair or delete that line"
+        self,
+        path: StrPath,
+        *,
+        kind: str = "valid JSON",
+        fix: str = "repair or delete that line",
+        sort_keys: bool = False,
     ) -> None:
-        self.path, self.kind, self.fix = Path(path), kind, fix
+        self.path, self.kind, self.fix, self.sort_keys = Path(path), kind, fix, sort_keys
 
     def exists(self) -> bool:
         return self.path.is_file()
@@ -211,7 +217,9 @@ class Journal:
         """Append ``rows``, one line each, in one write; a NaN or inf raises ``ValueError`` before anything is
         written. If the file does not end with a newline (another writer was killed mid-line), a newline is
         written first, so the new lines stand on their own."""
-        data = "".join(json.dumps(row, sort_keys=True, allow_nan=False) + "\n" for row in rows).encode()
+        data = "".join(
+            json.dumps(row, sort_keys=self.sort_keys, allow_nan=False) + "\n" for row in rows
+        ).encode()
         if not data:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -356,7 +364,9 @@ class RunDirectory:
     @property
     def metrics(self) -> Journal:
         """The metrics journal, ``metrics.jsonl``."""
-        return Journal(self.path / self.METRICS, fix="the file is damaged: repair or delete that line")
+        return Journal(
+            self.path / self.METRICS, fix="the file is damaged: repair or delete that line", sort_keys=True
+        )
 
     def holds(self, checkpoint: Path) -> bool:
         """Whether ``checkpoint`` (``<run>/checkpoints/<name>``) is one of this run's."""
