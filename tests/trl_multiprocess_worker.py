@@ -153,6 +153,9 @@ def main() -> None:
     torch.save(
         {"blocks": trainer.blocks, "final": trainer.estimator.state_dict()}, record / f"states-rank{rank}.pt"
     )
+    # Leave the process group before exiting: a gloo group still open at interpreter exit aborts the process
+    # ("terminate called without an active exception") when its peer has already gone.
+    trainer.accelerator.end_training()
 
 
 if __name__ == "__main__":
