@@ -219,9 +219,6 @@ def main(argv: list[str] | None = None) -> int:
 
         after = validation(trainer, val_records, script, config)
         print_eval_table(before, after, file=sys.stdout)  # today's stdout, not the one at its import
-    # Leave the process group (several processes): one still open at interpreter exit can abort the process
-    # when another rank has already exited.
-    trainer.accelerator.end_training()
     return 0
 
 
