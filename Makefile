@@ -51,10 +51,10 @@ demo: $(STAMP)
 test: test-main test-verl
 
 test-main: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=10
 
 test-verl: $(VERL_STAMP)
-	$(VERL_PY) -m pytest -q $(VERL_TESTS)
+	$(VERL_PY) -m pytest -q --durations=0 --durations-min=5 $(VERL_TESTS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples tools

@@ -64,7 +64,24 @@ def test_registry_names_and_errors():
     with pytest.raises(ValueError, match="prior_memory"):
         ebpo.get_estimator("ebpo", prior_memory="forever")
     with pytest.raises(ValueError, match=r"cluster_min_groups must be an integer >= 1, got 2.5"):
-        ebpo.get_estimator("ebpo", cluster_min_groups=2.5)  # was silently truncated to 2
+        ebpo.get_estimator("ebpo", cluster_min_groups=2.5)  # refused, not truncated to 2
+
+
+def test_ebpo_options_are_one_dataclass_the_estimator_reads():
+    from dataclasses import fields
+
+    from ebpo.advantages import EBPOEstimator, EBPOOptions, OptionError, option_names
+
+    assert option_names("ebpo") == [f.name for f in fields(EBPOOptions)]
+    assert all(len(f.metadata["help"]) > 20 for f in fields(EBPOOptions))  # each option's help, once
+    options = EBPOOptions(prior_scope="cluster", prior_memory="50", cluster_min_groups=2)
+    same = ebpo.get_estimator("ebpo", prior_scope="cluster", prior_memory=50, cluster_min_groups=2)
+    assert repr(EBPOEstimator(options)) == repr(same) and EBPOEstimator(options).half_life == 50.0
+    assert EBPOEstimator(options, normalize="prior").normalize == "prior" and options.normalize == "batch"
+    for option, value in (("tau2_floor", float("nan")), ("eps", "tiny"), ("cluster_min_groups", True)):
+        with pytest.raises(OptionError) as err:
+            EBPOOptions(**{option: value})
+        assert err.value.option == option and option in str(err.value)
 
 
 def test_register_custom_estimator():
@@ -876,7 +893,8 @@ def test_load_state_dict_rejects_a_non_finite_or_negative_state(path, value):
 def test_normalize_prior_flows_through_the_trainer_config():
     # the trainer passes algorithm.estimator_options to get_estimator unchanged; verl's
     # +algorithm.ebpo.normalize and TRL's EBPOConfig.normalize do the same
-    from ebpo.trainer.config import ConfigError, load_config
+    from ebpo.errors import ConfigError
+    from ebpo.trainer.config import load_config
 
     cfg = load_config(None, ["algorithm.estimator_options.normalize=prior"])
     est = ebpo.get_estimator(cfg.algorithm.estimator, **cfg.algorithm.estimator_options)

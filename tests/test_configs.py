@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from ebpo.errors import ConfigError
 from ebpo.trainer.config import (
     PRESETS_DIR,
-    ConfigError,
     list_presets,
     load_config,
     parse_yaml,

@@ -1,6 +1,6 @@
-"""Command lines generated from dataclasses (``ebpo.dataclass_cli``): ``simulate``, ``annotate difficulty``,
-``annotate topic`` and ``base-model`` accept the flags they always took, document each field in ``--help``
-with its default, parse into the dataclasses, and ``ebpo --help`` imports no transformers."""
+"""Command lines generated from dataclasses (``ebpo.dataclass_cli``): ``simulate``, ``eval``, ``annotate
+difficulty``, ``annotate topic`` and ``base-model`` accept the flags they always took, document each field in
+``--help`` with its default, parse into the dataclasses, and ``ebpo --help`` imports no transformers."""
 
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ from ebpo.annotate.difficulty import DifficultyConfig
 from ebpo.annotate.topic import JudgeConfig
 from ebpo.cli import main
 from ebpo.dataclass_cli import comma_tuple, dataclass_parser, from_args
+from ebpo.eval.cli import EvalCommand
+from ebpo.eval.cli import build_parser as eval_parser
+from ebpo.eval.harness import SamplingOptions
 from ebpo.models.cli import BaseModelCommand
 from ebpo.models.recipe import BaseModelConfig
 from ebpo.simulate import SimulateConfig
@@ -26,6 +29,9 @@ from ebpo.simulate import SimulateConfig
 FLAGS = {
     "simulate": "--concentration --drift --group-size --half-life --num-topics --out-dir --prompts-per-step "
     "--seeds --steps --theorem2-steps --topic-block --warmup -G -K -M",
+    "eval": "--batch-size --benchmarks --cache-dir --chat-template --data-dir --device --dtype --keep-texts --ks "
+    "--limit --maj-ks --maj-mode --max-new-tokens --n --no-cache --out-dir --quiet --reward --reward-option --seed "
+    "--temperature --top-p",
     "annotate topic": "--api-key --backend --backoff --base-url --cache --concurrency --data-dir --device "
     "--embedding-model --evaluate --input --judge-batch-size --judge-model --max-reasks --max-retries --output "
     "--relabel --schema --timeout",
@@ -40,6 +46,7 @@ FLAGS = {
 }
 DATACLASSES = {
     "simulate": [SimulateConfig],
+    "eval": [EvalCommand, SamplingOptions],
     "annotate topic": [TopicCommand, JudgeConfig],
     "annotate difficulty": [DifficultyCommand, DifficultyConfig],
     "base-model": [BaseModelCommand, BaseModelConfig],
@@ -66,6 +73,8 @@ def test_help_lists_the_old_flags_and_every_field_with_its_help_and_default(comm
             assert f"{flag} " in text or f"{flag}," in text, flag
             assert help_text in text, f.name
             default = f.default_factory() if callable(f.default_factory) else f.default
+            if isinstance(default, tuple):  # shown as the flag takes it: 1,16 (an empty one is not shown)
+                default = ",".join(map(str, default)) or None
             if not any(default is nothing for nothing in (None, False, dataclasses.MISSING)):
                 assert f"{help_text} (default {default})" in text, f.name
 
@@ -116,6 +125,23 @@ def test_tuple_fields_take_comma_separated_values():
     assert parser.parse_args(["--grid", "test"]).grid == "test"
     with pytest.raises(argparse.ArgumentTypeError, match="expected comma-separated ints, got '1,x'"):
         comma_tuple(int)("1,x")
+
+
+def test_eval_flags_parse_as_before():
+    parser = eval_parser()
+    args = parser.parse_args(["--quiet", "m1", "m2", "--ks", "1,2", "--reward-option", "timeout_s=10"])
+    assert args.models == ["m1", "m2"] and args.quiet is True  # a switch does not take the MODEL after it
+    assert args.ks == (1, 2) and args.maj_ks == (16,) and args.reward_option == [("timeout_s", 10)]
+    args = parser.parse_args(["--no-cache", "--reward-option", "a=x", "--reward-option", "b=true", "--n=4"])
+    assert args.no_cache and args.models == [] and args.reward_option == [("a", "x"), ("b", True)]
+    command, sampling = from_args(EvalCommand, args), from_args(SamplingOptions, args)
+    assert command.chat_template == "auto" and command.max_new_tokens is None and sampling.n == 4
+    assert (sampling.temperature, sampling.top_p, sampling.batch_size) == (0.6, 0.95, 64)
+
+
+def test_eval_k_below_one_is_one_line(tmp_path, capsys):
+    assert main(["eval", "--ks", "1,0", "--out-dir", str(tmp_path), "--no-cache"]) == 2
+    assert capsys.readouterr().err == "ebpo eval: --ks: every k must be >= 1, got 1,0\n"
 
 
 def test_a_bad_value_is_a_usage_error_naming_the_flag(capsys):

@@ -27,9 +27,7 @@ def _one_thread():
 
 
 def parse_eval_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    eval_cli.add_parser(parser.add_subparsers())
-    return parser.parse_args(["eval", *argv])
+    return eval_cli.build_parser().parse_args(argv)
 
 
 class ExactReward:
@@ -452,7 +450,7 @@ def arith_scripted(prompts, n, seeds):
 
 
 def test_cli_unknown_benchmark_is_one_line_naming_the_flag(tmp_path, capsys):
-    """Issue 13.10: an unknown benchmark name ended in a traceback."""
+    """An unknown benchmark name is one line naming --benchmarks and the valid names, not a traceback."""
     from ebpo.cli import main
 
     argv = ["eval", "builtin", "--benchmarks", "aime2024", "--out-dir", str(tmp_path)]

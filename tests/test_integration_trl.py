@@ -319,6 +319,49 @@ def test_config_rejects_unknown_choices(tmp_path):
     assert make_config(tmp_path, prior_memory="50").estimator_options()["prior_memory"] == 50.0
 
 
+def test_ebpo_options_are_declared_once_and_collide_with_no_grpo_field(tmp_path):
+    # EBPOConfig's EBPO fields are EBPOOptions' own (same default, same help), and none shadows a GRPOConfig
+    # field: a name TRL declares too would silently take TRL's meaning
+    from dataclasses import fields
+
+    from trl import GRPOConfig, TrlParser
+
+    from ebpo.advantages import EBPOOptions
+
+    ours = {f.name: f for f in fields(EBPOOptions)}
+    assert not set(ours) & {f.name for f in fields(GRPOConfig)}
+    theirs = {f.name: f for f in fields(EBPOConfig)}
+    for name, option in ours.items():
+        assert (
+            theirs[name].default == option.default
+            and theirs[name].metadata["help"] == option.metadata["help"]
+        )
+    # every option is a TRL command-line flag (choices from the Literal types), checked like the others
+    (config,) = TrlParser([EBPOConfig]).parse_args_into_dataclasses(
+        [
+            "--output_dir",
+            str(tmp_path),
+            "--use_cpu",
+            "--prior_memory",
+            "50",
+            "--tau2",
+            "latent",
+            "--eps",
+            "1e-5",
+        ]
+    )
+    options = config.estimator_options()
+    assert (options["prior_memory"], options["tau2"], options["eps"]) == (50.0, "latent", 1e-5)
+    with pytest.raises(SystemExit):
+        TrlParser([EBPOConfig]).parse_args_into_dataclasses(["--output_dir", str(tmp_path), "--tau2", "lat"])
+    for name, value, message in (
+        ("tau2_floor", -1.0, "tau2_floor must be >= 0"),
+        ("eps", 0.0, "eps must be > 0"),
+    ):
+        with pytest.raises(ValueError, match=f"^EBPOConfig.{name}: .*{message}"):
+            make_config(tmp_path, **{name: value})
+
+
 def distinct_reward(completions, **kwargs):
     """Number of distinct characters mod 2, in {0, 1}: a second reward function."""
     return [len(set(c)) % 2 for c in completions]
@@ -552,8 +595,10 @@ def test_the_paper_command_builds_the_paper_settings(example, tmp_path, monkeypa
         "cluster_min_groups": 16,
         "prior_memory": "all",
         "tau2": "raw",
+        "tau2_floor": 1e-4,  # read only with tau2="latent"
         "sigma2": "total",
         "normalize": "batch",
+        "eps": 1e-6,
     }
     assert config.bf16
     # docs/integrations.md gives the same command

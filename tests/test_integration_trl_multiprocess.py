@@ -34,16 +34,25 @@ AFTER_RESUME = 12
 SAVE_STEPS = 3  # checkpoints at 3, 6, 9, ... (a resumed run keeps the checkpoint's save_steps)
 
 
+CLUES = ("Error", "error:", "Exception", "terminate", "Fatal", "Traceback", 'File "', "exitcode")
+
+
 def torchrun(*args: str, cwd: Path) -> None:
     """Run the worker in 2 processes; fail with the end of its output when it fails."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env["PYTHONFAULTHANDLER"] = "1"  # a rank that dies of a signal prints its Python stack
     done = subprocess.run(
-        [*command, str(WORKER), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, (
-        f"torchrun failed ({done.returncode}):\n{(done.stdout + done.stderr)[-6000:]}"
-    )
+        [*command, str(WORKER), *args],
+        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
+    )  # fmt: skip
+    if done.returncode != 0:
+        # the ranks' own last words first: torchrun's summary that follows them is long and says little
+        clues = [line for line in done.stdout.splitlines() if any(word in line for word in CLUES)]
+        pytest.fail(
+            f"torchrun failed ({done.returncode}); lines that name a failure:\n" + "\n".join(clues[-40:])
+            + f"\n--- end of the output:\n{done.stdout[-4000:]}"
+        )  # fmt: skip
 
 
 def recorded(folder: Path) -> list[dict]:

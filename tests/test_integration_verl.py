@@ -436,6 +436,28 @@ def test_paper_launch_overrides_compose_with_verls_config(tmp_path):
     assert ebpo.get_estimator("ebpo", **options).half_life == 50.0
 
 
+def test_ebpo_options_from_verl_are_checked_against_ebpo_options_naming_the_key():
+    # +algorithm.ebpo.<key>: a key that is not one of EBPOOptions' fields (nor the adapter's cluster_key), or a
+    # value they reject, fails at start naming algorithm.ebpo.<key>
+    with pytest.raises(
+        ValueError, match=r"^algorithm.ebpo.prior_scop is rejected by 'ebpo': not one of its"
+    ) as err:
+        ev.estimator_options({"ebpo": {"prior_scop": "cluster"}}, "ebpo")
+    assert "algorithm.ebpo.prior_scope, " in str(err.value) and "algorithm.ebpo.cluster_key)" in str(
+        err.value
+    )
+    with pytest.raises(
+        ValueError, match=r"^algorithm.ebpo.tau2: unknown EBPO tau2 'lat'; valid choices: latent, raw$"
+    ):
+        ev.estimator_options({"ebpo": {"tau2": "lat"}}, "ebpo")
+    with pytest.raises(ValueError, match=r"^algorithm.grpo.prior_scope is rejected by 'grpo'"):
+        ev.estimator_options({"grpo": {"prior_scope": "cluster"}}, "grpo")
+    assert ev.estimator_options({"ebpo": {"eps": 1e-5, "cluster_key": "topic"}}, "ebpo") == (
+        {"eps": 1e-5},
+        "topic",
+    )
+
+
 def test_prepare_data_script_writes_verl_parquet(tmp_path, benchmark_dir, monkeypatch):
     import importlib.util
     from pathlib import Path
@@ -464,7 +486,7 @@ def test_prepare_data_script_writes_verl_parquet(tmp_path, benchmark_dir, monkey
 
 
 # ----------------------------------------------------------------------------------------------------------
-# issue 10 section 4: rows rejected by rollout correction, filtered groups, trainer paths
+# rows rejected by rollout correction, filtered groups, trainer paths
 # ----------------------------------------------------------------------------------------------------------
 def test_rejected_rows_stay_out_of_the_prior_and_get_zero_advantage():
     # two groups of 4; verl's rollout-correction rejection (seq_max_k2 > 0.5) rejects rows 1 and 6, which

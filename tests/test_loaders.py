@@ -552,12 +552,12 @@ def test_apply_chat_template_renders_through_the_tokenizer():
     ]
 
 
-# -- issue 13: duplicate ids, bad bytes, non-text prompts -------------------------------------------
+# -- duplicate ids, bad bytes, non-text prompts: one line naming the file and line -------------------
 
 
 def test_duplicate_ids_are_rejected_naming_both_lines(tmp_path):
-    """Issue 13.1: the trainer groups responses by record id, so two rows with one id would share a
-    baseline. Before the fix both rows loaded; now the second is refused, naming both lines."""
+    """The trainer groups responses by record id, so two rows with one id would share a baseline: the
+    second is refused, naming both lines."""
     path = _write_lines(
         tmp_path / "train.jsonl",
         [
@@ -596,8 +596,8 @@ def test_duplicate_ids_in_parquet_and_rows_name_both_rows(tmp_path):
 
 
 def test_non_utf8_byte_names_file_and_line_and_can_be_skipped(tmp_path):
-    """Issue 13.8: a bad byte used to raise UnicodeDecodeError with a buffer offset, even with
-    skip_invalid=True. Now it is a RowError for that line like any other bad row."""
+    """A byte that is not UTF-8 is a RowError for its line like any other bad row (not a UnicodeDecodeError
+    with a buffer offset), and skip_invalid=True skips that line."""
     path = tmp_path / "latin1.jsonl"
     good = json.dumps({"problem": "1+1?", "answer": "2"}).encode()
     bad = '{"problem": "caf\u00e9?", "answer": "1"}'.encode("latin-1")  # \xe9 alone is not UTF-8
@@ -632,8 +632,8 @@ def test_utf8_bom_and_crlf_are_read(tmp_path):
     ],
 )
 def test_numeric_prompt_is_rejected_at_load(tmp_path, schema, row):
-    """Issue 13.9: a number where the prompt belongs used to load (records schema: as an int) and fail
-    later inside the tokenizer with no file, line or record. Numbers stay fine as answers (AIME)."""
+    """A number where the prompt belongs is refused at load, naming file, line and field (it would fail
+    later inside the tokenizer with no file, line or record). Numbers stay fine as answers (AIME)."""
     path = _write_lines(tmp_path / "n.jsonl", [json.dumps(row)])
     field = {"records": "prompt", "olympiadbench": "question"}.get(schema, "problem")
     with pytest.raises(RowError, match=rf"n\.jsonl, line 1, field '{field}': expected a string"):

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from ebpo import rewards
-from ebpo.trainer.config import ConfigError, load_config
+from ebpo.errors import ConfigError
+from ebpo.trainer.config import load_config
 from ebpo.trainer.metrics_log import EXCLUDED_FROM_REPRODUCIBILITY, read_metrics
 from ebpo.trainer.rollout import _concat_padded, forward_logp
 from ebpo.trainer.trainer import RewardError, Trainer

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from ebpo.errors import ConfigError
 from ebpo.trainer.config import (
     PRESETS_DIR,
-    ConfigError,
     TrainConfig,
     apply_overrides,
     describe,
@@ -116,6 +116,35 @@ def test_unknown_key_in_yaml_names_the_file(tmp_path):
 def test_validation_messages_say_the_fix(override, pattern):
     with pytest.raises(ConfigError, match=pattern):
         load_config(None, [override])
+
+
+def test_estimator_options_name_the_key_at_fault_and_list_the_options():
+    # algorithm.estimator_options is checked key by key against the estimator's options (EBPO's are the fields
+    # of ebpo.advantages.EBPOOptions), and the message names algorithm.estimator_options.<key>
+    ebpo_keys = "prior_scope, cluster_min_groups, prior_memory, tau2, tau2_floor, sigma2, normalize, eps"
+    listed = ", ".join(f"algorithm.estimator_options.{key}" for key in ebpo_keys.split(", "))
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["algorithm.estimator_options.prior_scop=cluster"])
+    assert str(err.value) == (
+        f"algorithm.estimator_options.prior_scop is rejected by 'ebpo': not one of its options ({listed})"
+    )
+    with pytest.raises(
+        ConfigError, match=r"^algorithm.estimator_options.tau2_floor: tau2_floor must be >= 0"
+    ):
+        load_config(None, ["algorithm.estimator_options.tau2_floor=-1"])
+    with pytest.raises(ConfigError, match=r"^algorithm.estimator_options.prior_memory: prior_memory must be"):
+        load_config(None, ["algorithm.estimator_options.prior_memory=forever"])
+    with pytest.raises(
+        ConfigError, match=r"rejected by 'grpo': .*\(algorithm.estimator_options.norm_by_std, "
+    ):
+        load_config(None, ["algorithm.estimator=grpo", "algorithm.estimator_options.normalize=prior"])
+    assert load_config(None, ["algorithm.estimator_options.prior_memory=50"]).algorithm.estimator_options == {
+        "prior_memory": 50  # kept as written: the estimator reads a half-life of 50 steps
+    }
+    # --help-config lists each of EBPO's options with its default and its one help text
+    rows = {key: (default, text) for key, default, text in describe()}
+    assert rows["algorithm.estimator_options.prior_memory"][0] == "'all'"
+    assert "half-life" in rows["algorithm.estimator_options.prior_memory"][1]
 
 
 def test_cluster_prior_needs_cluster_keys():

@@ -8,22 +8,22 @@ Each test stages one such event; the tiny random model and the dense digit-fract
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import pytest
 import torch
 
 from ebpo import rewards
 from ebpo.data.records import Record
+from ebpo.errors import ConfigError
+from ebpo.persist import DirectoryInUse, DirectoryLock
 from ebpo.trainer import checkpoint as checkpoint_module
 from ebpo.trainer import setup as trainer_setup
-from ebpo.trainer.config import ConfigError, load_config
+from ebpo.trainer.config import load_config
 from ebpo.trainer.metrics_log import read_metrics
 from ebpo.trainer.trainer import Trainer
 from test_trainer import final_params, tiny_config, training_rows
@@ -175,55 +175,6 @@ def test_kill_during_a_checkpoint_save_leaves_a_resumable_run(
     assert training_rows(run) == training_rows(tmp_path / "straight")
 
 
-def _save_repeatedly(path: str, writer: int, times: int, failures) -> None:
-    """Child process: save ``times`` states of ``writer`` to ``path``, counting the saves that raise."""
-    torch.set_num_threads(1)
-    for _ in range(times):
-        try:
-            checkpoint_module.save_torch_atomic(
-                {"writer": writer, "x": torch.full((64,), writer)}, Path(path)
-            )
-        except Exception:  # noqa: BLE001 - any failure of a save is what the test counts
-            with failures.get_lock():
-                failures.value += 1
-
-
-def test_two_processes_saving_to_one_path_never_collide(tmp_path):
-    # two processes on a shared filesystem saving the same checkpoint file (TRL's save_on_each_node=True). A
-    # temporary name shared by both lets one's rename take the file the other is about to rename
-    # (FileNotFoundError in tens of the 400 saves); with one temporary file per save the last rename wins whole.
-    path = tmp_path / "ebpo_estimator.pt"
-    context = multiprocessing.get_context("fork")
-    failures = context.Value("i", 0)
-    writers = [
-        context.Process(target=_save_repeatedly, args=(str(path), writer, 200, failures)) for writer in (1, 2)
-    ]
-    for process in writers:
-        process.start()
-    for process in writers:
-        process.join(timeout=120)
-    assert [process.exitcode for process in writers] == [0, 0]
-    assert failures.value == 0
-    state = torch.load(path, weights_only=False)
-    assert state["writer"] in (1, 2) and torch.equal(state["x"], torch.full((64,), state["writer"]))
-    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left behind
-
-
-def test_a_failed_save_leaves_the_old_file_and_no_temporary_file(tmp_path, monkeypatch):
-    path = tmp_path / "state.pt"
-    checkpoint_module.save_torch_atomic({"step": 1}, path)
-
-    def broken_save(state, file):  # dies half-way through writing
-        Path(file).write_bytes(b"half")
-        raise OSError("No space left on device")
-
-    monkeypatch.setattr(checkpoint_module.torch, "save", broken_save)
-    with pytest.raises(OSError, match="No space left"):
-        checkpoint_module.save_torch_atomic({"step": 2}, path)
-    assert torch.load(path, weights_only=False) == {"step": 1}
-    assert [p.name for p in tmp_path.iterdir()] == [path.name]
-
-
 # ---------------------------------------------------------------------------------------------------
 # resuming a finished run keeps its summary
 
@@ -307,7 +258,7 @@ def test_an_empty_or_unrelated_directory_is_fine(tiny_model_dir, tmp_path):
 def _hold_lock_in_a_child(directory) -> subprocess.Popen[str]:
     """A child process that takes the directory's lock, says so, and sleeps (until killed)."""
     code = (
-        "import sys, time; from ebpo.trainer.checkpoint import DirectoryLock; "
+        "import sys, time; from ebpo.persist import DirectoryLock; "
         "lock = DirectoryLock(sys.argv[1], what='d', hint='h').acquire(); print('held', flush=True); time.sleep(120)"
     )
     child = subprocess.Popen([sys.executable, "-c", code, str(directory)], stdout=subprocess.PIPE, text=True)
@@ -324,9 +275,7 @@ def test_a_second_process_in_a_running_run_directory_is_one_line(tiny_model_dir,
     child = _hold_lock_in_a_child(run)  # another process training in it
     try:
         for kwargs in ({"resume": run}, {"run_dir": run, "overwrite": True}):
-            with pytest.raises(
-                checkpoint_module.DirectoryInUse, match=rf"run directory {run} is in use by pid "
-            ):
+            with pytest.raises(DirectoryInUse, match=rf"run directory {run} is in use by pid "):
                 Trainer(tiny_config(tiny_model_dir, "run.steps=2"), **kwargs)
         assert (run / "metrics.jsonl").read_text() == before  # --overwrite removed nothing
 
@@ -350,11 +299,11 @@ def test_a_failed_setup_releases_the_run_directory(tiny_model_dir, tmp_path, mon
     with pytest.raises(ConfigError, match="already holds a run"):  # refused after the lock was taken
         Trainer(tiny_config(tiny_model_dir, "run.steps=2"), run_dir=run)
     trainer = Trainer(tiny_config(tiny_model_dir, "run.steps=2"), resume=run)  # so this one gets it
-    with pytest.raises(checkpoint_module.DirectoryInUse):  # and holds it until train() ends
-        checkpoint_module.DirectoryLock(run, what="run directory", hint="").acquire()
+    with pytest.raises(DirectoryInUse):  # and holds it until train() ends
+        DirectoryLock(run, what="run directory", hint="").acquire()
     trainer.train()
-    assert not (run / checkpoint_module.LOCK_FILE).exists()  # removed at the end: nothing left behind
-    checkpoint_module.DirectoryLock(run, what="run directory", hint="").acquire().release()
+    assert not (run / DirectoryLock.FILE).exists()  # removed at the end: nothing left behind
+    DirectoryLock(run, what="run directory", hint="").acquire().release()
     # a fresh run refused at setup (no such model) leaves no directory; a mistyped --resume no lock file
     with pytest.raises(ConfigError, match="model.path: .* does not exist"):
         Trainer(
@@ -365,30 +314,7 @@ def test_a_failed_setup_releases_the_run_directory(tiny_model_dir, tmp_path, mon
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match="no checkpoint there"):
         Trainer(tiny_config(tiny_model_dir, "run.steps=1"), resume=tmp_path / "typo")
-    assert not (tmp_path / checkpoint_module.LOCK_FILE).exists()
-
-
-def test_a_lock_file_removed_under_a_waiting_process_is_not_shared(tmp_path, monkeypatch):
-    """B opens .lock while A holds it; A removes it and lets go; C creates and locks a new one. B's flock on
-    the removed file then succeeds, but B sees that the file it locked is no longer there and tries again:
-    C holds the directory, so B is refused. Without that check B and C would both hold it."""
-    lock = checkpoint_module.DirectoryLock
-    a = lock(tmp_path, what="d", hint="h").acquire()
-    stale = open(tmp_path / checkpoint_module.LOCK_FILE, "a+", encoding="utf-8")  # B, mid-acquire
-    a.release()
-    c = lock(tmp_path, what="d", hint="h").acquire()
-    real_open, opened = open, []
-
-    def b_open(*args, **kwargs):
-        opened.append(args[0])
-        return stale if len(opened) == 1 else real_open(*args, **kwargs)
-
-    monkeypatch.setattr("builtins.open", b_open)
-    with pytest.raises(checkpoint_module.DirectoryInUse, match=r"d .* is in use by pid \d+"):
-        lock(tmp_path, what="d", hint="h").acquire()
-    monkeypatch.undo()
-    assert len(opened) == 2  # the removed file, then the one C holds
-    c.release()
+    assert not (tmp_path / DirectoryLock.FILE).exists()
 
 
 @pytest.mark.parametrize(

@@ -159,7 +159,7 @@ def test_first_update_serves_its_rows_old_logprobs_to_the_bit(tiny_model_dir, tm
     assert batch.num_rows == 16 and int(mask_BT.sum()) > 16
     assert torch.equal(seen["old_logp_BT"][mask_BT], logp_BT[mask_BT])
     assert metrics["actor/entropy"] == float(masked_mean(entropy_BT, batch.response_mask_BT))
-    trainer._lock.release()
+    trainer.run.release()
 
 
 def test_step_kl_scope_changes_that_metric_and_nothing_else(tiny_model_dir, tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import sys
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -153,6 +154,14 @@ def main() -> None:
     torch.save(
         {"blocks": trainer.blocks, "final": trainer.estimator.state_dict()}, record / f"states-rank{rank}.pt"
     )
+    # Leave without the interpreter's teardown. torch's gloo process group cannot be torn down reliably on
+    # the way out: left open it can abort the process ("terminate called without an active exception") when
+    # the other rank has already exited, and destroyed (accelerate's end_training) it can deadlock, its
+    # worker thread waiting for the GIL that the thread freeing DDP's reducer holds. Everything this run
+    # writes is on disk and closed by now.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("registry", "welford", "dataclass_cli"),  # no ebpo imports
+    ("errors",),  # ConfigError: no ebpo imports
+    ("registry", "welford", "dataclass_cli", "persist"),  # persist: atomic writes, journals, run directories
     ("advantages", "losses"),  # the algorithm's math: estimators and policy losses
     ("ebpo",),  # the package's public entry points (get_estimator, get_policy_loss)
     ("data",),  # records, loaders, samplers

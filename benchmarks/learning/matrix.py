@@ -56,7 +56,7 @@ from benchmarks.learning.spec import (
     build_spec,
     spec_from_dict,
 )
-from ebpo.trainer.checkpoint import DirectoryLock
+from ebpo.persist import DirectoryLock
 
 SESSIONS_FILE = "sessions.jsonl"
 SENSITIVITY_METHOD = (PUBLISHED, "grpo")

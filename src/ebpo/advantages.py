@@ -36,11 +36,14 @@ and for ``ebpo`` (means over the batch's groups of each group's prior): ``ebpo/m
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import numbers
-from collections.abc import Callable, Hashable
-from typing import Any, NamedTuple
+import typing
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -53,8 +56,11 @@ __all__ = [
     "AdvantageEstimator",
     "Batch",
     "EBPOEstimator",
+    "EBPOOptions",
+    "OptionError",
     "GroupStats",
     "batch_normalize",
+    "check_options",
     "dr_grpo_advantage",
     "ebpo_advantage",
     "get_estimator",
@@ -63,6 +69,7 @@ __all__ = [
     "grpo_advantage",
     "jspo_advantage",
     "list_estimators",
+    "option_names",
     "register_estimator",
     "reinforce_pp_baseline_advantage",
     "rloo_advantage",
@@ -78,15 +85,6 @@ like n * (2e30)^2, finite for any n below 1e247. Rewards beyond it are rejected,
 one batch would put it on another scale than the prior's history."""
 
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
-
-EBPO_CHOICES: dict[str, tuple[str, ...]] = {
-    "prior_scope": ("global", "cluster"),
-    "tau2": ("raw", "latent"),
-    "sigma2": ("total", "pooled"),
-    "normalize": ("batch", "group", "prior", "none"),
-}
-"""The values each of EBPO's choice options accepts, the paper's default first (meanings:
-:class:`EBPOEstimator`). The estimator and :func:`ebpo_advantage` check against this table alone."""
 
 # ----------------------------------------------------------------------------------------------------
 # Registry
@@ -117,16 +115,46 @@ def get_estimator(name: str, **options: Any) -> AdvantageEstimator:
     Raises ValueError for an unknown name (listing the valid ones) and TypeError for options the
     estimator does not take (naming them and listing the ones it does).
     """
-    cls = _ESTIMATORS.get(name)
-    params = inspect.signature(cls.__init__).parameters
-    valid = [p for p in params if p != "self" and params[p].kind is inspect.Parameter.KEYWORD_ONLY]
+    valid = option_names(name)
     unknown = sorted(set(options) - set(valid))
     if unknown:
         raise TypeError(
             f"advantage estimator {name!r} got unknown option(s) {unknown}; "
             f"valid options: {valid if valid else 'none'}"
         )
-    return cls(**options)
+    return _ESTIMATORS.get(name)(**options)
+
+
+def option_names(name: str) -> list[str]:
+    """The keyword options estimator ``name`` takes: the fields of its ``options_type`` (EBPO:
+    :class:`EBPOOptions`), else its constructor's keyword-only parameters."""
+    cls = _ESTIMATORS.get(name)
+    if cls.options_type is not None:
+        return [f.name for f in dataclasses.fields(cls.options_type)]
+    params = inspect.signature(cls.__init__).parameters
+    return [p for p in params if p != "self" and params[p].kind is inspect.Parameter.KEYWORD_ONLY]
+
+
+def check_options(
+    name: str, options: Mapping[str, Any], *, where: str, also_valid: Sequence[str] = ()
+) -> None:
+    """Check a framework's options for estimator ``name`` before anything is built, naming the key at fault
+    as ``<where>.<key>`` (``algorithm.estimator_options.normalize``, ``algorithm.ebpo.tau2``,
+    ``EBPOConfig.prior_memory``): ``ValueError`` for a key that is not one of its options (listing them, and
+    ``also_valid``, keys the framework reads itself) or a value it rejects."""
+    valid = option_names(name)
+    unknown = sorted(set(options) - set(valid) - set(also_valid))
+    if unknown:
+        listed = ", ".join(f"{where}.{key}" for key in [*valid, *also_valid]) or "none"
+        raise OptionError(
+            unknown[0], f"{where}.{unknown[0]} is rejected by {name!r}: not one of its options ({listed})"
+        )
+    try:
+        get_estimator(name, **{key: value for key, value in options.items() if key in valid})
+    except OptionError as err:
+        raise OptionError(err.option, f"{where}.{err.option}: {err}") from None
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{where} {dict(options)} rejected by {name!r}: {err}") from None
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -539,14 +567,18 @@ def _check_advantages(
         )
 
 
-def _check_eps(name: str, eps: float) -> float:
-    eps = float(eps)
-    if not (math.isfinite(eps) and eps > 0):
-        raise ValueError(
+def _check_eps(name: str, eps: Any) -> float:
+    if not _is_real(eps) or not (math.isfinite(eps) and eps > 0):
+        raise OptionError(
+            "eps",
             f"{name}: eps must be > 0 and finite, got {eps!r} (it keeps 0 / 0 out of groups whose rewards "
-            "are all equal)"
+            "are all equal)",
         )
-    return eps
+    return float(eps)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 class AdvantageEstimator:
@@ -556,6 +588,8 @@ class AdvantageEstimator:
     """
 
     name: str = ""
+    options_type: ClassVar[type | None] = None
+    """The dataclass that declares the estimator's options, when it has one (EBPO: :class:`EBPOOptions`)."""
 
     def __init__(self) -> None:
         self._metrics: dict[str, float] = dict(_EMPTY_METRICS)
@@ -740,6 +774,134 @@ def _load_prior(
     return prior
 
 
+class OptionError(ValueError):
+    """An estimator option that cannot be used; ``option`` names it (frameworks prefix their own key)."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(message)
+        self.option = option
+
+
+@dataclass
+class EBPOOptions:
+    """EBPO's options, each declared once with its help (paper Section 3.2, Algorithm 1; docs/design.md §1-§2).
+    The defaults are the paper's.
+
+    Read by the estimator (``get_estimator("ebpo", **options)`` or ``EBPOEstimator(EBPOOptions(...))``),
+    ``ebpo train`` (``algorithm.estimator_options.<option>``), TRL (``EBPOConfig`` extends this class: these
+    are its fields and flags) and verl (``+algorithm.ebpo.<option>``); each checks them here at start, with
+    the key at fault named (:func:`check_options`). Not frozen, because TRL's ``GRPOConfig`` is not.
+    """
+
+    prior_scope: Literal["global", "cluster"] = field(
+        default="global",
+        metadata={
+            "help": "EBPO prior: `global` (paper: one Welford prior over all rewards) or `cluster` (one prior per "
+            "cluster key, the topic or difficulty bucket; a group uses its cluster's prior once that prior "
+            "holds `cluster_min_groups` groups, the global one before that; the global prior sees every group)."
+        },
+    )
+    cluster_min_groups: int = field(
+        default=16,
+        metadata={
+            "help": "With `prior_scope=cluster`: groups a cluster must have seen before its own prior replaces "
+            "the global one; below it the variance of its group means (tau2) is too noisy to trust. With a "
+            "half-life it counts the decayed weight of the cluster's group means."
+        },
+    )
+    prior_memory: str = field(
+        default="all",
+        metadata={
+            "help": "EBPO prior memory: `all` (paper: every reward ever seen) or a half-life (e.g. `50`) for "
+            "exponentially weighted moments that follow the improving policy. The half-life counts estimator "
+            "steps, one per batch of fresh rewards: a step of `ebpo train` and of verl, a generation block in "
+            "TRL (`steps_per_generation * num_iterations / gradient_accumulation_steps` optimizer steps, not "
+            "TRL's global_step). A number is accepted as well as its text."
+        },
+    )
+    tau2: Literal["raw", "latent"] = field(
+        default="raw",
+        metadata={
+            "help": "Between-prompt variance: `raw` (paper: Var of group means) or `latent` "
+            "(max(Var(means) - sigma2 E[1/G], tau2_floor), the textbook Empirical Bayes estimate)."
+        },
+    )
+    tau2_floor: float = field(
+        default=1e-4,
+        metadata={"help": "Floor of the latent tau2, so that S < 1 unless sigma2 dwarfs it; >= 0."},
+    )
+    sigma2: Literal["total", "pooled"] = field(
+        default="total",
+        metadata={
+            "help": "Within-prompt variance: `total` (paper: variance of all rewards) or `pooled` (running mean "
+            "of per-group sample variances)."
+        },
+    )
+    normalize: Literal["batch", "group", "prior", "none"] = field(
+        default="batch",
+        metadata={
+            "help": "Normalisation of EBPO's raw advantages a = r - V: `batch` (paper: (a - mean)/(std + eps) "
+            "over the step's batch; with equal group sizes and one prior mu_glob cancels and the prior acts "
+            "only through S), `group` (each group by its shrunk std), `prior` (a/(sqrt(sigma2) + eps), which "
+            "keeps the prior mean mu_glob in the training advantage; docs/theory.md) or `none`."
+        },
+    )
+    eps: float = field(
+        default=1e-6,
+        metadata={"help": "Added to the normalising standard deviation of EBPO's advantages; > 0."},
+    )
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """:class:`OptionError` naming the first option that cannot be used."""
+        for option, choices in EBPO_CHOICES.items():
+            try:
+                check_choice(f"EBPO {option}", getattr(self, option), choices)
+            except ValueError as err:
+                raise OptionError(option, str(err)) from None
+        count = self.cluster_min_groups
+        if not isinstance(count, numbers.Integral) or isinstance(count, bool) or count < 1:
+            raise OptionError(
+                "cluster_min_groups", f"cluster_min_groups must be an integer >= 1, got {count!r}"
+            )
+        _half_life(self.prior_memory)
+        if not _is_real(self.tau2_floor) or not (math.isfinite(self.tau2_floor) and self.tau2_floor >= 0):
+            raise OptionError("tau2_floor", f"tau2_floor must be >= 0 and finite, got {self.tau2_floor!r}")
+        _check_eps("ebpo", self.eps)
+
+    @property
+    def half_life(self) -> float | None:
+        """``prior_memory`` as a half-life in steps; None for ``"all"``."""
+        return _half_life(self.prior_memory)
+
+
+def _half_life(prior_memory: Any) -> float | None:
+    """None for ``"all"``, else ``prior_memory`` as a half-life in steps; OptionError unless finite and > 0."""
+    if prior_memory == "all":
+        return None
+    try:
+        half_life = float(prior_memory)
+    except (TypeError, ValueError):
+        half_life = math.nan
+    if not (math.isfinite(half_life) and half_life > 0):
+        raise OptionError(
+            "prior_memory",
+            f"prior_memory must be 'all' or a half-life in steps > 0 (e.g. 50), got {prior_memory!r}",
+        )
+    return half_life
+
+
+EBPO_CHOICES: dict[str, tuple[str, ...]] = {
+    name: typing.get_args(hint)
+    for name, hint in typing.get_type_hints(EBPOOptions).items()
+    if typing.get_origin(hint) is Literal
+}
+"""The values each of EBPO's choice options accepts, the paper's default first: the ``Literal`` types of
+:class:`EBPOOptions`. The options and :func:`ebpo_advantage` check against this table alone."""
+
+
 @register_estimator("ebpo")
 class EBPOEstimator(AdvantageEstimator):
     """EBPO (paper Section 3.2, Algorithm 1; docs/design.md §1-§2): GRPO's group mean shrunk toward a running prior.
@@ -749,59 +911,29 @@ class EBPOEstimator(AdvantageEstimator):
     (:func:`shrinkage_baseline`); (4) a = r - V_m; (5) normalisation (:func:`ebpo_advantage`). With
     ``prior_memory`` a half-life, the accumulators are aged by one step at the end of each call.
 
-    Options (defaults are the paper's):
-      prior_scope: ``"global"`` (one prior) or ``"cluster"`` (one prior per cluster key passed as
-        ``cluster=``; a group uses its cluster's prior once that cluster's prior holds at least
-        ``cluster_min_groups`` group means, the global prior before that; the global prior always sees
-        every group).
-      cluster_min_groups: groups a cluster needs before its own prior replaces the global one; default 16,
-        below which the variance of its group means (tau2) is too noisy to trust. With a half-life this
-        counts the decayed weight of the cluster's group means.
-      prior_memory: ``"all"`` (plain Welford over all history) or a half-life in steps (EWWelford).
-      tau2: ``"raw"`` (Var of group means) or ``"latent"`` (max(Var(means) - sigma2 * E[1/G], tau2_floor)).
-      tau2_floor: floor for latent tau2 (default 1e-4), so S < 1 unless sigma2 dwarfs it.
-      sigma2: ``"total"`` (Var of all rewards) or ``"pooled"`` (running mean of group variances).
-      normalize: ``"batch"`` (paper), ``"group"``, ``"prior"`` or ``"none"`` (see :func:`ebpo_advantage`).
-        Under ``"batch"`` with equal group sizes and one prior, mu_glob cancels exactly and the prior acts
-        only through S; ``"prior"`` (A = (r - V_m) / (sqrt(sigma2) + eps)) keeps the paper's baseline,
-        mu_glob included, in the training advantage. Derivations: docs/theory.md.
-      eps: added to the normalising standard deviation (1e-6); must be > 0.
-    Call :meth:`observe` for a step's dropped groups before that step's ``__call__``.
+    Options: :class:`EBPOOptions` (``EBPOEstimator(options)``, or its fields by keyword; a bad one raises
+    :class:`OptionError`, a ``ValueError``). Call :meth:`observe` for a step's dropped groups before that
+    step's ``__call__``.
     """
 
-    def __init__(
-        self,
-        *,
-        prior_scope: str = "global",
-        cluster_min_groups: int = 16,
-        prior_memory: str | float = "all",
-        tau2: str = "raw",
-        tau2_floor: float = 1e-4,
-        sigma2: str = "total",
-        normalize: str = "batch",
-        eps: float = 1e-6,
-    ) -> None:
+    options_type = EBPOOptions
+
+    def __init__(self, options: EBPOOptions | None = None, **overrides: Any) -> None:
         super().__init__()
-        chosen = {"prior_scope": prior_scope, "tau2": tau2, "sigma2": sigma2, "normalize": normalize}
-        for option, value in chosen.items():
-            check_choice(f"EBPO {option}", value, EBPO_CHOICES[option])
-        self.half_life: float | None = None if prior_memory == "all" else _half_life(prior_memory)
-        integral = isinstance(cluster_min_groups, numbers.Integral) and not isinstance(
-            cluster_min_groups, bool
-        )
-        if not integral or cluster_min_groups < 1:
-            raise ValueError(f"cluster_min_groups must be an integer >= 1, got {cluster_min_groups!r}")
-        if not (math.isfinite(tau2_floor) and tau2_floor >= 0):
-            raise ValueError(f"tau2_floor must be >= 0 and finite, got {tau2_floor!r}")
-        eps = _check_eps("ebpo", eps)
-        self.prior_scope = prior_scope
-        self.cluster_min_groups = int(cluster_min_groups)
-        self.prior_memory = prior_memory
-        self.tau2_mode = tau2
-        self.tau2_floor = float(tau2_floor)
-        self.sigma2_mode = sigma2
-        self.normalize = normalize
-        self.eps = float(eps)
+        if options is None:
+            options = EBPOOptions(**overrides)
+        elif overrides:
+            options = dataclasses.replace(options, **overrides)
+        self.options = options
+        self.half_life: float | None = options.half_life
+        self.prior_scope = options.prior_scope
+        self.cluster_min_groups = int(options.cluster_min_groups)
+        self.prior_memory = options.prior_memory
+        self.tau2_mode = options.tau2
+        self.tau2_floor = float(options.tau2_floor)
+        self.sigma2_mode = options.sigma2
+        self.normalize = options.normalize
+        self.eps = float(options.eps)
         self.prior = self._new_prior()
         self.cluster_priors: dict[Hashable, _Prior] = {}
 
@@ -976,16 +1108,3 @@ class EBPOEstimator(AdvantageEstimator):
     def __repr__(self) -> str:
         options = ", ".join(f"{k}={v!r}" for k, v in self._options().items())
         return f"EBPOEstimator({options})"
-
-
-def _half_life(prior_memory: Any) -> float:
-    """``prior_memory`` other than ``"all"`` as a half-life in steps; ValueError unless finite and > 0."""
-    try:
-        half_life = float(prior_memory)
-    except (TypeError, ValueError):
-        half_life = math.nan
-    if not (math.isfinite(half_life) and half_life > 0):
-        raise ValueError(
-            f"prior_memory must be 'all' or a half-life in steps > 0 (e.g. 50), got {prior_memory!r}"
-        )
-    return half_life

@@ -26,15 +26,16 @@ from typing import Any
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
     """Help of each flag with ``(default X)`` appended, unless it states its default itself or the default is
-    ``None`` or ``False`` (nothing to show); a ``%`` in a help text is printed as it is."""
+    ``None``, ``False`` or empty (nothing to show); a tuple default is shown as the flag takes it
+    (``1,16``); a ``%`` in a help text is printed as it is."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = re.sub(r"%(?!\()", "%%", action.help or "")
-        shown = action.option_strings and not any(
-            action.default is d for d in (None, False, argparse.SUPPRESS)
-        )
-        if shown and "%(default)" not in text:
-            text += " (default %(default)s)"
+        default = action.default
+        nothing = any(default is d for d in (None, False, argparse.SUPPRESS)) or default in ((), [])
+        if action.option_strings and not nothing and "%(default)" not in text:
+            shown = ",".join(map(str, default)) if isinstance(default, tuple) else "%(default)s"
+            text += f" (default {shown.replace('%', '%%') if isinstance(default, tuple) else shown})"
         return text
 
 
@@ -64,19 +65,34 @@ def dataclass_parser(
     types: Sequence[Any],
     *,
     negatable: Sequence[str] = (),
+    switches: Sequence[str] = (),
     raw_description: bool = False,
 ) -> argparse.ArgumentParser:
     """An ``HfArgumentParser`` with one flag per field of ``types`` (see the module docstring), plus
-    ``--no-<name>`` for each boolean field named in ``negatable``."""
+    ``--no-<name>`` for each boolean field named in ``negatable``.
+
+    ``switches``: boolean fields whose flag takes no value (``--quiet``, not ``--quiet false``), for a command
+    with positional arguments: HfArgumentParser's boolean flag takes an optional value, so it would read the
+    positional word after it (``--quiet model_dir``) as its own."""
     from transformers import HfArgumentParser
 
+    fields = {f.name: f for cls in types for f in dataclasses.fields(cls) if f.init}
+    _check_unique_flags(fields.values(), negatable)
     formatter = RawDescriptionDefaultsHelpFormatter if raw_description else DefaultsHelpFormatter
-    parser = HfArgumentParser(list(types), prog=prog, description=description, formatter_class=formatter)
+    # "resolve": a switch below replaces the flag HfArgumentParser made for its field (no other flag can
+    # clash: _check_unique_flags)
+    parser = HfArgumentParser(
+        list(types), prog=prog, description=description, formatter_class=formatter, conflict_handler="resolve"
+    )
     for cls in types:
         for hint in typing.get_type_hints(cls).values():
             args = typing.get_args(hint)
             if typing.get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis:
                 parser.register("type", hint, comma_tuple(args[0]))  # argparse looks types up here first
+    for name in switches:
+        parser.add_argument(
+            *_spellings(name), dest=name, action="store_true", help=fields[name].metadata["help"]
+        )
     for name in negatable:
         flag = name.replace("_", "-")
         parser.add_argument(
@@ -87,6 +103,25 @@ def dataclass_parser(
             help=f"the opposite of --{flag}",
         )
     return parser
+
+
+def _spellings(name: str) -> list[str]:
+    """The long flags HfArgumentParser makes for a field: ``--field_name`` and ``--field-name``."""
+    return list(dict.fromkeys([f"--{name}", f"--{name.replace('_', '-')}"]))
+
+
+def _check_unique_flags(fields: Any, negatable: Sequence[str]) -> None:
+    """ValueError if two fields (or a field and a ``--no-<name>`` flag) would share a flag."""
+    seen: dict[str, str] = {}
+    for f in fields:
+        aliases = f.metadata.get("aliases", [])
+        for flag in [*_spellings(f.name), *([aliases] if isinstance(aliases, str) else aliases)]:
+            if seen.setdefault(flag, f.name) != f.name:
+                raise ValueError(f"flag {flag} is declared by both {seen[flag]} and {f.name}")
+    for name in negatable:
+        flag = f"--no-{name.replace('_', '-')}"
+        if flag in seen:
+            raise ValueError(f"flag {flag} is declared by both {seen[flag]} and --no-{name}")
 
 
 def from_args(cls: type, args: argparse.Namespace, **overrides: Any) -> Any:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import math
 import time
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ebpo.persist import write_bytes_atomic, write_text_atomic
 
 ZERO_ADV_TOL = 1e-6
 """|A| below this counts as a zero advantage (advantages come back as float32)."""
@@ -565,13 +568,14 @@ def write_csv(result: SimulateResult, path: Path) -> None:
     """One row per (scenario, estimator) (``study=stream``) plus one ``study=theorem2`` row per figure."""
     stream_fields = list(result.rows[0])
     fieldnames = [*stream_fields, "quantity", "value"]
-    with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fieldnames)
-        writer.writeheader()
-        for row in result.rows:
-            writer.writerow(row)
-        for quantity, value in result.theorem2.items():
-            writer.writerow({"study": "theorem2", "quantity": quantity, "value": value})
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=fieldnames)
+    writer.writeheader()
+    for row in result.rows:
+        writer.writerow(row)
+    for quantity, value in result.theorem2.items():
+        writer.writerow({"study": "theorem2", "quantity": quantity, "value": value})
+    write_text_atomic(path, text.getvalue())
 
 
 def write_plot(result: SimulateResult, path: Path) -> None:
@@ -625,7 +629,9 @@ def write_plot(result: SimulateResult, path: Path) -> None:
     axes[2].set_title(f"Prior MSE per step, {scenario} (dashed: ideal coherent)")
     axes[2].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    image = io.BytesIO()
+    fig.savefig(image, dpi=110, format="png")
+    write_bytes_atomic(path, image.getvalue())
     plt.close(fig)
 
 

@@ -123,7 +123,7 @@ def test_process_pool_runs_every_run_and_reports_failures(configs_dir, tmp_path)
 def test_a_second_invocation_on_the_same_runs_directory_is_refused(configs_dir, tmp_path):
     """Two invocations on one runs directory would run the same pending runs twice (and write one run
     directory from two processes): the second one is one line, and it runs and records nothing."""
-    from ebpo.trainer.checkpoint import DirectoryInUse, DirectoryLock
+    from ebpo.persist import DirectoryInUse, DirectoryLock
 
     runs = _plan(configs_dir, arms=(PUBLISHED,), methods=("grpo",), seeds=(0,), sensitivity=None).runs
     calls = []

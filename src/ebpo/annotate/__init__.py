@@ -71,20 +71,10 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
 
 
 def write_rows(path: str | Path, rows: Sequence[dict[str, Any]]) -> None:
-    """Write rows to JSONL, or to Parquet when the name ends in ``.parquet`` / ``.pq`` (atomic rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    if _is_parquet(path):
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+    """Write rows to JSONL, or to Parquet when the name ends in ``.parquet`` / ``.pq``, atomically."""
+    from ebpo.data.loaders import write_jsonl, write_parquet
 
-        pq.write_table(pa.Table.from_pylist(list(rows)), tmp)
-    else:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            for row in rows:
-                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-    tmp.replace(path)
+    (write_parquet if _is_parquet(Path(path)) else write_jsonl)(path, rows)
 
 
 def load_input(path: str | Path, schema: str | None = None) -> list[dict[str, Any]]:

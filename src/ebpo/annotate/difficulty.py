@@ -7,7 +7,8 @@ pass rates first.
 
 Resumable: prompts are processed in fixed chunks of ``prompts_per_call`` (chunk c = rows
 ``[c*P, (c+1)*P)`` of the input), each chunk sampled with its own generator seeded by ``(seed, c)``,
-and each finished prompt is appended to ``{output}.partial.jsonl``. A restart skips the prompts found
+and each chunk's finished prompts are appended to ``{output}.partial.jsonl`` (an :class:`ebpo.persist.Journal`:
+a torn last line is dropped with a warning and redone). A restart skips the prompts found
 there (a chunk already partly done is regenerated with the same seed, and only its missing prompts are
 written), so an interrupted-then-resumed run writes the same file as an uninterrupted one. When every
 prompt is done, the output (input columns + ``difficulty``) is written and the partial file removed.
@@ -15,13 +16,13 @@ prompt is done, the output (input columns + ``difficulty``) is written and the p
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ebpo.annotate import load_input, row_answer, row_id, row_prompt, write_output
+from ebpo.persist import Journal
 
 __all__ = ["DifficultyConfig", "annotate_difficulty", "partial_path", "chunk_seed"]
 
@@ -88,26 +89,13 @@ def chunk_seed(seed: int, chunk: int) -> int:
     return (int(seed) * 1_000_003 + int(chunk)) % (2**63 - 1)
 
 
-def _read_partial(path: Path) -> dict[str, dict[str, Any]]:
-    """Finished prompts by id; a torn last line (the run was killed mid-write) is ignored."""
-    done: dict[str, dict[str, Any]] = {}
-    if not path.is_file():
-        return done
-    with open(path, encoding="utf-8") as fh:
-        lines = fh.readlines()
-    for line_no, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            if line_no == len(lines) and not line.endswith("\n"):
-                break
-            raise ValueError(
-                f"{path}, line {line_no}: corrupt partial results ({err.msg}); delete it to restart"
-            ) from err
-        done[str(row["id"])] = row
-    return done
+def _partial_journal(path: Path) -> Journal:
+    """The partial file as a journal: one finished prompt a line (``id``, ``num_correct``, ``k``, ``difficulty``)."""
+    return Journal(path, kind="a finished prompt", fix="delete it to restart")
+
+
+def _finished(row: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    return str(row["id"]), row
 
 
 def _format_prompts(tokenizer: Any, prompts: Sequence[Any], chat_template: bool | None) -> list[str]:
@@ -174,7 +162,8 @@ def annotate_difficulty(
     answers = [row_answer(row, i, input_path) for i, row in enumerate(rows)]
 
     part = partial_path(output_path)
-    done = _read_partial(part)
+    journal = _partial_journal(part)
+    done = dict(journal.read(_finished, repair=True))  # this run is its one writer: a torn last line goes
     if done and (next(iter(done.values())).get("k") != cfg.k):
         raise ValueError(
             f"{part} was written with k={next(iter(done.values())).get('k')}, this run has k={cfg.k}"
@@ -191,39 +180,35 @@ def annotate_difficulty(
     bar = tqdm(
         total=len(rows), initial=len(rows) - len(todo), desc="difficulty", unit="prompt", disable=not progress
     )
-    part.parent.mkdir(parents=True, exist_ok=True)
-    with open(part, "a", encoding="utf-8") as fh:
-        for chunk in range((len(rows) + P - 1) // P):
-            members = range(chunk * P, min(len(rows), (chunk + 1) * P))
-            if all(ids[i] in done for i in members):
+    for chunk in range((len(rows) + P - 1) // P):
+        members = range(chunk * P, min(len(rows), (chunk + 1) * P))
+        if all(ids[i] in done for i in members):
+            continue
+        generator = torch.Generator().manual_seed(chunk_seed(cfg.seed, chunk))
+        rollouts = sample(
+            model,
+            tokenizer,
+            _format_prompts(tokenizer, [prompts[i] for i in members], cfg.chat_template),
+            n=cfg.k,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            max_new_tokens=cfg.max_new_tokens,
+            generator=generator,
+        )
+        gold = [answers[i] for i in members for _ in range(cfg.k)]
+        rewards = reward.batch(rollouts.texts, gold)
+        finished = []
+        for j, i in enumerate(members):
+            if ids[i] in done:
                 continue
-            generator = torch.Generator().manual_seed(chunk_seed(cfg.seed, chunk))
-            rollouts = sample(
-                model,
-                tokenizer,
-                _format_prompts(tokenizer, [prompts[i] for i in members], cfg.chat_template),
-                n=cfg.k,
-                temperature=cfg.temperature,
-                top_p=cfg.top_p,
-                max_new_tokens=cfg.max_new_tokens,
-                generator=generator,
+            num_correct = sum(r > cfg.threshold for r in rewards[j * cfg.k : (j + 1) * cfg.k])
+            finished.append(
+                {"id": ids[i], "num_correct": int(num_correct), "k": cfg.k, "difficulty": num_correct / cfg.k}
             )
-            gold = [answers[i] for i in members for _ in range(cfg.k)]
-            rewards = reward.batch(rollouts.texts, gold)
-            for j, i in enumerate(members):
-                if ids[i] in done:
-                    continue
-                num_correct = sum(r > cfg.threshold for r in rewards[j * cfg.k : (j + 1) * cfg.k])
-                result = {
-                    "id": ids[i],
-                    "num_correct": int(num_correct),
-                    "k": cfg.k,
-                    "difficulty": num_correct / cfg.k,
-                }
-                fh.write(json.dumps(result) + "\n")
-                done[ids[i]] = result
-                bar.update(1)
-            fh.flush()
+        journal.append(finished)  # the chunk's prompts, appended whole
+        for result in finished:
+            done[result["id"]] = result
+        bar.update(len(finished))
     bar.close()
     out_rows = [{**row, "difficulty": done[ids[i]]["difficulty"]} for i, row in enumerate(rows)]
     write_output(output_path, out_rows, schema)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ebpo.data.topics import TOPICS  # the paper's nine topics, in its order (docs/design.md §4)
+from ebpo.persist import Journal
 from ebpo.registry import Registry
 
 if TYPE_CHECKING:  # imported where a request is made: `ebpo --help` stays fast
@@ -542,39 +543,24 @@ class JudgeTopicClassifier:
         self.failures: dict[str, str] = {}
         self.stats = {"requests": 0, "retries": 0, "reasks": 0, "cache_hits": 0, "invalid": 0}
         self._cache: dict[str, str] = {}
-        if self.config.cache_path is not None and Path(self.config.cache_path).is_file():
-            self._load_cache(Path(self.config.cache_path))
+        self._journal = (
+            Journal(self.config.cache_path, kind="a cached label")
+            if self.config.cache_path is not None
+            else None
+        )
+        if self._journal is not None and self._journal.exists():
+            self._load_cache(self._journal)
 
-    def _load_cache(self, path: Path) -> None:
-        """Read the cache. A torn last line (a kill mid-append) is cut off the file; other unreadable lines
-        are skipped with a warning (their problems are asked again)."""
-        raw = path.read_bytes()
-        if raw and not raw.endswith(b"\n"):
-            keep = raw.rfind(b"\n") + 1
-            with open(path, "r+b") as handle:
-                handle.truncate(keep)
-            logger.warning("%s: dropped a torn last line (%d bytes)", path, len(raw) - keep)
-            raw = raw[:keep]
-        bad = []
-        for line_no, line in enumerate(raw.split(b"\n"), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line.decode("utf-8"))
-                key, label = row["key"], row["label"]
-            except (ValueError, KeyError, TypeError):
-                bad.append(line_no)
-                continue
-            if isinstance(key, str) and label in TOPICS:
-                self._cache[key] = label
-            else:
-                bad.append(line_no)
-        if bad:
+    def _load_cache(self, journal: Journal) -> None:
+        """Read the cache, whose one writer this is: a torn last line (a kill mid-append) is cut off the file;
+        other unreadable lines are skipped with a warning (their problems are asked again)."""
+        self._cache.update(journal.read(_cached_label, skip_bad=True, repair=True))
+        if journal.skipped:
             logger.warning(
                 "%s: skipped %d unreadable line(s) (first: line %d); those problems will be asked again",
-                path,
-                len(bad),
-                bad[0],
+                journal.path,
+                len(journal.skipped),
+                journal.skipped[0],
             )
 
     def cache_key(self, text: str) -> str:
@@ -718,19 +704,17 @@ class JudgeTopicClassifier:
         return len(self._cache)
 
     def _append_cache(self, new: dict[str, str]) -> None:
-        """Append rows to the cache file, starting on a fresh line if the file does not end with one."""
-        if self.config.cache_path is None or not new:
-            return
-        path = Path(self.config.cache_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lines = "".join(json.dumps({"key": key, "label": label}) + "\n" for key, label in new.items())
-        with open(path, "a+b") as fh:
-            if fh.tell() > 0:
-                fh.seek(-1, os.SEEK_END)
-                if fh.read(1) != b"\n":
-                    lines = "\n" + lines
-            fh.write(lines.encode("utf-8"))
-            fh.flush()
+        """Append labels to the cache file, one line each (on a fresh line, whatever the file ends with)."""
+        if self._journal is not None:
+            self._journal.append({"key": key, "label": label} for key, label in new.items())
+
+
+def _cached_label(row: dict[str, Any]) -> tuple[str, str]:
+    """(key, label) of a cache line; ValueError for a line that is not one."""
+    key, label = row["key"], row["label"]
+    if not isinstance(key, str) or label not in TOPICS:
+        raise ValueError(f"not a key and one of the nine labels: {row}")
+    return key, label
 
 
 # -- registry and agreement -------------------------------------------------------------------------------

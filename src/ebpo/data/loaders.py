@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Literal, overload
 
 from ebpo.data.records import Record
+from ebpo.persist import write_bytes_atomic, write_text_atomic
 from ebpo.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,8 @@ __all__ = [
     "read_records",
     "records_from_rows",
     "register_schema",
+    "write_jsonl",
+    "write_parquet",
     "write_records",
 ]
 
@@ -731,30 +734,36 @@ def apply_chat_template(
 
 def write_records(path: str | os.PathLike[str], records: Iterable[Record]) -> Path:
     """Write records as ``Record.to_dict()`` rows to ``*.jsonl`` or ``*.parquet`` (read back with schema
-    ``records``); parent folders are created."""
+    ``records``), atomically; parent folders are created."""
     path = Path(path)
     rows = [r.to_dict() for r in records]
     suffix = path.suffix.lower()
-    writers = {".jsonl": _write_jsonl, ".json": _write_jsonl, ".parquet": _write_parquet}
-    if suffix not in writers:
-        raise ValueError(f"{path}: cannot write {suffix!r}; valid: {', '.join(writers)}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    writers[suffix](path, rows)
+    if suffix not in (".jsonl", ".json", ".parquet"):
+        raise ValueError(f"{path}: cannot write {suffix!r}; valid: .jsonl, .json, .parquet")
+    if suffix == ".parquet":
+        # ``extra`` holds arbitrary values: stored as JSON text so that the column type is fixed
+        write_parquet(
+            path, [{**row, "extra": json.dumps(row.get("extra", {}), ensure_ascii=False)} for row in rows]
+        )
+    else:
+        write_jsonl(path, rows)
     return path
 
 
-def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    with path.open("w", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+def write_jsonl(path: str | os.PathLike[str], rows: Iterable[dict[str, Any]]) -> None:
+    """``rows`` as JSON Lines (UTF-8, non-ASCII kept), written atomically (:mod:`ebpo.persist`)."""
+    write_text_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
 
 
-def _write_parquet(path: Path, rows: list[dict[str, Any]]) -> None:
+def write_parquet(path: str | os.PathLike[str], rows: Sequence[dict[str, Any]]) -> None:
+    """``rows`` as one Parquet table, written atomically (:mod:`ebpo.persist`). Its columns are the union of
+    every row's keys (pyarrow would otherwise take them from the first row only), a row's missing ones null."""
+    import io
+
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    # ``extra`` holds arbitrary values: store it as JSON text so the column type is fixed. Columns are the
-    # union of all rows' keys (pyarrow would otherwise take them from the first row only).
-    flat = [{**row, "extra": json.dumps(row.get("extra", {}), ensure_ascii=False)} for row in rows]
-    columns = list(dict.fromkeys(key for row in flat for key in row))
-    pq.write_table(pa.Table.from_pylist([{key: row.get(key) for key in columns} for row in flat]), path)
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    buffer = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist([{key: row.get(key) for key in columns} for row in rows]), buffer)
+    write_bytes_atomic(path, buffer.getvalue())

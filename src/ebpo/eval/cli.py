@@ -12,24 +12,19 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from ebpo.dataclass_cli import add_command, dataclass_parser
+from ebpo.persist import write_text_atomic
 
 BUILTIN = "builtin"
 CLIP_WARNING = 0.01  # warn when at least this fraction of a benchmark's responses hit --max-new-tokens
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"every k must be >= 1, got {text!r}")
-    return values
 
 
 def _reward_option(text: str) -> tuple[str, Any]:
@@ -50,13 +45,82 @@ def default_cache_dir() -> Path:
     return cache_root() / "eval"
 
 
-def add_parser(subparsers) -> None:
-    """Register ``ebpo eval``."""
-    parser = subparsers.add_parser(
-        "eval",
-        help="evaluate models: Pass@1 (avg over n samples), pass@k, maj@k; paper-style table",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+@dataclass
+class EvalCommand:
+    """What ``ebpo eval`` evaluates, how it scores, and where results go (its sampling settings are
+    ``ebpo.eval.harness.SamplingOptions``; MODEL and ``--reward-option`` are added by :func:`build_parser`)."""
+
+    benchmarks: str | None = field(
+        default=None,
+        metadata={
+            "help": "comma-separated benchmark names: aime24, aime25, amc23, math500, olympiadbench, arith "
+            "(default: arith when only the built-in model is evaluated, else the five paper sets)"
+        },
+    )
+    data_dir: str | None = field(
+        default=None,
+        metadata={
+            "metavar": "DIR",
+            "help": "read the paper's sets from DIR/<name>.jsonl (one JSON object with problem and answer per "
+            "line) instead of the Hugging Face hub (default: $EBPO_DATA_DIR if set, else the hub copies at "
+            "pinned revisions, cached by datasets; docs/evaluation.md)",
+        },
+    )
+    max_new_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "longest response in tokens (default: per benchmark, 4096 for the math sets, 16 for arith)"
+        },
+    )
+    limit: int | None = field(
+        default=None, metadata={"help": "evaluate only the first LIMIT problems of each benchmark"}
+    )
+    ks: tuple[int, ...] = field(default=(1, 16), metadata={"help": "k values of pass@k, comma-separated"})
+    maj_ks: tuple[int, ...] = field(default=(16,), metadata={"help": "k values of maj@k, comma-separated"})
+    maj_mode: Literal["subsets", "first"] = field(
+        default="subsets",
+        metadata={
+            "help": "maj@k with n > k: expected vote over random k-subsets (subsets) or vote of the first k (first)"
+        },
+    )
+    chat_template: Literal["auto", "on", "off"] = field(
+        default="auto",
+        metadata={"help": "wrap prompts in the tokenizer's chat template: auto = when the tokenizer has one"},
+    )
+    reward: str | None = field(
+        default=None,
+        metadata={"help": "reward name override (default: math for math sets, arith for arith)"},
+    )
+    device: str | None = field(
+        default=None, metadata={"help": "torch device (default: cuda if available, else cpu)"}
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(
+        default="auto", metadata={"help": "model dtype (auto: bfloat16 on CUDA, float32 on CPU)"}
+    )
+    cache_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "per-problem result cache for resuming (default: $EBPO_CACHE/eval or ~/.cache/ebpo/eval)"
+        },
+    )
+    no_cache: bool = field(default=False, metadata={"help": "do not read or write the result cache"})
+    keep_texts: bool = field(default=False, metadata={"help": "store response texts in the cache"})
+    out_dir: str = field(default="eval_results", metadata={"help": "where results.md/.csv/.json go"})
+    quiet: bool = field(default=False, metadata={"help": "no progress bars"})
+
+
+SWITCHES = ("no_cache", "keep_texts", "quiet")
+"""EvalCommand's booleans: flags without a value, so that a MODEL after them is not read as theirs."""
+
+
+def build_parser(prog: str = "ebpo eval") -> argparse.ArgumentParser:
+    """``ebpo eval``'s parser: one flag per field of :class:`EvalCommand` and
+    ``ebpo.eval.harness.SamplingOptions`` (``ebpo.dataclass_cli``), the positional MODELs and the repeatable
+    ``--reward-option KEY=VALUE``, which a dataclass field cannot declare."""
+    from ebpo.eval.harness import SamplingOptions
+
+    parser = dataclass_parser(
+        prog, __doc__ or "", [EvalCommand, SamplingOptions], switches=SWITCHES, raw_description=True
     )
     parser.add_argument(
         "models",
@@ -66,87 +130,25 @@ def add_parser(subparsers) -> None:
         f"(default: {BUILTIN})",
     )
     parser.add_argument(
-        "--benchmarks",
-        default=None,
-        help="comma-separated benchmark names: aime24, aime25, amc23, math500, olympiadbench, arith "
-        "(default: arith when only the built-in model is evaluated, else the five paper sets)",
-    )
-    parser.add_argument(
-        "--data-dir",
-        default=None,
-        metavar="DIR",
-        help="read the paper's sets from DIR/<name>.jsonl (one JSON object with problem and answer per line) "
-        "instead of the Hugging Face hub (default: $EBPO_DATA_DIR if set, else the hub copies at pinned "
-        "revisions, cached by datasets; docs/evaluation.md)",
-    )
-    parser.add_argument(
-        "--n", type=int, default=32, help="samples per problem; Pass@1 averages over them (default 32)"
-    )
-    parser.add_argument(
-        "--temperature", type=float, default=0.6, help="sampling temperature, 0 = greedy (default 0.6)"
-    )
-    parser.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (default 0.95)")
-    parser.add_argument(
-        "--max-new-tokens",
-        type=int,
-        default=None,
-        help="longest response in tokens (default: per benchmark, 4096 for the math sets, 16 for arith)",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    parser.add_argument(
-        "--batch-size",
-        type=int,
-        default=64,
-        help="sequences decoded together; max(1, batch_size // n) problems per batch (default 64)",
-    )
-    parser.add_argument(
-        "--limit", type=int, default=None, help="evaluate only the first LIMIT problems of each benchmark"
-    )
-    parser.add_argument("--ks", type=_int_list, default=[1, 16], help="k values of pass@k (default 1,16)")
-    parser.add_argument("--maj-ks", type=_int_list, default=[16], help="k values of maj@k (default 16)")
-    parser.add_argument(
-        "--maj-mode",
-        choices=["subsets", "first"],
-        default="subsets",
-        help="maj@k with n > k: expected vote over random k-subsets (subsets) or vote of the first k (first)",
-    )
-    parser.add_argument(
-        "--chat-template",
-        choices=["auto", "on", "off"],
-        default="auto",
-        help="wrap prompts in the tokenizer's chat template: auto = when the tokenizer has one (default auto)",
-    )
-    parser.add_argument(
-        "--reward", default=None, help="reward name override (default: math for math sets, arith for arith)"
-    )
-    parser.add_argument(
         "--reward-option",
         type=_reward_option,
         action="append",
-        default=[],
         metavar="KEY=VALUE",
         help="option for the reward factory, repeatable, e.g. timeout_s=10 or num_workers=0 (math: in-process "
         "verification without a time limit)",
     )
-    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    parser.add_argument(
-        "--dtype",
-        choices=["auto", "float32", "bfloat16", "float16"],
-        default="auto",
-        help="model dtype (auto: bfloat16 on CUDA, float32 on CPU)",
+    return parser
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``ebpo eval`` (its parser is built when it runs: :func:`build_parser`)."""
+    add_command(
+        subparsers,
+        "eval",
+        help="evaluate models: Pass@1 (avg over n samples), pass@k, maj@k; paper-style table",
+        parser=build_parser,
+        run=run,
     )
-    parser.add_argument(
-        "--cache-dir",
-        default=None,
-        help="per-problem result cache for resuming (default: $EBPO_CACHE/eval or ~/.cache/ebpo/eval)",
-    )
-    parser.add_argument("--no-cache", action="store_true", help="do not read or write the result cache")
-    parser.add_argument("--keep-texts", action="store_true", help="store response texts in the cache")
-    parser.add_argument(
-        "--out-dir", default="eval_results", help="where results.md/.csv/.json go (default eval_results)"
-    )
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    parser.set_defaults(func=run)
 
 
 def _resolve_model(name: str, quiet: bool) -> Path:
@@ -239,21 +241,22 @@ def render_markdown(
 
 
 def write_outputs(out_dir: Path, results: dict, benchmarks: Sequence[str], settings: dict[str, Any]) -> str:
-    """Write results.md / results.csv / results.json; returns the markdown."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Write results.md / results.csv / results.json (each atomically); returns the markdown."""
     markdown = render_markdown(results, benchmarks, settings)
-    (out_dir / "results.md").write_text(markdown)
+    write_text_atomic(out_dir / "results.md", markdown)
     metric_names = sorted({m for per in results.values() for s in per.values() for m in s})
-    with open(out_dir / "results.csv", "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["model", "benchmark", *metric_names])
-        for model, per_bench in results.items():
-            for bench in benchmarks:
-                if bench in per_bench:
-                    writer.writerow([model, bench, *(per_bench[bench].get(m, "") for m in metric_names)])
-    (out_dir / "results.json").write_text(
+    table = io.StringIO(newline="")
+    writer = csv.writer(table)
+    writer.writerow(["model", "benchmark", *metric_names])
+    for model, per_bench in results.items():
+        for bench in benchmarks:
+            if bench in per_bench:
+                writer.writerow([model, bench, *(per_bench[bench].get(m, "") for m in metric_names)])
+    write_text_atomic(out_dir / "results.csv", table.getvalue())
+    write_text_atomic(
+        out_dir / "results.json",
         json.dumps({"settings": settings, "benchmarks": list(benchmarks), "results": results}, indent=2)
-        + "\n"
+        + "\n",
     )
     return markdown
 
@@ -346,6 +349,9 @@ def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[st
         raise ValueError(f"--benchmarks: {err}") from None
     if args.n < 1:
         raise ValueError(f"--n must be >= 1, got {args.n}")
+    for flag, values in (("--ks", args.ks), ("--maj-ks", args.maj_ks)):
+        if any(k < 1 for k in values):
+            raise ValueError(f"{flag}: every k must be >= 1, got {','.join(map(str, values))}")
     if args.limit is not None and args.limit < 0:
         raise ValueError(f"--limit must be >= 0, got {args.limit}")
     skipped = _skipped_metrics(args)
@@ -366,16 +372,16 @@ def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[st
         "seed": args.seed,
         "batch_size": args.batch_size,
         "limit": args.limit,
-        "ks": args.ks,
-        "maj_ks": args.maj_ks,
+        "ks": list(args.ks),
+        "maj_ks": list(args.maj_ks),
         "maj_mode": args.maj_mode,
         "chat_template": args.chat_template,
-        "reward_options": dict(args.reward_option),
+        "reward_options": dict(args.reward_option or []),
         "skipped_metrics": skipped,
         "data_dir": _data_dir_setting(args.data_dir),
     }
     records_by_bench = {spec.name: spec.load(data_dir=args.data_dir) for spec in specs}
-    reward_options = dict(args.reward_option)
+    reward_options = dict(args.reward_option or [])
     rewards: dict[str, Any] = {}  # one reward object (and worker pool) per name
 
     results: dict[str, dict[str, dict[str, float]]] = {}

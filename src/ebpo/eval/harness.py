@@ -16,10 +16,10 @@ result.summary["pass@1"], result.metrics(prefix="eval/aime24/")
   so a chunk's batch is the same with any ``limit`` and on a resume, and responses are bit-identical. A
   different ``batch_size`` changes only the float rounding of the batched forward pass (bit-identical in
   our CPU tests; rare flipped tokens are possible on GPUs), and it is part of the cache key.
-- With ``cache_path`` each finished problem is appended as one JSONL line (:class:`ProblemScores`) after its
-  chunk is scored; a rerun reads the file, skips the problems it holds and samples only chunks with
-  missing problems, so an interrupted evaluation resumes where it stopped. A torn last line (a kill
-  mid-write) is dropped on load.
+- With ``cache_path`` each finished problem is appended as one line (:class:`ProblemScores`) of a journal
+  (:class:`ebpo.persist.Journal`) after its chunk is scored; a rerun reads the file, skips the problems it
+  holds and samples only chunks with missing problems, so an interrupted evaluation resumes where it
+  stopped. A torn last line (a kill mid-write) is dropped, with a warning, and its problem redone.
 - Scoring: reward > 0 is correct; final answers for maj@k come from the reward's ``extract`` and are
   clustered with its ``equivalent_batch`` / ``equivalent`` (plain string equality when it has neither).
 """
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -38,6 +37,7 @@ from typing import Any
 
 from ebpo.data.records import Record
 from ebpo.eval.metrics import ProblemScores, score_problem, summarize
+from ebpo.persist import Journal, write_text_atomic
 from ebpo.registry import Registry
 
 __all__ = [
@@ -45,6 +45,7 @@ __all__ = [
     "BenchmarkSpec",
     "EvalResult",
     "SamplingConfig",
+    "SamplingOptions",
     "cache_file",
     "evaluate",
     "get_benchmark",
@@ -64,20 +65,32 @@ GenerateFn = Callable[[list[str], int, list[int]], Any]
 
 
 @dataclass(frozen=True)
-class SamplingConfig:
-    """How responses are sampled for evaluation (every field is part of the cache key)."""
+class SamplingOptions:
+    """The sampling settings ``ebpo eval`` takes as flags as they are (:class:`SamplingConfig` adds the two it
+    decides per benchmark and model)."""
 
-    n: int = field(default=32, metadata={"help": "responses per problem (the paper: 32 for Pass@1)"})
-    temperature: float = field(default=0.6, metadata={"help": "sampling temperature; 0 = greedy"})
+    _argument_group_name = "sampling"
+
+    n: int = field(
+        default=32, metadata={"help": "samples per problem; Pass@1 averages over them (the paper: 32)"}
+    )
+    temperature: float = field(default=0.6, metadata={"help": "sampling temperature, 0 = greedy"})
     top_p: float = field(default=0.95, metadata={"help": "nucleus sampling mass in (0, 1]"})
-    max_new_tokens: int = field(default=4096, metadata={"help": "longest response in tokens (EOS included)"})
     seed: int = field(
-        default=0, metadata={"help": "base seed; a problem's generator is seeded problem_seed(seed, id)"}
+        default=0,
+        metadata={"help": "sampling seed; a problem's generator is seeded problem_seed(seed, id)"},
     )
     batch_size: int = field(
         default=64,
-        metadata={"help": "sequences decoded together; a chunk holds max(1, batch_size // n) problems"},
+        metadata={"help": "sequences decoded together; max(1, batch_size // n) problems per batch"},
     )
+
+
+@dataclass(frozen=True)
+class SamplingConfig(SamplingOptions):
+    """How responses are sampled for evaluation (every field is part of the cache key)."""
+
+    max_new_tokens: int = field(default=4096, metadata={"help": "longest response in tokens (EOS included)"})
     chat_template: bool = field(
         default=False,
         metadata={"help": "render prompts with ebpo.data.loaders.apply_chat_template (instruct models)"},
@@ -261,41 +274,13 @@ def cache_file(
     path = Path(cache_dir) / _slug(model_name) / f"{_slug(benchmark)}-{digest}.jsonl"
     meta = path.with_suffix(".meta.json")
     if not meta.exists():
-        meta.parent.mkdir(parents=True, exist_ok=True)
-        meta.write_text(json.dumps(material, indent=2, sort_keys=True, default=str) + "\n")
+        write_text_atomic(meta, json.dumps(material, indent=2, sort_keys=True, default=str) + "\n")
     return path
 
 
-def _read_cache(path: Path) -> dict[str, ProblemScores]:
-    """Finished problems in a cache file, by id. A last line without its newline (torn write) is cut off."""
-    if not path.exists():
-        return {}
-    raw = path.read_bytes()
-    if raw and not raw.endswith(b"\n"):
-        keep = raw.rfind(b"\n") + 1
-        with open(path, "r+b") as handle:
-            handle.truncate(keep)
-        raw = raw[:keep]
-    done: dict[str, ProblemScores] = {}
-    for line_no, line in enumerate(raw.split(b"\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            problem = ProblemScores.from_dict(json.loads(line.decode("utf-8")))
-        except (UnicodeDecodeError, json.JSONDecodeError, TypeError) as err:
-            raise ValueError(
-                f"{path}, line {line_no}: not a cached problem ({err}); delete the file to redo"
-            ) from err
-        done[problem.id] = problem
-    return done
-
-
-def _append_cache(path: Path, problems: Sequence[ProblemScores]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write("".join(json.dumps(p.to_dict()) + "\n" for p in problems))
-        handle.flush()
-        os.fsync(handle.fileno())
+def _cache_journal(path: Path) -> Journal:
+    """The cache as a journal: one finished problem a line (:class:`ProblemScores`)."""
+    return Journal(path, kind="a cached problem", fix="delete the file to redo")
 
 
 # --- evaluate ------------------------------------------------------------------------------------------
@@ -425,8 +410,9 @@ def evaluate(
         def render(chunk_records: list[Record]) -> list[str]:
             return [rec.prompt for rec in chunk_records]
 
-    cache = Path(cache_path) if cache_path is not None else None
-    done = _read_cache(cache) if cache is not None else {}
+    cache = _cache_journal(Path(cache_path)) if cache_path is not None else None
+    # the one writer of this cache: a torn last line is cut off before the first append
+    done = {p.id: p for p in cache.read(ProblemScores.from_dict, repair=True)} if cache is not None else {}
     num_cached = sum(i in done for i in ids)
     reported = set(ids)
     extract, equivalence = _scorer(reward)
@@ -470,7 +456,7 @@ def evaluate(
                 )
             )
         if cache is not None:
-            _append_cache(cache, finished)
+            cache.append(p.to_dict() for p in finished)
         done.update((p.id, p) for p in finished)
         if bar is not None:
             bar.update(sum(p.id in reported for p in finished))
@@ -480,4 +466,5 @@ def evaluate(
     summary = (
         summarize(problems, ks=ks, maj_ks=maj_ks, maj_mode=maj_mode, seed=sampling.seed) if problems else {}
     )
-    return EvalResult(problems=problems, summary=summary, cache_path=cache, num_cached=num_cached)
+    cache_file_path = cache.path if cache is not None else None
+    return EvalResult(problems=problems, summary=summary, cache_path=cache_file_path, num_cached=num_cached)

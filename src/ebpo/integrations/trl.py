@@ -35,7 +35,7 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, cast
 
@@ -44,22 +44,13 @@ import trl
 from trl import GRPOConfig, GRPOTrainer
 
 import ebpo
-from ebpo.advantages import EBPOEstimator
+from ebpo.advantages import EBPOOptions, OptionError
 from ebpo.data.samplers import IndexStream, StreamSampler, get_sampler, list_samplers
 from ebpo.integrations import ESTIMATOR_STATE_FILE
+from ebpo.persist import save_torch_atomic
 from ebpo.registry import check_choice
-from ebpo.trainer.checkpoint import save_torch_atomic
 
 __all__ = ["ESTIMATOR_STATE_FILE", "EBPOConfig", "EBPOTrainer"]
-
-EBPO_OPTIONS = ("prior_scope", "cluster_min_groups", "prior_memory", "tau2", "sigma2", "normalize")
-"""The EBPOConfig fields that are options of the ``ebpo`` estimator, under the same names; the estimator
-validates them (:meth:`EBPOConfig._validate_ebpo_options`) and gives their defaults."""
-_ESTIMATOR_DEFAULTS: dict[str, Any] = {
-    name: parameter.default
-    for name, parameter in inspect.signature(EBPOEstimator.__init__).parameters.items()
-    if name in EBPO_OPTIONS
-}
 
 
 @contextmanager
@@ -72,12 +63,14 @@ def _blame(where: str) -> Iterator[None]:
 
 
 @dataclass
-class EBPOConfig(GRPOConfig):
+class EBPOConfig(GRPOConfig, EBPOOptions):
     """``GRPOConfig`` plus EBPO's options (docs/design.md §1, §2 and §4). All other fields are TRL's.
 
-    The paper's settings map to: ``learning_rate=1e-6``, ``beta=0.001`` (TRL's KL is the k3 estimator),
-    ``num_generations=4``, ``loss_type="grpo"``; EBPO-naive / -topic / -diff = ``prompt_sampler`` ``random`` /
-    ``topic`` / ``difficulty``.
+    EBPO's options are the fields of :class:`ebpo.advantages.EBPOOptions` (``prior_scope``, ``prior_memory``,
+    ``tau2``, ``sigma2``, ``normalize``, ...), declared there once with their help; none shares a name with a
+    ``GRPOConfig`` field. The paper's settings map to: ``learning_rate=1e-6``, ``beta=0.001`` (TRL's KL is the
+    k3 estimator), ``num_generations=4``, ``loss_type="grpo"``; EBPO-naive / -topic / -diff =
+    ``prompt_sampler`` ``random`` / ``topic`` / ``difficulty``.
     """
 
     advantage_estimator: str = field(
@@ -86,52 +79,6 @@ class EBPOConfig(GRPOConfig):
             "help": "Advantage estimator from ebpo's registry (`ebpo.list_estimators()`): `ebpo` (default, "
             "the paper's Empirical Bayes baseline), `grpo`, `dr_grpo`, `rloo`, `reinforce_pp_baseline`, `jspo`. "
             "Replaces GRPOTrainer's advantages during training; `scale_rewards` is then unused."
-        },
-    )
-    prior_scope: str = field(
-        default=_ESTIMATOR_DEFAULTS["prior_scope"],
-        metadata={
-            "help": "EBPO prior: `global` (paper: one Welford prior over all rewards) or `cluster` (one prior per "
-            "value of `cluster_column`, falling back to the global one until a cluster has enough groups)."
-        },
-    )
-    cluster_min_groups: int = field(
-        default=_ESTIMATOR_DEFAULTS["cluster_min_groups"],
-        metadata={
-            "help": "With `prior_scope='cluster'`: groups a cluster must have seen before its own prior replaces "
-            "the global one (default 16)."
-        },
-    )
-    prior_memory: str = field(
-        default=_ESTIMATOR_DEFAULTS["prior_memory"],
-        metadata={
-            "help": "EBPO prior memory: `all` (paper: every reward ever seen) or a half-life (e.g. `50`) for "
-            "exponentially weighted moments that follow the improving policy. The half-life counts estimator "
-            "steps, one per generation block (a batch of fresh rewards: `steps_per_generation * "
-            "num_iterations / gradient_accumulation_steps` optimizer steps), not TRL's global_step; "
-            "`ebpo train` counts the same unit (its steps are one batch of prompts each)."
-        },
-    )
-    tau2: str = field(
-        default=_ESTIMATOR_DEFAULTS["tau2"],
-        metadata={
-            "help": "Between-prompt variance: `raw` (paper: Var of group means) or `latent` "
-            "(max(Var(means) - sigma2/G, floor), the textbook Empirical Bayes estimate)."
-        },
-    )
-    sigma2: str = field(
-        default=_ESTIMATOR_DEFAULTS["sigma2"],
-        metadata={
-            "help": "Within-prompt variance: `total` (paper: variance of all rewards) or `pooled` (running mean "
-            "of per-group sample variances)."
-        },
-    )
-    normalize: str = field(
-        default=_ESTIMATOR_DEFAULTS["normalize"],
-        metadata={
-            "help": "Normalisation of EBPO's raw advantages a = r - V: `batch` (paper: (a - mean)/(std + 1e-6) "
-            "over the step's batch), `group` (each group by its shrunk std), `prior` (a/(sqrt(sigma2) + 1e-6), "
-            "which keeps the prior mean mu_glob in the training advantage; docs/theory.md) or `none`."
         },
     )
     cluster_column: str | None = field(
@@ -167,23 +114,22 @@ class EBPOConfig(GRPOConfig):
 
     def _validate_ebpo_options(self) -> None:
         """Reject bad options now, before any model loads, by asking the code that will use them (the
-        registries and the estimator itself): one line naming the EBPOConfig field and the fix."""
+        registries and EBPO's options): one line naming the EBPOConfig field and the fix."""
         with _blame("EBPOConfig.advantage_estimator"):
             ebpo.get_estimator(self.advantage_estimator)
         with _blame("EBPOConfig.prompt_sampler"):
             check_choice("sampler", self.prompt_sampler, list_samplers())
-        for name in EBPO_OPTIONS:  # one at a time, so that the message names the field at fault
-            with _blame(f"EBPOConfig.{name}"):
-                ebpo.get_estimator("ebpo", **{name: getattr(self, name)})
+        try:  # GRPOConfig.__post_init__ does not chain to EBPOOptions': EBPO's options are checked here
+            EBPOOptions.check(self)
+        except OptionError as error:
+            raise ValueError(f"EBPOConfig.{error.option}: {error}") from None
         if self.advantage_estimator != "ebpo":
-            changed = [n for n in EBPO_OPTIONS if str(getattr(self, n)) != str(_ESTIMATOR_DEFAULTS[n])]
+            changed = [f.name for f in fields(EBPOOptions) if str(getattr(self, f.name)) != str(f.default)]
             if changed:
                 raise ValueError(
                     f"{', '.join(changed)} set, but they are EBPO's options and advantage_estimator="
                     f"{self.advantage_estimator!r} ignores them: set advantage_estimator='ebpo' or drop them"
                 )
-        with _blame("EBPOConfig"):  # anything the estimator rejects in the options taken together
-            ebpo.get_estimator(self.advantage_estimator, **self.estimator_options())
         self._refuse_ignored_settings()
 
     def _refuse_ignored_settings(self) -> None:
@@ -209,8 +155,7 @@ class EBPOConfig(GRPOConfig):
                 f"cluster_column={self.cluster_column!r}: only EBPO's prior_scope='cluster' reads cluster keys; "
                 "set advantage_estimator='ebpo', prior_scope='cluster', or drop cluster_column"
             )
-        default_min_groups = _ESTIMATOR_DEFAULTS["cluster_min_groups"]
-        if self.cluster_min_groups != default_min_groups and self.prior_scope != "cluster":
+        if self.cluster_min_groups != EBPOOptions.cluster_min_groups and self.prior_scope != "cluster":
             refused.append(
                 f"cluster_min_groups={self.cluster_min_groups}: it applies to cluster priors only; set "
                 "prior_scope='cluster' or drop it"
@@ -231,10 +176,11 @@ class EBPOConfig(GRPOConfig):
             raise ValueError("EBPOConfig." + "; EBPOConfig.".join(refused))
 
     def estimator_options(self) -> dict[str, Any]:
-        """Keyword options for ``ebpo.get_estimator`` (EBPO's own options only for ``ebpo``)."""
+        """Keyword options for ``ebpo.get_estimator``: EBPO's (:class:`ebpo.advantages.EBPOOptions`, a
+        half-life as a number) for ``ebpo``, none for the other estimators."""
         if self.advantage_estimator != "ebpo":
             return {}
-        options = {name: getattr(self, name) for name in EBPO_OPTIONS}
+        options = {f.name: getattr(self, f.name) for f in fields(EBPOOptions)}
         if isinstance(self.prior_memory, str) and self.prior_memory != "all":
             options["prior_memory"] = float(self.prior_memory)
         return options

@@ -22,13 +22,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from ebpo.models.recipe import FORMAT_VERSION, BaseModelConfig
+from ebpo.persist import replace_dir
 
 BUILD_INFO = "build_info.json"
 SHIPPED_DIR = Path(__file__).resolve().parent / "arith_base"
@@ -188,17 +188,16 @@ def _train(config: BaseModelConfig, progress: bool, describe_target: str):
 
 
 def _save(model, tokenizer, info: dict[str, Any], path: Path) -> None:
-    """Write the model, tokenizer and ``build_info.json`` (last) into a staging directory, then rename it
-    into place: an interrupted build leaves no half-written model, and concurrent builds do not clash."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    (staging / BUILD_INFO).write_text(json.dumps(info, indent=1) + "\n")
-    if path.exists():  # --force, or another process finished the same build meanwhile
-        shutil.rmtree(path)
-    os.replace(staging, path)
+    """Write the model, tokenizer and ``build_info.json`` (last) into a staging directory, then swap it into
+    place (:func:`ebpo.persist.replace_dir`): an interrupted build leaves no half-written model, and
+    concurrent builds do not clash (another build finished meanwhile, or ``--force``, is replaced whole)."""
+
+    def fill(staging: Path) -> None:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / BUILD_INFO).write_text(json.dumps(info, indent=1) + "\n")
+
+    replace_dir(path, fill)
 
 
 def build_base_model(

@@ -1,8 +1,9 @@
 """The reference trainer behind ``ebpo train``: the loop (``trainer.py``) and one module per concern around it.
 
-``config.py`` (TrainConfig, YAML, overrides), ``setup.py`` (prompts, policy, optimizer), ``rollout.py`` (the
-typed batch, log-probs, rewards), ``checkpoint.py`` (run directory, checkpoints, RNG), ``metrics_log.py``,
-``validation.py``, ``report.py``, ``plots.py``, ``cli.py``.
+``config.py`` (TrainConfig, YAML, overrides), ``setup.py`` (prompts, policy, estimator and loss, optimizer),
+``rollout.py`` (scored groups, the typed batch, log-probs), ``checkpoint.py`` (checkpoints, RNG),
+``metrics_log.py``, ``validation.py``, ``report.py``, ``plots.py``, ``cli.py``. The run directory itself
+(lock, resume or overwrite, metrics journal, summary) is an ``ebpo.persist.RunDirectory``.
 
 ``Trainer`` and ``TrainConfig`` are imported lazily so that ``import ebpo.trainer`` stays light.
 """

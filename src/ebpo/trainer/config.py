@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import types
 import typing
 from collections.abc import Iterable, Iterator
@@ -25,14 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ebpo.errors import ConfigError
+from ebpo.persist import write_text_atomic
+
 
 def _help(text: str, **kwargs: Any) -> Any:
     """A dataclass field whose help text lives in ``metadata["help"]``."""
     return field(metadata={"help": text}, **kwargs)
-
-
-class ConfigError(ValueError):
-    """A configuration value, key or combination that cannot be used; the message says the fix."""
 
 
 @dataclass
@@ -153,7 +151,9 @@ class AlgorithmConfig:
         default="ebpo",
     )
     estimator_options: dict[str, Any] = _help(
-        "Keyword options for the estimator, e.g. {prior_scope: cluster, prior_memory: 50} (docs/design.md §2).",
+        "Keyword options for the estimator, e.g. {prior_scope: cluster, prior_memory: 50} (docs/design.md §2); "
+        "EBPO's are the fields of ebpo.advantages.EBPOOptions, listed below as algorithm.estimator_options.<name>. "
+        "Unknown names are rejected with the list of valid ones.",
         default_factory=dict,
     )
     policy_loss: str = _help(
@@ -350,12 +350,10 @@ def _validate(cfg: TrainConfig) -> None:
         f"algorithm.loss_options has unknown field(s) {unknown}; valid PolicyLossConfig fields: "
         f"{', '.join(sorted(loss_fields))}",
     )
-    try:
-        advantages.get_estimator(a.estimator, **a.estimator_options)
-    except (TypeError, ValueError) as err:
-        raise ConfigError(
-            f"algorithm.estimator_options {a.estimator_options} rejected by {a.estimator!r}: {err}"
-        ) from err
+    try:  # each key against the estimator's options (EBPO: advantages.EBPOOptions), named in the message
+        advantages.check_options(a.estimator, a.estimator_options, where="algorithm.estimator_options")
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
     if d.reward is not None:
         _choices("reward", "data.reward", d.reward, rewards.list_rewards())
     if d.train_file is None:
@@ -746,11 +744,20 @@ def save_config(cfg: TrainConfig, path: str | Path) -> None:
     """Write ``cfg`` as YAML, atomically (a kill leaves the old file or the new one, never half of one)."""
     import yaml
 
-    tmp = Path(f"{path}.tmp")
-    tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    os.replace(tmp, path)
+    write_text_atomic(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
 
 def describe() -> list[tuple[str, str, str]]:
-    """(dotted key, default, help) for every leaf field, for ``ebpo train --help-config``."""
-    return [(key, repr(default), f.metadata.get("help", "")) for key, default, _, f in _leaves(TrainConfig())]
+    """(dotted key, default, help) for every leaf field, for ``ebpo train --help-config``; EBPO's options
+    (``ebpo.advantages.EBPOOptions``) follow ``algorithm.estimator_options``."""
+    from ebpo.advantages import EBPOOptions
+
+    rows = []
+    for key, default, _, f in _leaves(TrainConfig()):
+        rows.append((key, repr(default), f.metadata.get("help", "")))
+        if key == "algorithm.estimator_options":
+            rows += [
+                (f"{key}.{option.name}", repr(option.default), f"(estimator ebpo) {option.metadata['help']}")
+                for option in dataclasses.fields(EBPOOptions)
+            ]
+    return rows

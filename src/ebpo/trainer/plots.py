@@ -6,8 +6,10 @@ reward and the mean shrinkage S of the EBPO baseline (docs/design.md §5). Matpl
 
 from __future__ import annotations
 
-import json
+import io
 from pathlib import Path
+
+from ebpo.persist import Journal, write_bytes_atomic
 
 PANELS: list[tuple[str, str]] = [
     ("reward/mean", "reward (train)"),
@@ -32,7 +34,7 @@ def plot_training(metrics_path: str | Path, out_path: str | Path, *, title: str 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [json.loads(line) for line in Path(metrics_path).read_text().splitlines() if line.strip()]
+    rows = Journal(metrics_path).read()
     panels = [(name, label) for name, label in PANELS if any(name in row for row in rows)]
     if not panels:
         raise ValueError(f"{metrics_path}: none of the plotted metrics {[n for n, _ in PANELS]} was logged")
@@ -51,6 +53,8 @@ def plot_training(metrics_path: str | Path, out_path: str | Path, *, title: str 
         fig.suptitle(title)
     fig.tight_layout()
     out_path = Path(out_path)
-    fig.savefig(out_path, dpi=110)
+    image = io.BytesIO()
+    fig.savefig(image, dpi=110, format="png")
+    write_bytes_atomic(out_path, image.getvalue())
     plt.close(fig)
     return out_path

@@ -1,22 +1,32 @@
-"""What a finished run reports: ``summary.json`` and the before/after validation table ``ebpo train`` prints."""
+"""What a finished run reports: :class:`TrainResult`, ``summary.json`` and the before/after validation table
+``ebpo train`` prints."""
 
 from __future__ import annotations
 
-import json
 import math
 import sys
-from typing import TYPE_CHECKING, Any, TextIO
-
-from ebpo.trainer.checkpoint import SUMMARY_FILE, write_text_atomic
-
-if TYPE_CHECKING:  # the trainer imports this module
-    from ebpo.trainer.trainer import TrainResult
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
 
 
-def write_summary(result: TrainResult, *, eval_k: int) -> dict[str, Any]:
-    """Write ``summary.json`` (atomically) and return it: the final step, the best checkpoint (by maj@k) and
-    the validation metrics before training and at the last validation."""
-    summary = {
+@dataclass
+class TrainResult:
+    """What a finished run leaves behind."""
+
+    run_dir: Path
+    step: int
+    eval_before: dict[str, float] = field(default_factory=dict)
+    eval_after: dict[str, float] = field(default_factory=dict)
+    best_step: int | None = None
+    best_score: float | None = None
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def summary(result: TrainResult, *, eval_k: int) -> dict[str, Any]:
+    """``summary.json``'s content: the final step, the best checkpoint (by maj@k) and the validation metrics
+    before training and at the last validation."""
+    return {
         "run_dir": str(result.run_dir),
         "step": result.step,
         "best_step": result.best_step,
@@ -24,8 +34,6 @@ def write_summary(result: TrainResult, *, eval_k: int) -> dict[str, Any]:
         "eval_before": result.eval_before,
         "eval_after": result.eval_after,
     }
-    write_text_atomic(result.run_dir / SUMMARY_FILE, json.dumps(summary, indent=2, sort_keys=True))
-    return summary
 
 
 def print_eval_table(before: dict[str, float], after: dict[str, float], file: TextIO = sys.stdout) -> None:

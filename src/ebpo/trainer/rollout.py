@@ -1,4 +1,5 @@
-"""A step's rollouts as one typed batch, the rewards that score them, and the log-probs the update needs.
+"""A step's rollouts: generated and scored in groups, held as one typed batch, and the log-probs the update
+needs.
 
 Shapes: ``B`` rows (one sampled response each; a group's G responses are consecutive rows), ``P`` prompt
 tokens (left-padded), ``T`` response tokens (right-padded), ``V`` vocabulary.
@@ -7,15 +8,18 @@ tokens (left-padded), ``T`` response tokens (right-padded), ``V`` vocabulary.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from ebpo.generation import Rollouts, keeps_last_logits, pad_rows
-from ebpo.losses import entropy_from_logits
+from ebpo.data.dynamic import Group
+from ebpo.data.records import Record
+from ebpo.generation import Rollouts, keeps_last_logits, pad_rows, sample
+from ebpo.losses import entropy_from_logits, overlong_penalty
+from ebpo.trainer.config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -226,6 +230,35 @@ def distinct_rows(inputs: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, tor
     return first_U.to(device), inverse_B.to(device)
 
 
+def batched_logp(
+    model: torch.nn.Module,
+    batch: RolloutBatch,
+    temperature: float,
+    device: torch.device | str,
+    part_size: int | None,
+    *,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs ``(B, T)`` (and entropies) of every row of ``batch`` on the CPU, without gradient, in
+    forward passes of ``part_size`` rows (None: all at once); :func:`forward_logp` with
+    ``response_logits_only``."""
+    size = part_size or batch.num_rows
+    logps, entropies = [], []
+    for start in range(0, batch.num_rows, size):
+        part = batch.select(slice(start, start + size))
+        logp_BT, entropy_BT = forward_logp(
+            model,
+            part.model_inputs(device),
+            temperature,
+            with_entropy=with_entropy,
+            response_logits_only=True,
+        )
+        logps.append(logp_BT.cpu())
+        if entropy_BT is not None:
+            entropies.append(entropy_BT.cpu())
+    return torch.cat(logps), (torch.cat(entropies) if entropies else None)
+
+
 @dataclass(frozen=True)
 class RewardFailure:
     """A sample whose reward function raised or returned a non-finite value."""
@@ -271,3 +304,46 @@ def reward_counters(reward_fn: Any) -> dict[str, float]:
     protocol of ``ebpo.rewards``); empty for a reward without them."""
     metrics = getattr(reward_fn, "metrics", None)
     return {name: float(value) for name, value in metrics().items()} if callable(metrics) else {}
+
+
+def generate_groups(
+    model: Any,
+    tokenizer: Any,
+    records: Sequence[Record],
+    clusters: Sequence[Any] | None,
+    uids: Iterator[int],
+    *,
+    cfg: TrainConfig,
+    generator: torch.Generator,
+    reward_fn: Any,
+) -> tuple[list[Group], list[RewardFailure]]:
+    """One generation round: G = ``data.group_size`` responses per record, scored (plus DAPO's overlong
+    shaping when ``algorithm.overlong_shaping``); one :class:`~ebpo.data.dynamic.Group` per record (uid from
+    ``uids``, cluster from ``clusters``) whose ``data`` is its :class:`RolloutBatch` and ``rewards`` the
+    training rewards of its valid samples. Returns the groups and the samples whose reward failed."""
+    a, r, G = cfg.algorithm, cfg.rollout, cfg.data.group_size
+    rollouts = sample(
+        model,
+        tokenizer,
+        [rec.prompt for rec in records],
+        n=G,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        max_new_tokens=r.max_new_tokens,
+        generator=generator,
+        with_entropy=r.old_logp == "sampler",
+    )
+    answers = [rec.answer for rec in records for _ in range(G)]
+    prompts = [rec.prompt for rec in records for _ in range(G)]
+    score_B, valid_B, failures = score_samples(reward_fn, rollouts.texts, answers, prompts)
+    reward_B = score_B.clone()
+    if a.overlong_shaping:  # DAPO soft overlong punishment, added to the task reward
+        reward_B += overlong_penalty(rollouts.lengths, r.max_new_tokens, a.overlong_cache_len).double()
+    batch = RolloutBatch.from_rollouts(rollouts, score_B, reward_B, valid_B)
+    groups = []
+    for m in range(len(records)):
+        rows = slice(m * G, (m + 1) * G)
+        cluster = clusters[m] if clusters is not None else None
+        rewards_G = reward_B[rows][valid_B[rows]]
+        groups.append(Group(uid=next(uids), rewards=rewards_G, cluster=cluster, data=batch.select(rows)))
+    return groups, failures

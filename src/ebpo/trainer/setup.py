@@ -1,4 +1,5 @@
-"""What a run is built from: prompts (records, sampler, reward), policy (model, reference, tokenizer), optimizer.
+"""What a run is built from: prompts (records, sampler, reward), policy (model, reference, tokenizer), algorithm
+(estimator, policy loss), optimizer.
 
 Everything here fails before training, with one line naming the file, record or key and the fix.
 """
@@ -13,9 +14,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
+from ebpo.advantages import AdvantageEstimator, get_estimator
 from ebpo.data.loaders import load_records
 from ebpo.data.records import Record
 from ebpo.data.samplers import cluster_key, get_sampler
+from ebpo.losses import PolicyLossConfig, get_policy_loss
 from ebpo.models.base_model import build_base_model
 from ebpo.rewards import get_reward
 from ebpo.tasks import get_task
@@ -45,6 +48,15 @@ class Policy(NamedTuple):
     base_path: Path
     """The initial weights: ``model.path``, or the built-in base model."""
     pad_id: int
+
+
+class Algorithm(NamedTuple):
+    """How a step's rewards become a loss: the advantage estimator, the policy loss and the loss's settings."""
+
+    estimator: AdvantageEstimator
+    policy_loss: Any
+    """``ebpo.losses``: ``(logp, old_logp, adv, mask, loss_cfg) -> (loss, metrics)``."""
+    loss_cfg: PolicyLossConfig
 
 
 def resolve_device(name: str) -> torch.device:
@@ -129,6 +141,21 @@ def load_policy(cfg: TrainConfig, checkpoint: Path | None, device: torch.device)
         ref_model.eval().requires_grad_(False)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return Policy(model=model, ref_model=ref_model, tokenizer=tokenizer, base_path=base_path, pad_id=pad_id)
+
+
+def build_algorithm(cfg: TrainConfig, generator: torch.Generator) -> Algorithm:
+    """The estimator (``algorithm.estimator`` with its options), the policy loss and its config; ``generator``
+    is the run's seeded stream (Clip-Cov's choice of tokens draws from it)."""
+    a = cfg.algorithm
+    loss_cfg = PolicyLossConfig(
+        loss_agg_mode=a.loss_agg_mode,
+        max_response_len=cfg.rollout.max_new_tokens,
+        generator=generator,
+        **a.loss_options,
+    )
+    return Algorithm(
+        get_estimator(a.estimator, **a.estimator_options), get_policy_loss(a.policy_loss), loss_cfg
+    )
 
 
 def build_optimizer(model: torch.nn.Module, o: OptimConfig) -> tuple[torch.optim.Optimizer, Any]:

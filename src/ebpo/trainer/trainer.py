@@ -20,8 +20,9 @@ One step (``Trainer.train`` -> ``Trainer._train_step``):
 
 Exact resume: a checkpoint holds the model, optimizer, scheduler, estimator, sampler and every RNG state,
 so N steps, a kill, a resume and N more steps equal 2N steps in one run, bit for bit on CPU. Around the
-loop: ``setup.py`` (prompts, policy, optimizer), ``rollout.py`` (the typed batch, log-probs, scoring),
-``checkpoint.py``, ``metrics_log.py``, ``validation.py``, ``report.py``, ``plots.py``.
+loop: ``setup.py`` (prompts, policy, estimator and loss, optimizer), ``rollout.py`` (scored groups, the typed
+batch, log-probs), ``checkpoint.py``, ``metrics_log.py``, ``validation.py``, ``report.py``, ``plots.py``, and
+the run directory, an ``ebpo.persist.RunDirectory``.
 """
 
 from __future__ import annotations
@@ -31,9 +32,7 @@ import json
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from functools import partial
 from itertools import count
 from pathlib import Path
 from typing import Any
@@ -42,29 +41,24 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ebpo.advantages import get_estimator
 from ebpo.data.dynamic import DynamicSamplingConfig, Group, collect_groups
-from ebpo.generation import sample
-from ebpo.losses import PolicyLossConfig, agg_loss, get_policy_loss, kl_penalty, masked_mean, overlong_penalty
+from ebpo.losses import agg_loss, kl_penalty, masked_mean
+from ebpo.persist import RunDirectory
 from ebpo.trainer import checkpoint as ckpt
-from ebpo.trainer.config import ConfigError, TrainConfig, save_config
-from ebpo.trainer.metrics_log import (
-    EXCLUDED_FROM_REPRODUCIBILITY,
-    MetricsLogger,
-    read_metrics,
-    rewind_metrics,
-)
+from ebpo.trainer.config import TrainConfig, save_config
+from ebpo.trainer.metrics_log import MetricsLogger
 from ebpo.trainer.plots import plot_training
-from ebpo.trainer.report import write_summary
+from ebpo.trainer.report import TrainResult, summary
 from ebpo.trainer.rollout import (
     RewardFailure,
     RolloutBatch,
-    _concat_padded,  # re-exported: tests import it from here
+    batched_logp,
     forward_logp,
+    generate_groups,
     reward_counters,
-    score_samples,
 )
 from ebpo.trainer.setup import (
+    build_algorithm,
     build_optimizer,
     check_prompt_lengths,
     load_policy,
@@ -73,36 +67,12 @@ from ebpo.trainer.setup import (
 )
 from ebpo.trainer.validation import validate
 
-__all__ = [  # with what tests and benchmarks import from here
-    "EXCLUDED_FROM_REPRODUCIBILITY",
-    "RewardError",
-    "TrainResult",
-    "Trainer",
-    "_concat_padded",
-    "forward_logp",
-    "read_metrics",
-]
-
-
 StepStart = tuple[dict[str, Any], dict[str, Any]]
 """The RNG and sampler states at the start of a step: what a checkpoint written on a reward error holds."""
 
 
 class RewardError(RuntimeError):
     """A reward function raised on a sample; a checkpoint was written before this was raised."""
-
-
-@dataclass
-class TrainResult:
-    """What a finished run leaves behind."""
-
-    run_dir: Path
-    step: int
-    eval_before: dict[str, float] = field(default_factory=dict)
-    eval_after: dict[str, float] = field(default_factory=dict)
-    best_step: int | None = None
-    best_score: float | None = None
-    history: list[dict[str, float]] = field(default_factory=list)
 
 
 class Trainer:
@@ -127,37 +97,23 @@ class Trainer:
         if cfg.run.threads is not None:
             torch.set_num_threads(cfg.run.threads)
         self.device = resolve_device(cfg.run.device)
-        if run_dir is None and resume is not None:
-            run_dir = ckpt.run_dir_of(resume)
         if run_dir is None:
-            stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-            run_dir = Path(cfg.run.out_dir) / (cfg.run.name or f"{stamp}-{cfg.method}")
-        self.run_dir = Path(run_dir)
+            run_dir = ckpt.run_dir_of(resume) if resume is not None else None
+        if run_dir is None:
+            run_dir = Path(cfg.run.out_dir) / (cfg.run.name or RunDirectory.timestamped(cfg.method))
         # one process per run directory, from here to the end of train(): a second `ebpo train --resume`
         # or `--overwrite` of a running run is one line, not two processes writing the same checkpoints
-        created = not self.run_dir.exists()
-        self._lock = ckpt.DirectoryLock(
-            self.run_dir,
-            what="run directory",
-            hint="wait for that run to finish, or choose another directory",
-        ).acquire()
+        self.run = RunDirectory(run_dir).claim()
+        self.run_dir = self.run.path
         try:
             self._setup(cfg, ckpt.find_checkpoint(resume) if resume is not None else None, overwrite)
         except BaseException:
-            self._lock.release()
-            # a run refused at setup leaves no empty directory behind
-            if created and not any(self.run_dir.iterdir()):
-                self.run_dir.rmdir()
+            self.run.abandon()  # a run refused at setup leaves no lock and no empty directory behind
             raise
 
     def _setup(self, cfg: TrainConfig, checkpoint: Path | None, overwrite: bool) -> None:
-        in_place = checkpoint is not None and self.run_dir.resolve() == checkpoint.parent.parent.resolve()
-        if in_place and overwrite:
-            raise ConfigError(
-                f"--resume and --overwrite of the same run directory {self.run_dir} contradict each other: "
-                "drop --overwrite to continue the run, or --resume to start it over"
-            )
-        ckpt.check_run_dir(self.run_dir, resuming=in_place, overwrite=overwrite)
+        in_place = checkpoint is not None and self.run.holds(checkpoint)
+        self.run.check(resuming=in_place, overwrite=overwrite)
         ckpt.seed_everything(cfg.run.seed)
 
         prompts = load_prompts(cfg)
@@ -165,18 +121,17 @@ class Trainer:
         check_prompt_lengths(policy, prompts, cfg.rollout.max_new_tokens)
         self.train_records, self.val_records, self.sampler, self.reward_fn, self.cluster_of = prompts
         self.model, self.ref_model, self.tokenizer, self.base_path, self.pad_id = policy
-        a = cfg.algorithm
-        self.estimator = get_estimator(a.estimator, **a.estimator_options)
-        self.policy_loss = get_policy_loss(a.policy_loss)
         # one seeded stream for the rollouts, the mini-batch shuffles and Clip-Cov's choice of tokens
         self.generator = torch.Generator(device="cpu").manual_seed(cfg.run.seed)
-        self.loss_cfg = PolicyLossConfig(
-            loss_agg_mode=a.loss_agg_mode,
-            max_response_len=cfg.rollout.max_new_tokens,
-            generator=self.generator,
-            **a.loss_options,
-        )
+        self.estimator, self.policy_loss, self.loss_cfg = build_algorithm(cfg, self.generator)
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optim)
+        # log-probs without gradient (old, reference and step-KL passes), in parts of optim.micro_batch_size rows
+        self._logp = partial(
+            batched_logp,
+            temperature=cfg.rollout.temperature,
+            device=self.device,
+            part_size=cfg.optim.micro_batch_size,
+        )
 
         # progress, saved in every checkpoint beside the components' own state
         self.step = 0
@@ -187,12 +142,9 @@ class Trainer:
         self.resumed_from: Path | None = checkpoint
         if checkpoint is not None:
             self._load_state(checkpoint)
-        if in_place:  # its history ends where the checkpoint does (later lines, a torn last line dropped)
-            rewind_metrics(self.run_dir, self.step)
-        elif overwrite:
-            ckpt.clear_run_dir(self.run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, self.run_dir / ckpt.CONFIG_FILE)
+        # resumed in place: its history ends where the checkpoint does; --overwrite: the old run's outputs go
+        self.run.start(rewind_to=self.step if in_place else None, overwrite=overwrite)
+        save_config(cfg, self.run.path / RunDirectory.CONFIG)
 
     # -- the loop ----------------------------------------------------------------------------------
 
@@ -231,7 +183,7 @@ class Trainer:
         finally:
             bar.close()
             logger.close()
-            self._lock.release()
+            self.run.release()
         # also reached by resuming a finished run (or one killed before it wrote these): the summary comes
         # from the checkpoint's progress, not from this call's history
         result = TrainResult(
@@ -243,10 +195,10 @@ class Trainer:
             best_score=self.best_score,
             history=history,
         )
-        write_summary(result, eval_k=run.eval_k)
+        self.run.write_summary(summary(result, eval_k=run.eval_k))
         if run.plot:
             plot_training(
-                self.run_dir / ckpt.METRICS_FILE, self.run_dir / ckpt.PLOT_FILE, title=self.cfg.method
+                self.run.path / RunDirectory.METRICS, self.run.path / RunDirectory.PLOT, title=self.cfg.method
             )
         return result
 
@@ -367,7 +319,18 @@ class Trainer:
 
         def generate(indices: list[int]) -> list[Group]:
             nonlocal num_failed
-            groups, failures = self._generate_groups(indices, uids)
+            records = [self.train_records[i] for i in indices]
+            clusters = [self.cluster_of[i] for i in indices] if self.cluster_of is not None else None
+            groups, failures = generate_groups(
+                self.model,
+                self.tokenizer,
+                records,
+                clusters,
+                uids,
+                cfg=self.cfg,
+                generator=self.generator,
+                reward_fn=self.reward_fn,
+            )
             if failures and not a.skip_reward_errors:
                 self._stop_on_reward_error(failures, at_start)
             num_failed += len(failures)
@@ -384,39 +347,6 @@ class Trainer:
         else:
             groups, metrics = generate(self.sampler.next_batch()), {}
         return groups, {**metrics, "reward/errors": float(num_failed)}
-
-    def _generate_groups(
-        self, indices: list[int], uids: Iterator[int]
-    ) -> tuple[list[Group], list[RewardFailure]]:
-        """One generation round: G responses per prompt, scored (plus overlong shaping); one Group each, whose
-        ``data`` is its RolloutBatch and ``rewards`` the training rewards of its valid samples."""
-        a, r, G = self.cfg.algorithm, self.cfg.rollout, self.cfg.data.group_size
-        records = [self.train_records[i] for i in indices]
-        rollouts = sample(
-            self.model,
-            self.tokenizer,
-            [rec.prompt for rec in records],
-            n=G,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            max_new_tokens=r.max_new_tokens,
-            generator=self.generator,
-            with_entropy=r.old_logp == "sampler",
-        )
-        answers = [rec.answer for rec in records for _ in range(G)]
-        prompts = [rec.prompt for rec in records for _ in range(G)]
-        score_B, valid_B, failures = score_samples(self.reward_fn, rollouts.texts, answers, prompts)
-        reward_B = score_B.clone()
-        if a.overlong_shaping:  # DAPO soft overlong punishment, added to the task reward
-            reward_B += overlong_penalty(rollouts.lengths, r.max_new_tokens, a.overlong_cache_len).double()
-        batch = RolloutBatch.from_rollouts(rollouts, score_B, reward_B, valid_B)
-        groups = []
-        for m, index in enumerate(indices):
-            rows = slice(m * G, (m + 1) * G)
-            cluster = self.cluster_of[index] if self.cluster_of is not None else None
-            rewards_G = reward_B[rows][valid_B[rows]]
-            groups.append(Group(uid=next(uids), rewards=rewards_G, cluster=cluster, data=batch.select(rows)))
-        return groups, failures
 
     def _stop_on_reward_error(self, failures: list[RewardFailure], at_start: StepStart) -> None:
         rng, sampler = at_start
@@ -444,27 +374,6 @@ class Trainer:
         with torch.no_grad():
             new_logp_BT, _ = self._logp(self.model, batch)
         return float(masked_mean(kl_penalty(old_logp_BT, new_logp_BT, "k3"), batch.response_mask_BT))
-
-    def _logp(
-        self, model: torch.nn.Module, batch: RolloutBatch, *, with_entropy: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs ``(B, T)`` (and entropies) of all rows without gradient, in parts of
-        ``optim.micro_batch_size`` rows."""
-        size = self.cfg.optim.micro_batch_size or batch.num_rows
-        logps, entropies = [], []
-        for start in range(0, batch.num_rows, size):
-            part = batch.select(slice(start, start + size))
-            logp_BT, entropy_BT = forward_logp(
-                model,
-                part.model_inputs(self.device),
-                self.cfg.rollout.temperature,
-                with_entropy=with_entropy,
-                response_logits_only=True,
-            )
-            logps.append(logp_BT.cpu())
-            if entropy_BT is not None:
-                entropies.append(entropy_BT.cpu())
-        return torch.cat(logps), (torch.cat(entropies) if entropies else None)
 
     def _update(
         self, mini: RolloutBatch, adv_B: Tensor, old_logp_BT: Tensor | None, ref_logp_BT: Tensor | None

@@ -11,7 +11,7 @@ import torch
 
 from ebpo.integrations import ESTIMATOR_STATE_FILE
 from ebpo.integrations.verl.estimators import HOLDER, EstimatorHolder
-from ebpo.trainer.checkpoint import save_torch_atomic
+from ebpo.persist import save_torch_atomic
 
 __all__ = [
     "ESTIMATOR_STATE_FILE",

@@ -50,13 +50,11 @@ def write_verl_parquet(
     records: Sequence[Any], path: str | os.PathLike, *, data_source: str, **row_options: Any
 ) -> Path:
     """Write ``records`` to ``path`` in verl's parquet format (:func:`record_to_verl_row`); returns the path."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    from ebpo.data.loaders import write_parquet
 
     if not records:
         raise ValueError(f"write_verl_parquet: no records to write to {path}")
     rows = [record_to_verl_row(r, i, data_source=data_source, **row_options) for i, r in enumerate(records)]
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows), out)
+    write_parquet(out, rows)  # atomically
     return out

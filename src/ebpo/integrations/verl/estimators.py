@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 import ebpo
+from ebpo.advantages import check_options
 
 __all__ = [
     "ADAPTER_KEYS",
@@ -102,12 +103,16 @@ def estimator_options(config: Any, name: str) -> tuple[dict[str, Any], str]:
 
     Reads ``config[name]`` (``+algorithm.ebpo.prior_scope=cluster`` -> ``{"prior_scope": "cluster"}``);
     ``config`` may be verl's ``AlgoConfig``, a ``DictConfig``, a dict or None. Returns
-    ``(options for get_estimator, cluster_key)``.
+    ``(options for get_estimator, cluster_key)``. A key that is not an option of the estimator (EBPO's:
+    ``ebpo.advantages.EBPOOptions``) or a value it rejects raises ``ValueError`` naming
+    ``algorithm.<name>.<key>``.
     """
     section = to_plain(_section(config, name)) or {}
     if not isinstance(section, Mapping):
         raise ValueError(f"algorithm.{name} must be a mapping of estimator options, got {section!r}")
     options = {k: v for k, v in section.items() if k not in ADAPTER_KEYS}
+    if name in ebpo.list_estimators():  # each key against the estimator's options (EBPO: EBPOOptions)
+        check_options(name, options, where=f"algorithm.{name}", also_valid=ADAPTER_KEYS)
     cluster_key = str(section.get("cluster_key") or DEFAULT_CLUSTER_KEY)
     return options, cluster_key
 

@@ -57,6 +57,7 @@ from ebpo.integrations.verl.estimators import (
     to_plain,
 )
 from ebpo.integrations.verl.registration import REGISTERED
+from ebpo.persist import Journal
 
 __all__ = [
     "SUPPORTED_MODE",
@@ -204,12 +205,8 @@ class EBPOReplayBuffer(ReplayBuffer):
         self._observed.extend(by_uid.items())
 
     def _dump(self, global_steps: int) -> None:
-        import json
-
-        os.makedirs(self.observed_dir, exist_ok=True)
-        with open(os.path.join(self.observed_dir, f"{global_steps}.jsonl"), "a") as out:
-            for uid, rewards in self._observed:
-                out.write(json.dumps({"uid": uid, "rewards": rewards}) + "\n")
+        journal = Journal(os.path.join(self.observed_dir, f"{global_steps}.jsonl"))
+        journal.append({"uid": uid, "rewards": rewards} for uid, rewards in self._observed)
 
 
 class EBPOTrainerSync(PPOTrainerSync):

@@ -1,0 +1,278 @@
+"""``ebpo.persist``: atomic writes that a kill or a second writer cannot tear, the journal's one policy for a
+torn last line, a directory written whole, one process per directory, and the run directory's life."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from ebpo import persist
+from ebpo.errors import ConfigError
+from ebpo.persist import DirectoryInUse, DirectoryLock, Journal, RunDirectory, replace_dir, save_torch_atomic
+
+# ---------------------------------------------------------------------------------------------------
+# atomic files
+
+
+def _save_repeatedly(path: str, writer: int, times: int, failures) -> None:
+    """Child process: save ``times`` states of ``writer`` to ``path``, counting the saves that raise."""
+    torch.set_num_threads(1)
+    for _ in range(times):
+        try:
+            save_torch_atomic({"writer": writer, "x": torch.full((64,), writer)}, Path(path))
+        except Exception:  # noqa: BLE001 - any failure of a save is what the test counts
+            with failures.get_lock():
+                failures.value += 1
+
+
+def test_two_processes_saving_to_one_path_never_collide(tmp_path):
+    # two processes on a shared filesystem saving the same checkpoint file (TRL's save_on_each_node=True). A
+    # temporary name shared by both lets one's rename take the file the other is about to rename
+    # (FileNotFoundError in tens of the 400 saves); with one temporary file per save the last rename wins whole.
+    path = tmp_path / "ebpo_estimator.pt"
+    context = multiprocessing.get_context("fork")
+    failures = context.Value("i", 0)
+    writers = [
+        context.Process(target=_save_repeatedly, args=(str(path), writer, 200, failures)) for writer in (1, 2)
+    ]
+    for process in writers:
+        process.start()
+    for process in writers:
+        process.join(timeout=120)
+    assert [process.exitcode for process in writers] == [0, 0]
+    assert failures.value == 0
+    state = torch.load(path, weights_only=False)
+    assert state["writer"] in (1, 2) and torch.equal(state["x"], torch.full((64,), state["writer"]))
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left behind
+
+
+def test_a_failed_save_leaves_the_old_file_and_no_temporary_file(tmp_path, monkeypatch):
+    path = tmp_path / "state.pt"
+    save_torch_atomic({"step": 1}, path)
+
+    def broken_save(state, file):  # dies half-way through writing
+        Path(file).write_bytes(b"half")
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(OSError, match="No space left"):
+        save_torch_atomic({"step": 2}, path)
+    assert torch.load(path, weights_only=False) == {"step": 1}
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_text_and_bytes_are_replaced_whole_and_parents_created(tmp_path):
+    path = tmp_path / "a" / "b" / "config.yaml"
+    assert persist.write_text_atomic(path, "x: 1\n") == path
+    persist.write_bytes_atomic(path, b"x: 2\n")
+    assert path.read_text() == "x: 2\n"
+    assert [p.name for p in path.parent.iterdir()] == ["config.yaml"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# a directory written whole
+
+
+def _fill(files: dict[str, str]):
+    def fill(staging: Path) -> None:
+        for name, text in files.items():
+            (staging / name).write_text(text)
+
+    return fill
+
+
+def test_replace_dir_swaps_in_a_complete_copy_and_leaves_nothing_beside_it(tmp_path):
+    target = tmp_path / "model"
+    replace_dir(target, _fill({"weights": "old", "extra": "x"}))
+    replace_dir(target, _fill({"weights": "new"}))
+    assert sorted(p.name for p in target.iterdir()) == ["weights"]  # the new copy whole, not merged
+    assert (target / "weights").read_text() == "new"
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
+def test_replace_dir_that_fails_while_filling_keeps_the_old_copy(tmp_path):
+    target = tmp_path / "model"
+    replace_dir(target, _fill({"weights": "old"}))
+
+    def broken(staging: Path) -> None:
+        (staging / "weights").write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        replace_dir(target, broken)
+    assert (target / "weights").read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]  # the unfinished staging copy is gone
+
+
+def test_replace_dir_with_fixed_spares_uses_those_names(tmp_path, monkeypatch):
+    target = tmp_path / "last"
+    spares = (tmp_path / ".last.tmp", tmp_path / ".last.old")
+    replace_dir(target, _fill({"state": "1"}), spares=spares)
+    renames = []
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda src, dst: (renames.append((src, dst)), real_replace(src, dst)))
+    replace_dir(target, _fill({"state": "2"}), spares=spares)
+    assert renames == [(target, spares[1]), (spares[0], target)]  # old aside, new in place
+    assert (target / "state").read_text() == "2" and not spares[0].exists() and not spares[1].exists()
+
+
+# ---------------------------------------------------------------------------------------------------
+# the journal
+
+
+def test_journal_appends_whole_lines_and_reads_them_back(tmp_path):
+    journal = Journal(tmp_path / "sub" / "j.jsonl")
+    assert journal.read() == [] and not journal.exists()
+    journal.append([{"b": 1, "a": 2}, {"step": 3}])
+    journal.append([])
+    assert (tmp_path / "sub" / "j.jsonl").read_text() == '{"b": 1, "a": 2}\n{"step": 3}\n'  # as given
+    assert journal.read() == [{"a": 2, "b": 1}, {"step": 3}]
+    Journal(tmp_path / "sorted.jsonl", sort_keys=True).append([{"b": 1, "a": 2}])
+    assert (tmp_path / "sorted.jsonl").read_text() == '{"a": 2, "b": 1}\n'  # metrics.jsonl's form
+    with pytest.raises(ValueError, match="Out of range float"):  # NaN is never stored
+        journal.append([{"x": float("nan")}])
+    assert journal.read() == [{"a": 2, "b": 1}, {"step": 3}]
+
+
+def test_a_torn_last_line_is_dropped_with_a_warning_and_cut_only_by_its_writer(tmp_path):
+    path = tmp_path / "j.jsonl"
+    path.write_text('{"id": 1}\n{"id": 2}')  # killed before the second line's newline: torn, though it parses
+    journal = Journal(path)
+    with pytest.warns(RuntimeWarning, match=r"j.jsonl, line 2: dropped a torn last line \(9 bytes"):
+        assert journal.read() == [{"id": 1}]
+    assert path.read_text() == '{"id": 1}\n{"id": 2}'  # a reader changes nothing
+    with pytest.warns(RuntimeWarning, match="torn"):
+        assert journal.read(repair=True) == [{"id": 1}]
+    assert path.read_text() == '{"id": 1}\n'  # the writer cuts it before appending
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        journal.append([{"id": 3}])
+        assert journal.read() == [{"id": 1}, {"id": 3}]
+
+
+def test_an_append_after_a_torn_tail_starts_a_line_of_its_own(tmp_path):
+    # another writer was killed mid-line after this one read the file: the torn bytes stay (a bad line of
+    # their own, which a reader names or skips), the new row is whole
+    path = tmp_path / "j.jsonl"
+    path.write_bytes(b'{"id": 1}\n{"id": "to')
+    Journal(path).append([{"id": 2}])
+    assert path.read_bytes() == b'{"id": 1}\n{"id": "to\n{"id": 2}\n'
+    journal = Journal(path, kind="a finished prompt", fix="delete it to restart")
+    with pytest.raises(
+        ValueError, match=r"j.jsonl, line 2: not a finished prompt \(.*\); delete it to restart$"
+    ):
+        journal.read()
+    assert journal.read(skip_bad=True) == [{"id": 1}, {"id": 2}] and journal.skipped == [2]
+
+
+def test_parse_refusals_and_non_objects_are_bad_lines_named_by_line(tmp_path):
+    path = tmp_path / "j.jsonl"
+    path.write_bytes(b'{"key": "a"}\n[1, 2]\n\n\xff\xfe\n{"nokey": 1}\n')
+    journal = Journal(path, kind="a cached label", fix="delete the file")
+
+    def parse(row):
+        return row["key"]
+
+    assert journal.read(parse, skip_bad=True) == ["a"] and journal.skipped == [
+        2,
+        4,
+        5,
+    ]  # the blank line 3 is skipped
+    with pytest.raises(ValueError, match=r"line 2: not a cached label \(a JSON list, not an object\)") as err:
+        journal.read(parse)
+    assert "\n" not in str(err.value)
+
+
+def test_retain_keeps_the_accepted_lines_as_written(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0, "x": 1.50}\n{"step": 1}\n{"step": 2}\n{"step": 3, "x"')
+    with pytest.warns(RuntimeWarning, match="line 4: dropped a torn last line"):
+        Journal(path).retain(lambda row: row["step"] <= 1)
+    assert path.read_text() == '{"step": 0, "x": 1.50}\n{"step": 1}\n'  # bytes kept, not re-serialised
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# one process per directory
+
+
+def test_a_lock_file_removed_under_a_waiting_process_is_not_shared(tmp_path, monkeypatch):
+    """B opens .lock while A holds it; A removes it and lets go; C creates and locks a new one. B's flock on
+    the removed file then succeeds, but B sees that the file it locked is no longer there and tries again:
+    C holds the directory, so B is refused. Without that check B and C would both hold it."""
+    lock = DirectoryLock
+    a = lock(tmp_path, what="d", hint="h").acquire()
+    stale = open(tmp_path / DirectoryLock.FILE, "a+", encoding="utf-8")  # B, mid-acquire
+    a.release()
+    c = lock(tmp_path, what="d", hint="h").acquire()
+    real_open, opened = open, []
+
+    def b_open(*args, **kwargs):
+        opened.append(args[0])
+        return stale if len(opened) == 1 else real_open(*args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", b_open)
+    with pytest.raises(DirectoryInUse, match=r"d .* is in use by pid \d+"):
+        lock(tmp_path, what="d", hint="h").acquire()
+    monkeypatch.undo()
+    assert len(opened) == 2  # the removed file, then the one C holds
+    c.release()
+
+
+# ---------------------------------------------------------------------------------------------------
+# the run directory
+
+
+def test_run_directory_refuses_mixing_two_runs_and_names_the_fix(tmp_path):
+    run = RunDirectory(tmp_path / "run").claim()
+    run.check(resuming=False, overwrite=False)  # empty: fine
+    run.start(rewind_to=None, overwrite=False)
+    run.metrics.append([{"step": 0}])
+    with pytest.raises(
+        ConfigError, match=r"already holds a run \(metrics.jsonl\); continue it with `ebpo train --resume"
+    ):
+        run.check(resuming=False, overwrite=False)
+    with pytest.raises(ConfigError, match="--resume and --overwrite of the same run directory .* contradict"):
+        run.check(resuming=True, overwrite=True)
+    run.check(resuming=True, overwrite=False)
+    run.check(resuming=False, overwrite=True)
+    with pytest.raises(
+        DirectoryInUse, match=r"run directory .*run is in use by pid \d+ .*; wait for that run"
+    ):
+        RunDirectory(tmp_path / "run").claim()
+    run.release()
+
+
+def test_run_directory_rewinds_or_clears_and_writes_its_summary(tmp_path):
+    run = RunDirectory(tmp_path / "run").claim()
+    (run.path / "notes.txt").write_text("mine")
+    run.metrics.append([{"step": s} for s in range(4)])
+    run.write_summary({"step": 3, "best_step": None})
+    assert json.loads((run.path / "summary.json").read_text()) == {"best_step": None, "step": 3}
+    run.start(rewind_to=2, overwrite=False)
+    assert [row["step"] for row in run.metrics.read()] == [0, 1, 2]
+    (run.path / "checkpoints" / "last").mkdir(parents=True)
+    run.start(rewind_to=None, overwrite=True)
+    assert sorted(p.name for p in run.path.iterdir()) == [
+        ".lock",
+        "notes.txt",
+    ]  # the outputs go, nothing else
+    run.release()
+    assert not (run.path / ".lock").exists()
+
+
+def test_an_abandoned_run_leaves_no_directory_it_created(tmp_path):
+    fresh = RunDirectory(tmp_path / "fresh").claim()
+    fresh.abandon()
+    assert not (tmp_path / "fresh").exists()
+    (tmp_path / "kept").mkdir()
+    kept = RunDirectory(tmp_path / "kept").claim()
+    kept.abandon()
+    assert (tmp_path / "kept").is_dir() and not (tmp_path / "kept" / ".lock").exists()
+    assert RunDirectory.timestamped("ebpo").endswith("-ebpo") and len(RunDirectory.timestamped("x")) == 17
