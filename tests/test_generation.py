@@ -7,7 +7,15 @@ import math
 import pytest
 import torch
 
-from ebpo.generation import left_pad, prompt_position_ids, response_mask_from_ids, sample, sample_next_token
+from ebpo.generation import (
+    MIN_FORWARD_ROWS,
+    left_pad,
+    pad_rows,
+    prompt_position_ids,
+    response_mask_from_ids,
+    sample,
+    sample_next_token,
+)
 
 PROMPTS = ["1+2=", "What is 33*4?", "7"]
 
@@ -103,6 +111,97 @@ def test_kv_cache_matches_no_cache_reference(spiky, n, temperature, top_p, seed)
     )
     assert as_lists(fast) == slow
     assert fast.truncated.tolist() == [resp[-1] not in stop_ids for resp in slow]
+
+
+@torch.no_grad()
+def reference_row_cache_sample(
+    model, tokenizer, prompts, *, n, temperature, top_p, max_new_tokens, seed, stop_ids
+):
+    """Reference for prefix sharing: the KV cache holds one row per response (the prompt's prefill repeated n
+    times) and every step runs a forward over every active row. Returns (response ids, log-probs, entropies)
+    as lists per row."""
+    from transformers import DynamicCache
+
+    from ebpo.losses import entropy_from_logits
+
+    ids_BP, mask_BP = left_pad([list(tokenizer(p)["input_ids"]) for p in prompts], tokenizer.pad_token_id)
+    generator = torch.Generator().manual_seed(seed)
+    out = model(
+        input_ids=ids_BP,
+        attention_mask=mask_BP,
+        position_ids=prompt_position_ids(mask_BP),
+        past_key_values=DynamicCache(config=model.config),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(n)
+    logits_AV = out.logits[:, -1].float().repeat_interleave(n, dim=0)
+    mask_AL = mask_BP.repeat_interleave(n, dim=0)
+    active = list(range(ids_BP.shape[0] * n))
+    rows = {r: ([], [], []) for r in active}
+    for step in range(max_new_tokens):
+        token_A, logp_A = sample_next_token(
+            logits_AV, temperature=temperature, top_p=top_p, generator=generator
+        )
+        entropy_A = entropy_from_logits(logits_AV / (temperature or 1.0))
+        for i, r in enumerate(active):
+            for values, value in zip(rows[r], (token_A[i], logp_A[i], entropy_A[i])):
+                values.append(value.item())
+        keep = [i for i, tok in enumerate(token_A.tolist()) if tok not in stop_ids]
+        if not keep or step == max_new_tokens - 1:
+            break
+        keep_A = torch.tensor(keep)
+        cache.batch_select_indices(keep_A)
+        active, token_A, mask_AL = [active[i] for i in keep], token_A[keep_A], mask_AL[keep_A]
+        mask_AL = torch.cat([mask_AL, mask_AL.new_ones((len(keep), 1))], dim=1)
+        out = model(
+            input_ids=token_A[:, None],
+            attention_mask=mask_AL,
+            position_ids=mask_AL.sum(-1, keepdim=True) - 1,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        cache, logits_AV = out.past_key_values, out.logits[:, -1].float()
+    return [rows[r] for r in sorted(rows)]
+
+
+@pytest.mark.parametrize("n,temperature,top_p,seed", [(8, 1.0, 1.0, 0), (6, 0.7, 0.9, 1), (5, 0.0, 1.0, 2)])
+def test_rows_that_drew_the_same_tokens_share_a_forward_to_the_bit(spiky, n, temperature, top_p, seed):
+    """The sampler runs one forward per distinct prefix (rows of a prompt that drew the same tokens so far);
+    the draws, log-probs and entropies equal, to the bit, those of a cache with one row per response, and
+    fewer rows go through the model."""
+    model, tok = spiky
+    stop_ids = frequent_tokens(model, tok, 3)
+    settings = dict(n=n, temperature=temperature, top_p=top_p, max_new_tokens=14)
+    forward_rows = []
+    hook = model.register_forward_pre_hook(
+        lambda module, args, kwargs: forward_rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        generator = torch.Generator().manual_seed(seed)
+        shared = sample(
+            model, tok, PROMPTS, generator=generator, eos_token_id=stop_ids, with_entropy=True, **settings
+        )
+    finally:
+        hook.remove()
+    reference = reference_row_cache_sample(model, tok, PROMPTS, seed=seed, stop_ids=stop_ids, **settings)
+    mask_NT = shared.response_mask.bool()
+    for row, (ids, logps, entropies) in enumerate(reference):
+        assert shared.response_ids[row][mask_NT[row]].tolist() == ids
+        assert shared.old_logp[row][mask_NT[row]].tolist() == logps  # float32 -> Python float: exact
+        assert shared.entropy[row][mask_NT[row]].tolist() == entropies
+    decode_rows = sum(forward_rows[1:])  # after the prefill
+    assert decode_rows < int(shared.lengths.clamp(max=13).sum())  # a forward per row would be this many
+
+
+def test_pad_rows_tops_up_few_rows_with_copies():
+    # a batch of 40 rows with 3 distinct ones: topped up to MIN_FORWARD_ROWS = 16 rows with copies of the first;
+    # a batch of 5 rows: to 5; enough rows: unchanged
+    index = torch.tensor([7, 2, 9])
+    assert pad_rows(index, 40).tolist() == [7, 2, 9] + [7] * 13 and MIN_FORWARD_ROWS == 16
+    assert pad_rows(index, 5).tolist() == [7, 2, 9, 7, 7]
+    assert pad_rows(torch.arange(20), 40).tolist() == list(range(20))
 
 
 def test_greedy_matches_hf_generate(spiky):

@@ -67,6 +67,51 @@ def _max_diff(a, b):
     return max(float((a[name] - b[name]).abs().max()) for name in a)
 
 
+def test_distinct_rows_by_hand():
+    # rows 0 and 2 are equal; row 3 equals row 1 but for its response mask (a failed reward): 3 distinct rows
+    inputs = {
+        "prompt_ids": torch.tensor([[0, 5], [4, 5], [0, 5], [4, 5]]),
+        "prompt_mask": torch.tensor([[0, 1], [1, 1], [0, 1], [1, 1]]),
+        "response_ids": torch.tensor([[7, 2], [8, 2], [7, 2], [8, 2]]),
+        "response_mask": torch.tensor([[1, 1], [1, 1], [1, 1], [0, 0]]),
+    }
+    from ebpo.trainer.rollout import distinct_rows
+
+    first_U, inverse_B = distinct_rows(inputs)
+    assert sorted(first_U.tolist()) == [0, 1, 3]
+    assert [int(first_U[u]) for u in inverse_B] == [0, 1, 0, 3]
+    assert distinct_rows({name: t[:2] for name, t in inputs.items()}) is None
+
+
+def test_a_forward_without_gradient_computes_each_distinct_row_once_to_the_bit(tiny_model_dir):
+    """Without gradient, forward_logp runs the model on the distinct rows (topped up to MIN_FORWARD_ROWS) and
+    copies: log-probs and entropies equal, to the bit, a forward over every row."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ebpo.generation import MIN_FORWARD_ROWS, sample
+    from ebpo.trainer.rollout import _forward_logp, forward_logp
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompts = ["1+1=", "area 12x13=", "max(3,9,47)=", "7*8="]
+    rollouts = sample(model, tokenizer, prompts, n=3, temperature=1.0, max_new_tokens=7, generator=0)
+    names = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+    rows = torch.tensor([0, 5, 5, 11, 0, 3, 3, 3, 7, 1, 2, 4, 6, 8, 9, 10, 0, 5, 11, 2, 2, 9, 1, 1, 0])
+    inputs = {name: getattr(rollouts, name)[rows] for name in names}
+    inputs["response_mask"][-1] = 0  # a failed reward's row: another row than row 0
+    seen = []
+    hook = model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    with torch.no_grad():
+        logp_BT, entropy_BT = forward_logp(model, inputs, 1.0, with_entropy=True, response_logits_only=True)
+    hook.remove()
+    with torch.no_grad():
+        every_logp_BT, every_entropy_BT = _forward_logp(model, inputs, 1.0, True, True)
+    assert torch.equal(logp_BT, every_logp_BT) and torch.equal(entropy_BT, every_entropy_BT)
+    assert seen == [MIN_FORWARD_ROWS]  # 13 distinct rows of 25, topped up to 16
+
+
 def test_micro_batches_leave_the_vanilla_update_alone_but_change_kl_cov(tiny_model_dir, tmp_path):
     # 2 prompts x G = 4, one prompt per update: two mini-batches of 4 rows, split into micro-batches of 2.
     # Each part's loss is weighted by its share of the tokens (token-mean), so the vanilla gradient is the

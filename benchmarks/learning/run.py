@@ -14,6 +14,8 @@ the checkpoints are removed unless kept). Restarting a run:
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import hashlib
 import json
 import os
@@ -167,6 +169,23 @@ def _trainer_class() -> type:
     return TimedTrainer
 
 
+@functools.cache
+def keep_freed_memory() -> bool:
+    """Ask glibc's allocator to serve tensors of up to 32 MiB from its heap and to keep freed memory for reuse
+    (``mallopt``), once per process; returns whether it took the settings (False off glibc).
+
+    By default glibc maps a fresh zeroed region for every large tensor and unmaps it when freed, so each
+    training step pays about ten thousand page faults (a tenth of its CPU time on the shipped model). The
+    numbers computed are the same: only where tensors live changes, and PyTorch aligns them either way."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's <malloc.h>
+    return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, 1 << 30))
+
+
 def evaluate_checkpoint(spec: RunSpec, model_dir: Path, cache: Path) -> dict[str, Any]:
     """Pass@1 (avg@n) and maj@n of ``model_dir`` on the first ``test["size"]`` problems of the ``arith``
     test set, overall, per topic and per level. Sampling is seeded by the run's seed (common random
@@ -226,6 +245,7 @@ def execute(
     done = read_result(root, spec)
     if done is not None:
         return done
+    keep_freed_memory()
     directory = run_dir(root, spec)
     directory.mkdir(parents=True, exist_ok=True)
     write_json_atomic(directory / SPEC_FILE, {"key": spec.key, **spec.to_dict()})

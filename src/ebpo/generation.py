@@ -35,9 +35,11 @@ import torch
 from ebpo.losses import entropy_from_logits
 
 __all__ = [
+    "MIN_FORWARD_ROWS",
     "Rollouts",
     "keeps_last_logits",
     "left_pad",
+    "pad_rows",
     "prompt_position_ids",
     "sample",
     "sample_next_token",
@@ -90,6 +92,23 @@ class Rollouts:
             for name, value in self.__dict__.items()
         }
         return Rollouts(**moved)
+
+
+MIN_FORWARD_ROWS = 16
+"""The fewest rows a forward over the distinct rows of a batch runs on (fewer only when the batch has fewer).
+
+A row's numbers in a forward do not depend on the other rows, so the distinct rows of a batch (a group's
+responses often agree) are computed once, to the bit, on the CPU. That holds only while the matrix products
+keep their algorithm: MKL sums a product of 1 row, of 2-3 rows and of 4 or more rows in three different
+orders, so a forward of few distinct rows is topped up with copies to the rows the whole batch would have
+used, up to this many."""
+
+
+def pad_rows(index_U: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """``index_U`` (rows to compute) followed by copies of its first entry, up to ``min(num_rows,
+    MIN_FORWARD_ROWS)`` entries (:data:`MIN_FORWARD_ROWS`); ``num_rows`` is the size of the whole batch."""
+    missing = min(num_rows, MIN_FORWARD_ROWS) - index_U.shape[0]
+    return torch.cat([index_U, index_U[:1].expand(missing)]) if missing > 0 else index_U
 
 
 def stop_token_ids(model, tokenizer, eos_token_id: int | Sequence[int] | None = None) -> list[int]:
@@ -262,7 +281,10 @@ def _generate_chunk(
         return response_ids_NT.cpu(), old_logp_NT.cpu(), None if entropy_NT is None else entropy_NT.cpu()
     stop_ids_S = torch.as_tensor(stop_ids, dtype=torch.long, device=device)
 
-    # Prefill once per unique prompt, then repeat the cache n times (rows b*n .. b*n+n-1 = prompt b).
+    # Prefill once per unique prompt. The cache then holds one row per distinct *prefix* (prompt and tokens
+    # drawn so far): a row's next-token distribution depends only on its prefix, so rows that drew the same
+    # tokens share one cache row and one forward per step (prefix_A maps the active rows to them). A row's
+    # numbers do not depend on the other rows of a forward, so the draws equal those of a forward per row.
     mask_BP = prompt_mask_BP.to(device)
     cache = DynamicCache(config=model.config)
     out = model(
@@ -274,48 +296,54 @@ def _generate_chunk(
         **_last_logits_only(model),
     )
     cache = out.past_key_values
-    logits_AV = out.logits[:, -1, :].float().repeat_interleave(n, dim=0)
-    if n > 1:
-        cache.batch_repeat_interleave(n)
-    attn_mask_AL = mask_BP.repeat_interleave(n, dim=0)  # A = rows still active, L = tokens so far
-    next_pos_A = attn_mask_AL.sum(-1)  # position of the next token = number of real tokens so far
-    active_rows_A = torch.arange(num_rows, device=device)
+    logits_UV = out.logits[:, -1, :].float()  # U = distinct prefixes, here the prompts
+    attn_mask_UL = mask_BP  # L = tokens so far
+    next_pos_U = attn_mask_UL.sum(-1)  # position of the next token = number of real tokens so far
+    active_rows_A = torch.arange(num_rows, device=device)  # A = rows still active
+    prefix_A = active_rows_A // n  # rows b*n .. b*n+n-1 answer prompt b
     del out
 
     for step in range(max_new_tokens):
+        logits_AV = logits_UV[prefix_A]
         if prompt_generators is None:
             token_A, logp_A = sample_next_token(
                 logits_AV, temperature=temperature, top_p=top_p, generator=generator
             )
-        else:  # rows b*n .. b*n+n-1 answer prompt b, and active rows stay in ascending order
+        else:  # active rows stay in ascending order
             token_A, logp_A = _sample_per_prompt(
                 logits_AV, active_rows_A // n, prompt_generators, temperature=temperature, top_p=top_p
             )
         response_ids_NT[active_rows_A, step] = token_A
         old_logp_NT[active_rows_A, step] = logp_A
         if entropy_NT is not None:  # of the distribution logp_A is taken from (T = 1 when greedy)
-            entropy_NT[active_rows_A, step] = entropy_from_logits(logits_AV.float() / (temperature or 1.0))
+            entropy_NT[active_rows_A, step] = entropy_from_logits(logits_AV / (temperature or 1.0))
         if step == max_new_tokens - 1:
             break
         still_active_A = ~torch.isin(token_A, stop_ids_S)
         if not bool(still_active_A.any()):
             break
-        if not bool(still_active_A.all()):  # drop finished rows from the batch and the cache
+        if not bool(still_active_A.all()):  # finished rows leave
             keep_A = still_active_A.nonzero().squeeze(-1)
-            cache.batch_select_indices(keep_A)
-            active_rows_A, token_A = active_rows_A[keep_A], token_A[keep_A]
-            attn_mask_AL, next_pos_A = attn_mask_AL[keep_A], next_pos_A[keep_A]
-        attn_mask_AL = torch.cat([attn_mask_AL, attn_mask_AL.new_ones((attn_mask_AL.shape[0], 1))], dim=1)
+            active_rows_A, token_A, prefix_A = active_rows_A[keep_A], token_A[keep_A], prefix_A[keep_A]
+        # the new prefixes: each distinct (prefix, token) of the active rows
+        vocab = logits_UV.shape[-1]
+        new_prefix_U, prefix_A = torch.unique(prefix_A * vocab + token_A, return_inverse=True)
+        new_prefix_U = pad_rows(new_prefix_U, prefix_A.shape[0])
+        parent_U, new_token_U = new_prefix_U // vocab, new_prefix_U % vocab
+        cache.batch_select_indices(parent_U)
+        attn_mask_UL = attn_mask_UL[parent_U]
+        attn_mask_UL = torch.cat([attn_mask_UL, attn_mask_UL.new_ones((attn_mask_UL.shape[0], 1))], dim=1)
+        next_pos_U = next_pos_U[parent_U]
         out = model(
-            input_ids=token_A[:, None],
-            attention_mask=attn_mask_AL,
-            position_ids=next_pos_A[:, None],
+            input_ids=new_token_U[:, None],
+            attention_mask=attn_mask_UL,
+            position_ids=next_pos_U[:, None],
             past_key_values=cache,
             use_cache=True,
         )
         cache = out.past_key_values
-        logits_AV = out.logits[:, -1, :].float()
-        next_pos_A = next_pos_A + 1
+        logits_UV = out.logits[:, -1, :].float()
+        next_pos_U = next_pos_U + 1
         del out
     return response_ids_NT.cpu(), old_logp_NT.cpu(), None if entropy_NT is None else entropy_NT.cpu()
 
@@ -451,14 +479,16 @@ def sample(
     response_mask_NT = response_mask_NT[:, :longest]
     ended_N = torch.isin(response_ids_NT, torch.as_tensor(stop_ids, dtype=torch.long)).any(dim=1)
 
-    texts = []
-    for row in range(response_ids_NT.shape[0]):
-        length = int(lengths_N[row]) - int(ended_N[row])  # drop the EOS token itself
-        texts.append(tokenizer.decode(response_ids_NT[row, :length].tolist(), skip_special_tokens=True))
+    texts, decoded = [], {}  # a group's responses often agree: each distinct one is decoded once
+    kept_N = lengths_N - ended_N.long()  # tokens of a text: without the EOS token itself
+    for tokens, kept in zip(response_ids_NT.tolist(), kept_N.tolist()):
+        response = tuple(tokens[:kept])
+        if response not in decoded:
+            decoded[response] = tokenizer.decode(list(response), skip_special_tokens=True)
+        texts.append(decoded[response])
 
-    expanded = [seq for seq in encoded for _ in range(n)]
-    if expanded:
-        prompt_ids_NP, prompt_mask_NP = left_pad(expanded, pad_id)
+    if encoded:
+        prompt_ids_NP, prompt_mask_NP = (t.repeat_interleave(n, dim=0) for t in left_pad(encoded, pad_id))
     else:
         prompt_ids_NP = prompt_mask_NP = torch.zeros((0, 0), dtype=torch.long)
     return Rollouts(

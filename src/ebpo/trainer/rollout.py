@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from ebpo.data.dynamic import Group
 from ebpo.data.records import Record
-from ebpo.generation import Rollouts, keeps_last_logits, sample
+from ebpo.generation import Rollouts, keeps_last_logits, pad_rows, sample
 from ebpo.losses import entropy_from_logits, overlong_penalty
 from ebpo.trainer.config import TrainConfig
 
@@ -158,7 +158,36 @@ def forward_logp(
     the output layer's weight gradient would then sum over fewer positions, in another order, and differ
     in the last bits from a full forward's. A row's numbers do not depend on the other rows of the call
     (the trainer reuses an update's forward as the old log-probs of its rows).
+
+    Without gradient (``torch.no_grad``), rows that repeat another row (same prompt, response and masks: a
+    group's G responses often agree, and more so as training converges) are computed once and copied, which
+    is exact for the same reason (``ebpo.generation.MIN_FORWARD_ROWS`` says when). Under autograd every row
+    goes through the model, so that the weight gradients sum over the same positions in the same order.
     """
+    if not torch.is_grad_enabled():
+        distinct = distinct_rows(inputs)
+        if distinct is not None:
+            first_U, inverse_B = distinct
+            rows_U = pad_rows(first_U, inverse_B.shape[0])
+            logp_UT, entropy_UT = _forward_logp(
+                model,
+                {name: tensor[rows_U] for name, tensor in inputs.items()},
+                temperature,
+                with_entropy,
+                response_logits_only,
+            )
+            return logp_UT[inverse_B], (None if entropy_UT is None else entropy_UT[inverse_B])
+    return _forward_logp(model, inputs, temperature, with_entropy, response_logits_only)
+
+
+def _forward_logp(
+    model: torch.nn.Module,
+    inputs: Mapping[str, torch.Tensor],
+    temperature: float,
+    with_entropy: bool,
+    response_logits_only: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`forward_logp` over every row of ``inputs``."""
     prompt_ids_BP, prompt_mask_BP = inputs["prompt_ids"], inputs["prompt_mask"]
     response_ids_BT, response_mask_BT = inputs["response_ids"], inputs["response_mask"]
     num_response = response_ids_BT.shape[1]
@@ -183,6 +212,22 @@ def forward_logp(
         with torch.no_grad():
             entropy_BT = entropy_from_logits(logits_BTV.detach())
     return logp_BT, entropy_BT
+
+
+def distinct_rows(inputs: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The distinct rows of a batch of :func:`forward_logp` inputs (tokens and masks equal): ``(first_U,
+    inverse_B)`` with ``first_U`` the first row of each distinct row and row b equal to row
+    ``first_U[inverse_B[b]]``; None when every row is distinct."""
+    names = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+    rows_BL = torch.cat([inputs[name].to("cpu", torch.long) for name in names], dim=1)
+    unique_UL, inverse_B = torch.unique(rows_BL, dim=0, return_inverse=True)
+    num_rows, num_distinct = rows_BL.shape[0], unique_UL.shape[0]
+    if num_distinct == num_rows:
+        return None
+    row_B = torch.arange(num_rows)
+    first_U = torch.full((num_distinct,), num_rows).scatter_reduce(0, inverse_B, row_B, "amin")
+    device = inputs["prompt_ids"].device
+    return first_U.to(device), inverse_B.to(device)
 
 
 def batched_logp(
