@@ -330,10 +330,14 @@ def _generate_chunk(
         new_prefix_U, prefix_A = torch.unique(prefix_A * vocab + token_A, return_inverse=True)
         new_prefix_U = pad_rows(new_prefix_U, prefix_A.shape[0])
         parent_U, new_token_U = new_prefix_U // vocab, new_prefix_U % vocab
-        cache.batch_select_indices(parent_U)
-        attn_mask_UL = attn_mask_UL[parent_U]
+        num_cached = logits_UV.shape[0]
+        if parent_U.shape[0] != num_cached or not torch.equal(
+            parent_U, torch.arange(num_cached, device=device)
+        ):
+            # the cache rows change (a prefix split, ended or was topped up); else each row goes on as it is
+            cache.batch_select_indices(parent_U)
+            attn_mask_UL, next_pos_U = attn_mask_UL[parent_U], next_pos_U[parent_U]
         attn_mask_UL = torch.cat([attn_mask_UL, attn_mask_UL.new_ones((attn_mask_UL.shape[0], 1))], dim=1)
-        next_pos_U = next_pos_U[parent_U]
         out = model(
             input_ids=new_token_U[:, None],
             attention_mask=attn_mask_UL,
