@@ -157,7 +157,8 @@ def forward_logp(
     the same to the bit; the trainer sets it for its passes without gradient only, because under autograd
     the output layer's weight gradient would then sum over fewer positions, in another order, and differ
     in the last bits from a full forward's. A row's numbers do not depend on the other rows of the call
-    (the trainer reuses an update's forward as the old log-probs of its rows).
+    (the trainer reuses an update's forward as the old log-probs of its rows; docs/training.md, "Speed",
+    names the one learning-matrix run where such an update rounded differently).
 
     Without gradient (``torch.no_grad``), rows that repeat another row (same prompt, response and masks: a
     group's G responses often agree, and more so as training converges) are computed once and copied, which
