@@ -465,3 +465,53 @@ def test_sample_next_token_full_vocab_frequencies():
     freq = torch.bincount(token, minlength=3).float() / len(token)
     assert torch.allclose(freq, expected, atol=0.02)
     assert torch.allclose(logp, expected.log()[token])
+
+
+def _spiky_copy(spiky, attn_implementation="sdpa"):
+    """A fresh copy of the spiky model (the module's fixture stays as it is)."""
+    import copy
+
+    model = copy.deepcopy(spiky[0])
+    model.set_attn_implementation(attn_implementation)
+    return model
+
+
+@pytest.mark.parametrize("n,temperature,top_p,seed", [(8, 1.0, 1.0, 0), (6, 0.7, 0.9, 1), (5, 0.0, 1.0, 2)])
+def test_in_kernel_gqa_samples_the_same_to_the_bit(spiky, n, temperature, top_p, seed):
+    """in_kernel_gqa hands a grouped-query model's keys and values to the attention kernel per key/value head
+    instead of copied per query head: draws, log-probs and entropies equal sdpa's to the bit."""
+    from ebpo.generation import IN_KERNEL_GQA, in_kernel_gqa
+
+    model, tok = spiky
+    assert model.config.num_attention_heads > model.config.num_key_value_heads  # 2 query heads per key head
+    fast = _spiky_copy(spiky)
+    assert in_kernel_gqa(fast) and fast.config._attn_implementation == IN_KERNEL_GQA
+    stop_ids = frequent_tokens(model, tok, 3)
+    settings = dict(n=n, temperature=temperature, top_p=top_p, max_new_tokens=12, eos_token_id=stop_ids)
+    ours = sample(fast, tok, PROMPTS, generator=seed, with_entropy=True, **settings)
+    plain = sample(model, tok, PROMPTS, generator=seed, with_entropy=True, **settings)
+    assert torch.equal(ours.response_ids, plain.response_ids) and torch.equal(ours.old_logp, plain.old_logp)
+    assert torch.equal(ours.entropy, plain.entropy)
+
+
+def test_in_kernel_gqa_forwards_equal_sdpa_with_and_without_gradient(spiky, tmp_path):
+    """A padded batch's logits equal sdpa's to the bit without gradient; with gradient the attention is sdpa
+    itself, so the weight gradients are the same too. Another attention is left alone, and the choice is not
+    saved with the model."""
+    from ebpo.generation import in_kernel_gqa
+
+    _, tok = spiky
+    plain, fast = _spiky_copy(spiky), _spiky_copy(spiky)
+    in_kernel_gqa(fast)
+    ids_BP, mask_BP = left_pad([tok(p)["input_ids"] for p in [*PROMPTS, "12*(3+4)=", "x"]], tok.pad_token_id)
+    inputs = dict(input_ids=ids_BP, attention_mask=mask_BP, position_ids=prompt_position_ids(mask_BP))
+    with torch.no_grad():
+        assert torch.equal(fast(**inputs).logits, plain(**inputs).logits)
+    grads = []
+    for model in (plain, fast):
+        (model(**inputs).logits[mask_BP.bool()].logsumexp(-1).sum()).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert torch.equal(grads[0], grads[1])
+    assert not in_kernel_gqa(_spiky_copy(spiky, "eager"))
+    fast.save_pretrained(tmp_path / "saved")
+    assert "ebpo" not in (tmp_path / "saved" / "config.json").read_text()

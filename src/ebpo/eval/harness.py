@@ -203,6 +203,8 @@ def load_model(path: str | Path, *, device: str | None = None, dtype: str = "aut
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from ebpo.generation import in_kernel_gqa
+
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if dtype == "auto":
@@ -219,6 +221,7 @@ def load_model(path: str | Path, *, device: str | None = None, dtype: str = "aut
     tokenizer.padding_side = "left"
     # transformers wraps PreTrainedModel.to in functools.wraps: mypy sees an unbound _Wrapped (self first)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device).eval()  # type: ignore[arg-type]
+    in_kernel_gqa(model)  # sampling without gradient: same numbers, less copying
     return model, tokenizer
 
 

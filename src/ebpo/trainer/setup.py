@@ -18,6 +18,7 @@ from ebpo.advantages import AdvantageEstimator, get_estimator
 from ebpo.data.loaders import load_records
 from ebpo.data.records import Record
 from ebpo.data.samplers import cluster_key, get_sampler
+from ebpo.generation import in_kernel_gqa
 from ebpo.losses import PolicyLossConfig, get_policy_loss
 from ebpo.models.base_model import build_base_model
 from ebpo.rewards import get_reward
@@ -134,11 +135,13 @@ def load_policy(cfg: TrainConfig, checkpoint: Path | None, device: torch.device)
     model.train(m.gradient_checkpointing)
     if m.gradient_checkpointing:
         model.gradient_checkpointing_enable()
+    in_kernel_gqa(model)  # sampling and the passes without gradient: same numbers, less copying
     ref_model = None
     if cfg.algorithm.kl_coef > 0:
         # the same functools.wraps typing of PreTrainedModel.to as above
         ref_model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype).to(device)  # type: ignore[arg-type]
         ref_model.eval().requires_grad_(False)
+        in_kernel_gqa(ref_model)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return Policy(model=model, ref_model=ref_model, tokenizer=tokenizer, base_path=base_path, pad_id=pad_id)
 
