@@ -227,6 +227,15 @@ class OptimConfig:
         default=None,
     )
     grad_clip: float = _help("Clip the global gradient norm to this value (0 = no clipping).", default=1.0)
+    shared_prompts: bool = _help(
+        "Forward passes of the updates, the old-log-prob recompute and actor/step_kl run each distinct "
+        "prompt once, without its left padding, and its responses on that prompt's cached keys and values, "
+        "as the sampler does (default false: every row runs its own copy of the prompt). The same math "
+        "with fewer positions (docs/benchmarks.md measures the time), but the sums run in another order: "
+        "log-probs differ from the default's by float rounding (about 1e-6), so runs are not bit-identical "
+        "to the default's. Not with model.gradient_checkpointing, which turns the cache off.",
+        default=False,
+    )
 
 
 @dataclass
@@ -407,6 +416,11 @@ def _validate(cfg: TrainConfig) -> None:
             f"optim.micro_batch_size ({o.micro_batch_size}) must divide the sequences per mini-batch "
             f"({o.mini_batch_size} prompts x G={d.group_size} = {per_mini}), or be null",
         )
+    _check(
+        not (o.shared_prompts and cfg.model.gradient_checkpointing),
+        "optim.shared_prompts=true needs the KV cache, which model.gradient_checkpointing=true turns off; "
+        "set one of them to false",
+    )
     _check(
         run.eval_k <= run.eval_n,
         f"run.eval_k ({run.eval_k}) must be <= run.eval_n ({run.eval_n}); raise run.eval_n or lower run.eval_k",

@@ -144,6 +144,7 @@ def forward_logp(
     *,
     with_entropy: bool = False,
     response_logits_only: bool = False,
+    shared_prompts: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Token log-probs of the responses under ``log_softmax(logits / T)``: returns ``(logp_BT, entropy_BT)``.
 
@@ -164,6 +165,13 @@ def forward_logp(
     group's G responses often agree, and more so as training converges) are computed once and copied, which
     is exact for the same reason (``ebpo.generation.MIN_FORWARD_ROWS`` says when). Under autograd every row
     goes through the model, so that the weight gradients sum over the same positions in the same order.
+
+    ``shared_prompts``: each distinct prompt of the call runs through the model once, without its left
+    padding, and every row's response runs on its prompt's cached keys and values (as the sampler does;
+    gradients flow back through the cache), instead of every row running its own copy of the prompt. The
+    same function of the weights with fewer positions computed, but sums in another order: the numbers
+    differ from the default's by float rounding (``optim.shared_prompts``; ``tests/test_trainer_rollout.py``
+    bounds the difference). Needs a model that takes ``past_key_values`` (Hugging Face causal LMs).
     """
     if not torch.is_grad_enabled():
         distinct = distinct_rows(inputs)
@@ -176,19 +184,17 @@ def forward_logp(
                 temperature,
                 with_entropy,
                 response_logits_only,
+                shared_prompts,
             )
             return logp_UT[inverse_B], (None if entropy_UT is None else entropy_UT[inverse_B])
-    return _forward_logp(model, inputs, temperature, with_entropy, response_logits_only)
+    return _forward_logp(model, inputs, temperature, with_entropy, response_logits_only, shared_prompts)
 
 
-def _forward_logp(
-    model: torch.nn.Module,
-    inputs: Mapping[str, torch.Tensor],
-    temperature: float,
-    with_entropy: bool,
-    response_logits_only: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`forward_logp` over every row of ``inputs``."""
+def _response_logits(
+    model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], response_logits_only: bool
+) -> torch.Tensor:
+    """Logits ``(B, T, V)`` at the positions that predict each response token, one forward over every
+    row's prompt and response."""
     prompt_ids_BP, prompt_mask_BP = inputs["prompt_ids"], inputs["prompt_mask"]
     response_ids_BT, response_mask_BT = inputs["response_ids"], inputs["response_mask"]
     num_response = response_ids_BT.shape[1]
@@ -201,7 +207,90 @@ def _forward_logp(
     ).logits
     # the token at response position t is predicted by the logits at sequence position P - 1 + t, the
     # (T + 1 - t)-th from the end
-    logits_BTV = logits_BKV[:, logits_BKV.shape[1] - num_response - 1 : -1, :].float()
+    return logits_BKV[:, logits_BKV.shape[1] - num_response - 1 : -1, :]
+
+
+def _response_logits_shared_prompts(
+    model: torch.nn.Module, inputs: Mapping[str, torch.Tensor]
+) -> torch.Tensor:
+    """:func:`_response_logits` with each distinct prompt computed once (``forward_logp``'s
+    ``shared_prompts``): the U distinct prompts' tokens run packed in one row, each attending to itself
+    only (a block-diagonal causal mask, positions from 0 in each), so no position is spent on padding;
+    their keys and values are then laid out left-padded per row of the batch for one forward over the
+    responses."""
+    from transformers import DynamicCache
+
+    prompt_ids_BP, prompt_mask_BP = inputs["prompt_ids"], inputs["prompt_mask"]
+    response_ids_BT, response_mask_BT = inputs["response_ids"], inputs["response_mask"]
+    device = prompt_ids_BP.device
+    num_response = response_ids_BT.shape[1]
+    first_U, inverse_B = _first_of_each(torch.cat([prompt_ids_BP, prompt_mask_BP], dim=1))
+    real_UP = prompt_mask_BP[first_U].bool()
+    length_U = real_UP.sum(1)
+    end_U = length_U.cumsum(0)  # prompt u is packed at [end_U[u] - length_U[u], end_U[u])
+    packed_N = prompt_ids_BP[first_U][real_UP]  # each prompt's tokens in order, prompt after prompt
+    num_packed = packed_N.shape[0]
+    segment_N = torch.repeat_interleave(torch.arange(len(length_U), device=device), length_U)
+    index_N = torch.arange(num_packed, device=device)
+    position_N = index_N - (end_U - length_U)[segment_N]
+    attend_NN = (segment_N[:, None] == segment_N[None, :]) & (index_N[None, :] <= index_N[:, None])
+    keep = keeps_last_logits(model)
+    config = getattr(model, "config", None)  # a Hugging Face model's config: the cache's layer types
+    out = model(
+        input_ids=packed_N[None],
+        attention_mask=attend_NN[None, None],
+        position_ids=position_N[None],
+        past_key_values=DynamicCache(config=config),
+        use_cache=True,
+        **({"logits_to_keep": end_U - 1} if keep else {}),
+    )
+    first_BV = (out.logits[0] if keep else out.logits[0, end_U - 1])[inverse_B]  # predicts response token 0
+    if num_response == 1:
+        return first_BV[:, None, :]
+    # row b's prompt, left-padded to the longest: column w holds packed position end - (width - w), or the
+    # zero column appended at num_packed where w is padding
+    width = int(length_U.max())
+    column_W = torch.arange(width, device=device)
+    pad_UW = column_W[None, :] < (width - length_U)[:, None]
+    source_UW = torch.where(pad_UW, num_packed, end_U[:, None] - width + column_W[None, :])
+    source_BW = source_UW[inverse_B]
+    layers = []
+    for layer in out.past_key_values.layers:
+        keys_HND, values_HND = layer.keys[0], layer.values[0]
+        zero_H1D = keys_HND.new_zeros(keys_HND.shape[0], 1, keys_HND.shape[2])
+        layers.append(
+            tuple(
+                torch.cat([states_HND, zero_H1D], dim=1)[:, source_BW].transpose(0, 1)
+                for states_HND in (keys_HND, values_HND)
+            )
+        )
+    cache = DynamicCache(layers, config=config)
+    attention_BL = torch.cat([(~pad_UW).long()[inverse_B], response_mask_BT], dim=1)
+    position_BL = (attention_BL.cumsum(-1) - 1).clamp(min=0)  # as _response_logits numbers them
+    rest_BTV = model(
+        input_ids=response_ids_BT[:, :-1],  # response token t + 1 is predicted at response position t
+        attention_mask=attention_BL[:, :-1],
+        position_ids=position_BL[:, width:-1],
+        past_key_values=cache,
+        use_cache=True,
+    ).logits
+    return torch.cat([first_BV[:, None, :], rest_BTV], dim=1)
+
+
+def _forward_logp(
+    model: torch.nn.Module,
+    inputs: Mapping[str, torch.Tensor],
+    temperature: float,
+    with_entropy: bool,
+    response_logits_only: bool,
+    shared_prompts: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`forward_logp` over every row of ``inputs``."""
+    response_ids_BT = inputs["response_ids"]
+    if shared_prompts and response_ids_BT.shape[1] > 0:
+        logits_BTV = _response_logits_shared_prompts(model, inputs).float()
+    else:
+        logits_BTV = _response_logits(model, inputs, response_logits_only).float()
     if temperature != 1.0:  # x / 1.0 is x: skipping it saves a (B, T, V) copy and its backward
         logits_BTV = logits_BTV / temperature
     # log_softmax at the sampled token without a second (B, T, V) tensor: z_y - logsumexp(z)
@@ -220,15 +309,22 @@ def distinct_rows(inputs: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, tor
     inverse_B)`` with ``first_U`` the first row of each distinct row and row b equal to row
     ``first_U[inverse_B[b]]``; None when every row is distinct."""
     names = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
-    rows_BL = torch.cat([inputs[name].to("cpu", torch.long) for name in names], dim=1)
-    unique_UL, inverse_B = torch.unique(rows_BL, dim=0, return_inverse=True)
-    num_rows, num_distinct = rows_BL.shape[0], unique_UL.shape[0]
-    if num_distinct == num_rows:
+    first_U, inverse_B = _first_of_each(
+        torch.cat([inputs[name].to("cpu", torch.long) for name in names], dim=1)
+    )
+    if first_U.shape[0] == inverse_B.shape[0]:
         return None
-    row_B = torch.arange(num_rows)
-    first_U = torch.full((num_distinct,), num_rows).scatter_reduce(0, inverse_B, row_B, "amin")
     device = inputs["prompt_ids"].device
     return first_U.to(device), inverse_B.to(device)
+
+
+def _first_of_each(rows_BL: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(first_U, inverse_B)`` of the distinct rows of ``rows_BL``: row b equals row ``first_U[inverse_B[b]]``,
+    the first of its kind."""
+    unique_UL, inverse_B = torch.unique(rows_BL, dim=0, return_inverse=True)
+    row_B = torch.arange(rows_BL.shape[0], device=rows_BL.device)
+    first_U = torch.full((unique_UL.shape[0],), rows_BL.shape[0], device=rows_BL.device)
+    return first_U.scatter_reduce(0, inverse_B, row_B, "amin"), inverse_B
 
 
 def batched_logp(
@@ -239,10 +335,11 @@ def batched_logp(
     part_size: int | None,
     *,
     with_entropy: bool = False,
+    shared_prompts: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs ``(B, T)`` (and entropies) of every row of ``batch`` on the CPU, without gradient, in
     forward passes of ``part_size`` rows (None: all at once); :func:`forward_logp` with
-    ``response_logits_only``."""
+    ``response_logits_only`` (and ``shared_prompts``)."""
     size = part_size or batch.num_rows
     logps, entropies = [], []
     for start in range(0, batch.num_rows, size):
@@ -253,6 +350,7 @@ def batched_logp(
             temperature,
             with_entropy=with_entropy,
             response_logits_only=True,
+            shared_prompts=shared_prompts,
         )
         logps.append(logp_BT.cpu())
         if entropy_BT is not None:

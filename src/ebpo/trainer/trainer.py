@@ -131,6 +131,7 @@ class Trainer:
             temperature=cfg.rollout.temperature,
             device=self.device,
             part_size=cfg.optim.micro_batch_size,
+            shared_prompts=cfg.optim.shared_prompts,
         )
 
         # progress, saved in every checkpoint beside the components' own state
@@ -399,7 +400,11 @@ class Trainer:
             inputs = mini.select(part).model_inputs(self.device)
             mask_BT = inputs["response_mask"]
             logp_BT, entropy_BT = forward_logp(
-                self.model, inputs, self.cfg.rollout.temperature, with_entropy=old_logp_BT is None
+                self.model,
+                inputs,
+                self.cfg.rollout.temperature,
+                with_entropy=old_logp_BT is None,
+                shared_prompts=o.shared_prompts,
             )
             if old_logp_BT is None:
                 assert entropy_BT is not None  # asked for with_entropy
