@@ -29,7 +29,11 @@ VARIANT_TITLES = {
 RESULT_KEYS_IGNORED = ("out_dir", "name", "progress", "plot")
 """``run`` fields that do not change a run's result, left out of its key."""
 
-KEYED_ONLY_OFF_DEFAULT = {("rollout", "old_logp"): "recompute", ("run", "step_kl"): "all"}
+KEYED_ONLY_OFF_DEFAULT = {
+    ("rollout", "old_logp"): "recompute",
+    ("run", "step_kl"): "all",
+    ("optim", "shared_prompts"): False,
+}
 """Config fields added after runs were first keyed, whose default reproduces those runs (the trainer then does
 what it did before the field existed): at that default a field is left out of the key, so the earlier runs
 keep their keys and finished results; any other value enters it."""

@@ -119,8 +119,9 @@ def test_key_is_the_config_not_the_cell_name(configs_dir):
 
 
 def test_fields_added_later_enter_the_key_only_off_their_default(configs_dir):
-    """rollout.old_logp and run.step_kl came after runs were keyed: at their defaults (what the trainer did
-    before they existed) the key is the one those runs had; another value is another run."""
+    """rollout.old_logp, run.step_kl and optim.shared_prompts came after runs were keyed: at their defaults
+    (what the trainer did before they existed) the key is the one those runs had; another value is another
+    run."""
     budget = Budget(steps=3, prompts=8).resolve(configs_dir)
     grpo = M.get_method(M.PUBLISHED, "grpo")
     plain = build_spec(grpo, FIXED_PROMPTS, 4, 0, budget, "/m", configs=configs_dir)
@@ -129,15 +130,19 @@ def test_fields_added_later_enter_the_key_only_off_their_default(configs_dir):
         return RunSpec(plain.values_json, plain.overrides + overrides, "/m", plain.test, plain.checkpoint).key
 
     assert plain.load_config().rollout.old_logp == "recompute" and plain.load_config().run.step_kl == "all"
-    assert key_with("rollout.old_logp=recompute", "run.step_kl=all") == plain.key
+    assert not plain.load_config().optim.shared_prompts
+    assert (
+        key_with("rollout.old_logp=recompute", "run.step_kl=all", "optim.shared_prompts=false") == plain.key
+    )
     keys = {
         key_with("rollout.old_logp=sampler"),
         key_with("run.step_kl=subset"),
         key_with("run.step_kl=none"),
+        key_with("optim.shared_prompts=true"),
     }
-    assert len(keys) == 3 and plain.key not in keys
+    assert len(keys) == 4 and plain.key not in keys
     # the fields are left out of the hashed config only at their defaults
-    assert {name for _, name in KEYED_ONLY_OFF_DEFAULT} == {"old_logp", "step_kl"}
+    assert {name for _, name in KEYED_ONLY_OFF_DEFAULT} == {"old_logp", "step_kl", "shared_prompts"}
 
 
 def test_key_follows_the_model_weights_not_the_model_path(configs_dir, tmp_path):
