@@ -266,3 +266,29 @@ def test_shared_prompts_train_as_the_default_up_to_rounding(tiny_model_dir, tmp_
     assert math.isclose(a["actor/step_kl"], b["actor/step_kl"], rel_tol=1e-4)  # measured 3.7e-6
     with pytest.raises(ConfigError, match="optim.shared_prompts.*model.gradient_checkpointing"):
         tiny_config(tiny_model_dir, "optim.shared_prompts=true", "model.gradient_checkpointing=true")
+
+
+def test_the_reference_pass_on_short_responses_equals_a_full_forward_to_the_bit(tiny_model_dir, tmp_path):
+    """The passes without gradient compute the output layer at the response positions only
+    (``logits_to_keep``). torch folds that (rows, T + 1, hidden) slice into one matrix product only when the
+    weight requires gradient; otherwise it runs a product of T + 1 rows per response, which MKL sums in
+    another order when T + 1 < 4. The trainer's frozen reference model therefore keeps its weights'
+    ``requires_grad`` (it only ever runs without gradient), so its log-probs on responses of 1 and 2 tokens
+    equal a full forward's to the bit."""
+    from ebpo.generation import sample
+    from ebpo.trainer.rollout import _forward_logp
+
+    cfg = tiny_config(tiny_model_dir, "run.steps=1", "algorithm.kl_coef=0.01")
+    trainer = Trainer(cfg, run_dir=tmp_path / "run")
+    ref = trainer.ref_model
+    assert ref is not None and not ref.training
+    prompts = ["1+1=", "area 12x13=", "max(3,9,47)=", "7*8=", "12", "mod 5 of 91="]
+    for width in (1, 2, 3):
+        rollouts = sample(ref, trainer.tokenizer, prompts, n=4, max_new_tokens=width, generator=width)
+        names = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+        inputs = {name: getattr(rollouts, name) for name in names}
+        with torch.no_grad():
+            kept_BT, _ = _forward_logp(ref, inputs, 1.0, False, True, False)
+            full_BT, _ = _forward_logp(ref, inputs, 1.0, False, False, False)
+        assert torch.equal(kept_BT, full_BT), width
+    trainer.run.release()

@@ -155,11 +155,12 @@ def forward_logp(
 
     ``response_logits_only``: only the T + 1 last positions go through the output layer when the model takes
     ``logits_to_keep`` (Hugging Face causal LMs), as the prompt's logits are never read. The log-probs are
-    the same to the bit; the trainer sets it for its passes without gradient only, because under autograd
+    the same to the bit as long as the output layer's weight has ``requires_grad`` (torch then runs those
+    positions as one matrix product; without it, T + 1 rows per response, which MKL sums in another order
+    when T + 1 < 4). The trainer sets it for its passes without gradient only, because under autograd
     the output layer's weight gradient would then sum over fewer positions, in another order, and differ
     in the last bits from a full forward's. A row's numbers do not depend on the other rows of the call
-    (the trainer reuses an update's forward as the old log-probs of its rows; docs/training.md, "Speed",
-    names the one learning-matrix run where such an update rounded differently).
+    (the trainer reuses an update's forward as the old log-probs of its rows).
 
     Without gradient (``torch.no_grad``), rows that repeat another row (same prompt, response and masks: a
     group's G responses often agree, and more so as training converges) are computed once and copied, which

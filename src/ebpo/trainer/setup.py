@@ -140,7 +140,11 @@ def load_policy(cfg: TrainConfig, checkpoint: Path | None, device: torch.device)
     if cfg.algorithm.kl_coef > 0:
         # the same functools.wraps typing of PreTrainedModel.to as above
         ref_model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype).to(device)  # type: ignore[arg-type]
-        ref_model.eval().requires_grad_(False)
+        # eval mode, and only ever run without gradient (torch.no_grad); its weights keep requires_grad so
+        # that torch computes the output layer at the response positions (logits_to_keep) as one matrix
+        # product, as for the policy: for a weight without it, torch runs T + 1 rows per response instead,
+        # which MKL sums in another order when T + 1 < 4 (tests/test_trainer_update.py)
+        ref_model.eval()
         in_kernel_gqa(ref_model)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return Policy(model=model, ref_model=ref_model, tokenizer=tokenizer, base_path=base_path, pad_id=pad_id)

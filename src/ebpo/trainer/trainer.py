@@ -234,9 +234,8 @@ class Trainer:
         # 5. old log-probs and entropy (recomputed, or the sampler's), reference log-probs; then K epochs of
         # shuffled mini-batches. Recomputed: the step's first update runs its forward at the sampling
         # policy, so its rows' old log-probs and entropies are taken from that forward (a row's numbers do
-        # not depend on the other rows of a forward, and the forward with gradient gives the pass's numbers:
-        # to the bit in our CPU tests, though not in every run, docs/training.md "Speed"), and the pass
-        # covers the other rows.
+        # not depend on the other rows of a forward, and the forward with gradient gives the pass's numbers
+        # to the bit on the CPU, docs/training.md "Speed"), and the pass covers the other rows.
         t0 = time.perf_counter()
         rows_per_update = o.mini_batch_size * G
         order_B = torch.randperm(batch.num_rows, generator=self.generator)
