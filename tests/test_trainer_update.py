@@ -187,19 +187,25 @@ def test_step_kl_scope_changes_that_metric_and_nothing_else(tiny_model_dir, tmp_
     assert all("actor/step_kl" not in row for row in runs["none"][1])
 
 
-def test_sampler_old_logprobs_train_as_recomputed_ones_up_to_rounding(tiny_model_dir, tmp_path):
-    """rollout.old_logp=sampler takes the PPO ratio's old log-probs and the entropy from the sampler, which
-    differ from a full forward's by float rounding only: the same responses, and one step's update within
-    rounding of the recomputed run's."""
+def _one_step_within_rounding(model_dir, tmp_path, setting):
+    """One step with the defaults and with ``setting`` (an opt-in that changes float rounding only): the same
+    responses, the update within rounding, the entropy within 1e-5; returns both runs' metric rows."""
     from test_trainer import training_rows
 
-    recomputed = _one_step(tiny_model_dir, tmp_path / "recompute")
-    sampled = _one_step(tiny_model_dir, tmp_path / "sampler", "rollout.old_logp=sampler")
-    assert _max_diff(recomputed, sampled) < 1e-6  # measured 3.7e-9
-    (a,) = training_rows(tmp_path / "recompute")[1:]
-    (b,) = training_rows(tmp_path / "sampler")[1:]
+    default = _one_step(model_dir, tmp_path / "default")
+    changed = _one_step(model_dir, tmp_path / "changed", setting)
+    assert _max_diff(default, changed) < 1e-6  # measured 3.7e-9 for both settings
+    (a,) = training_rows(tmp_path / "default")[1:]
+    (b,) = training_rows(tmp_path / "changed")[1:]
     assert a["reward/mean"] == b["reward/mean"] and a["response_length/mean"] == b["response_length/mean"]
     assert math.isclose(a["actor/entropy"], b["actor/entropy"], abs_tol=1e-5)
+    return a, b
+
+
+def test_sampler_old_logprobs_train_as_recomputed_ones_up_to_rounding(tiny_model_dir, tmp_path):
+    """rollout.old_logp=sampler takes the PPO ratio's old log-probs and the entropy from the sampler, which
+    differ from a full forward's by float rounding only."""
+    a, b = _one_step_within_rounding(tiny_model_dir, tmp_path, "rollout.old_logp=sampler")
     assert math.isclose(a["actor/ppo_kl"], b["actor/ppo_kl"], abs_tol=1e-5)
 
 
@@ -250,19 +256,11 @@ def test_shared_prompt_forward_equals_the_full_forward_up_to_rounding(tiny_model
 
 
 def test_shared_prompts_train_as_the_default_up_to_rounding(tiny_model_dir, tmp_path):
-    """optim.shared_prompts=true (updates, recompute and step-KL passes on cached prompts) gives the same
-    responses and one step's update within rounding of the default's; with gradient checkpointing (which
-    turns the cache off) the config is refused by name."""
+    """optim.shared_prompts=true (updates, recompute and step-KL passes on cached prompts) trains as the default
+    within rounding; with gradient checkpointing (which turns the cache off) the config is refused by name."""
     from ebpo.errors import ConfigError
-    from test_trainer import training_rows
 
-    full = _one_step(tiny_model_dir, tmp_path / "full")
-    shared = _one_step(tiny_model_dir, tmp_path / "shared", "optim.shared_prompts=true")
-    assert _max_diff(full, shared) < 1e-6  # measured 3.7e-9
-    (a,) = training_rows(tmp_path / "full")[1:]
-    (b,) = training_rows(tmp_path / "shared")[1:]
-    assert a["reward/mean"] == b["reward/mean"] and a["response_length/mean"] == b["response_length/mean"]
-    assert math.isclose(a["actor/entropy"], b["actor/entropy"], abs_tol=1e-5)
+    a, b = _one_step_within_rounding(tiny_model_dir, tmp_path, "optim.shared_prompts=true")
     assert math.isclose(a["actor/step_kl"], b["actor/step_kl"], rel_tol=1e-4)  # measured 3.7e-6
     with pytest.raises(ConfigError, match="optim.shared_prompts.*model.gradient_checkpointing"):
         tiny_config(tiny_model_dir, "optim.shared_prompts=true", "model.gradient_checkpointing=true")
