@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from ebpo.data.dynamic import Group
 from ebpo.data.records import Record
-from ebpo.generation import Rollouts, keeps_last_logits, pad_rows, sample
+from ebpo.generation import IN_KERNEL_GQA, Rollouts, keeps_last_logits, pad_rows, sample
 from ebpo.losses import entropy_from_logits, overlong_penalty
 from ebpo.trainer.config import TrainConfig
 
@@ -211,71 +211,109 @@ def _response_logits(
     return logits_BKV[:, logits_BKV.shape[1] - num_response - 1 : -1, :]
 
 
+SHARED_PROMPT_ATTENTION = ("sdpa", IN_KERNEL_GQA, "eager")
+"""Attention implementations ``shared_prompts`` runs with: it hands them a 4-D mask of its own (boolean for
+``sdpa``, additive for ``eager``); the flash-attention kernels take no such mask."""
+
+
 def _response_logits_shared_prompts(
     model: torch.nn.Module, inputs: Mapping[str, torch.Tensor]
 ) -> torch.Tensor:
     """:func:`_response_logits` with each distinct prompt computed once (``forward_logp``'s
-    ``shared_prompts``): the U distinct prompts' tokens run packed in one row, each attending to itself
-    only (a block-diagonal causal mask, positions from 0 in each), so no position is spent on padding;
-    their keys and values are then laid out left-padded per row of the batch for one forward over the
-    responses."""
-    from transformers import DynamicCache
-
+    ``shared_prompts``): the distinct prompts less their last token go through the model packed
+    (:func:`_packed_prompt_cache`), and one forward runs every row's last prompt token and its response on
+    their cached keys and values (the last prompt token's output predicts the first response token)."""
     prompt_ids_BP, prompt_mask_BP = inputs["prompt_ids"], inputs["prompt_mask"]
     response_ids_BT, response_mask_BT = inputs["response_ids"], inputs["response_mask"]
-    device = prompt_ids_BP.device
-    num_response = response_ids_BT.shape[1]
     first_U, inverse_B = _first_of_each(torch.cat([prompt_ids_BP, prompt_mask_BP], dim=1))
     real_UP = prompt_mask_BP[first_U].bool()
-    length_U = real_UP.sum(1)
-    end_U = length_U.cumsum(0)  # prompt u is packed at [end_U[u] - length_U[u], end_U[u])
-    packed_N = prompt_ids_BP[first_U][real_UP]  # each prompt's tokens in order, prompt after prompt
-    num_packed = packed_N.shape[0]
-    segment_N = torch.repeat_interleave(torch.arange(len(length_U), device=device), length_U)
-    index_N = torch.arange(num_packed, device=device)
-    position_N = index_N - (end_U - length_U)[segment_N]
-    attend_NN = (segment_N[:, None] == segment_N[None, :]) & (index_N[None, :] <= index_N[:, None])
-    keep = keeps_last_logits(model)
-    config = getattr(model, "config", None)  # a Hugging Face model's config: the cache's layer types
-    out = model(
-        input_ids=packed_N[None],
-        attention_mask=attend_NN[None, None],
-        position_ids=position_N[None],
+    cached = [ids[real][:-1] for ids, real in zip(prompt_ids_BP[first_U], real_UP)]  # all but the last token
+    cache, prompt_mask_BW = _packed_prompt_cache(model, cached, inverse_B)
+    last_B1 = prompt_ids_BP[:, -1:]  # left padding: every row's last prompt token is in the last column
+    attention_BL = torch.cat([prompt_mask_BW, torch.ones_like(last_B1), response_mask_BT[:, :-1]], dim=1)
+    position_BL = (attention_BL.cumsum(-1) - 1).clamp(min=0)  # as _response_logits numbers them
+    return model(
+        input_ids=torch.cat([last_B1, response_ids_BT[:, :-1]], dim=1),
+        attention_mask=attention_BL,
+        position_ids=position_BL[:, prompt_mask_BW.shape[1] :],
+        past_key_values=cache,
+        use_cache=cache is not None,
+    ).logits
+
+
+def _packed_prompt_cache(
+    model: torch.nn.Module, prompts: Sequence[torch.Tensor], inverse_B: torch.Tensor
+) -> tuple[Any, torch.Tensor]:
+    """The keys and values of the U token sequences ``prompts`` for the B rows that use them (row b: prompt
+    ``inverse_B[b]``), as a ``DynamicCache`` left-padded to the longest, with its (B, W) attention mask;
+    ``(None, an empty mask)`` when every prompt is empty.
+
+    The prompts run in rows as long as the longest, filled first fit, longest first (so at most one row is
+    less than half full), each attending to itself only (a block-diagonal causal mask, positions from 0 in
+    each); their keys and values are then gathered into each row's place."""
+    from transformers import DynamicCache
+
+    device = inverse_B.device
+    length_U = [int(p.shape[0]) for p in prompts]
+    width = max(length_U)
+    if width == 0:
+        return None, torch.zeros((inverse_B.shape[0], 0), dtype=torch.long, device=device)
+    config = getattr(model, "config", None)  # a Hugging Face model's: its attention and cache layer types
+    attention = getattr(config, "_attn_implementation", None)
+    if attention not in SHARED_PROMPT_ATTENTION:
+        raise ValueError(
+            f"optim.shared_prompts runs with the attention implementations {', '.join(SHARED_PROMPT_ATTENTION)}, "
+            f"not {attention!r}; load the model with attn_implementation='sdpa' or set optim.shared_prompts=false"
+        )
+    bin_U, start_U = [0] * len(prompts), [0] * len(prompts)
+    fill: list[int] = []  # tokens in each row so far
+    for u in sorted(range(len(prompts)), key=lambda u: -length_U[u]):
+        b = next((b for b, used in enumerate(fill) if used + length_U[u] <= width), len(fill))
+        if b == len(fill):
+            fill.append(0)
+        bin_U[u], start_U[u] = b, fill[b]
+        fill[b] += length_U[u]
+    packed_RW = torch.zeros((len(fill), width), dtype=torch.long, device=device)
+    segment_RW = torch.full_like(packed_RW, -1)  # the prompt at each packed position; -1: padding
+    position_RW = torch.zeros_like(packed_RW)
+    for u, (b, start, length) in enumerate(zip(bin_U, start_U, length_U)):
+        packed_RW[b, start : start + length] = prompts[u]
+        segment_RW[b, start : start + length] = u
+        position_RW[b, start : start + length] = torch.arange(length, device=device)
+    attend_R1WW = (
+        (segment_RW[:, :, None] == segment_RW[:, None, :]) & torch.ones(width, width).bool().tril()
+    )[:, None]
+    mask_R1WW: torch.Tensor = attend_R1WW
+    if attention == "eager":  # an additive mask
+        dtype = next(model.parameters()).dtype
+        mask_R1WW = torch.zeros(attend_R1WW.shape, dtype=dtype).masked_fill(
+            ~attend_R1WW, torch.finfo(dtype).min
+        )
+    packed = model(
+        input_ids=packed_RW,
+        attention_mask=mask_R1WW.to(device),
+        position_ids=position_RW,
         past_key_values=DynamicCache(config=config),
         use_cache=True,
-        **({"logits_to_keep": end_U - 1} if keep else {}),
-    )
-    first_BV = (out.logits[0] if keep else out.logits[0, end_U - 1])[inverse_B]  # predicts response token 0
-    if num_response == 1:
-        return first_BV[:, None, :]
-    # row b's prompt, left-padded to the longest: column w holds packed position end - (width - w), or the
-    # zero column appended at num_packed where w is padding
-    width = int(length_U.max())
+        **({"logits_to_keep": 1} if keeps_last_logits(model) else {}),
+    ).past_key_values
+    # row b's prompt, left-padded to the width: column w holds packed position (bin, start + w - (width -
+    # length)), or a zero column (flat index R * width) where w is padding
+    bin_t, start_t, length_t = (torch.tensor(v, device=device) for v in (bin_U, start_U, length_U))
     column_W = torch.arange(width, device=device)
-    pad_UW = column_W[None, :] < (width - length_U)[:, None]
-    source_UW = torch.where(pad_UW, num_packed, end_U[:, None] - width + column_W[None, :])
-    source_BW = source_UW[inverse_B]
+    pad_UW = column_W[None, :] < (width - length_t)[:, None]
+    flat_UW = (bin_t * width + start_t - width + length_t)[:, None] + column_W[None, :]
+    source_BW = torch.where(pad_UW, len(fill) * width, flat_UW)[inverse_B]
     layers = []
-    for layer in out.past_key_values.layers:
-        keys_HND, values_HND = layer.keys[0], layer.values[0]
-        zero_H1D = keys_HND.new_zeros(keys_HND.shape[0], 1, keys_HND.shape[2])
-        layers.append(
-            tuple(
-                torch.cat([states_HND, zero_H1D], dim=1)[:, source_BW].transpose(0, 1)
-                for states_HND in (keys_HND, values_HND)
-            )
-        )
-    cache = DynamicCache(layers, config=config)
-    attention_BL = torch.cat([(~pad_UW).long()[inverse_B], response_mask_BT], dim=1)
-    position_BL = (attention_BL.cumsum(-1) - 1).clamp(min=0)  # as _response_logits numbers them
-    rest_BTV = model(
-        input_ids=response_ids_BT[:, :-1],  # response token t + 1 is predicted at response position t
-        attention_mask=attention_BL[:, :-1],
-        position_ids=position_BL[:, width:-1],
-        past_key_values=cache,
-        use_cache=True,
-    ).logits
-    return torch.cat([first_BV[:, None, :], rest_BTV], dim=1)
+    for layer in packed.layers:
+        states = []
+        for states_RHWD in (layer.keys, layer.values):
+            rows, heads, _, dim = states_RHWD.shape
+            flat_HND = states_RHWD.transpose(0, 1).reshape(heads, rows * width, dim)
+            flat_HND = torch.cat([flat_HND, flat_HND.new_zeros(heads, 1, dim)], dim=1)
+            states.append(flat_HND[:, source_BW].transpose(0, 1))
+        layers.append(tuple(states))
+    return DynamicCache(layers, config=config), (~pad_UW).long()[inverse_B]
 
 
 def _forward_logp(
