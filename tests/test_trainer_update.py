@@ -314,13 +314,20 @@ def test_shared_prompt_forward_equals_the_full_forward_up_to_rounding(tiny_model
     assert last == (num_rows, width_T)
 
 
-def test_shared_prompts_train_as_the_default_up_to_rounding(tiny_model_dir, tmp_path):
+def test_shared_prompts_train_as_the_default_up_to_rounding(tiny_model_dir, tmp_path, monkeypatch):
     """optim.shared_prompts=true (updates, recompute and step-KL passes on cached prompts) trains as the default
-    within rounding; with gradient checkpointing (which turns the cache off) the config is refused by name."""
+    within rounding; a model whose attention takes no 4-D mask, or gradient checkpointing (which turns the
+    cache off), is refused by name."""
     from ebpo.errors import ConfigError
 
     a, b = _one_step_within_rounding(tiny_model_dir, tmp_path, "optim.shared_prompts=true")
     assert math.isclose(a["actor/step_kl"], b["actor/step_kl"], rel_tol=1e-4)  # measured 3.7e-6
+    monkeypatch.setattr(  # a model that loads with an attention taking no 4-D mask
+        "ebpo.trainer.setup.in_kernel_gqa",
+        lambda model: setattr(model.config, "_attn_implementation", "flash_attention_2"),
+    )
+    with pytest.raises(ConfigError, match="optim.shared_prompts=true needs sdpa or eager attention"):
+        Trainer(tiny_config(tiny_model_dir, "optim.shared_prompts=true"), run_dir=tmp_path / "flash")
     with pytest.raises(ConfigError, match="optim.shared_prompts.*model.gradient_checkpointing"):
         tiny_config(tiny_model_dir, "optim.shared_prompts=true", "model.gradient_checkpointing=true")
 

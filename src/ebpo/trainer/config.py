@@ -229,11 +229,12 @@ class OptimConfig:
     grad_clip: float = _help("Clip the global gradient norm to this value (0 = no clipping).", default=1.0)
     shared_prompts: bool = _help(
         "Forward passes of the updates, the old-log-prob recompute and actor/step_kl run each distinct "
-        "prompt once, without its left padding, and its responses on that prompt's cached keys and values, "
-        "as the sampler does (default false: every row runs its own copy of the prompt). The same math "
+        "prompt once, packed with the others with little padding, and its responses on that prompt's cached keys "
+        "and values, as the sampler does (default false: every row runs its own copy of the prompt). The same math "
         "with fewer positions (docs/benchmarks.md measures the time), but the sums run in another order: "
         "log-probs differ from the default's by float rounding (about 1e-6), so runs are not bit-identical "
-        "to the default's. Not with model.gradient_checkpointing, which turns the cache off.",
+        "to the default's. Needs sdpa or eager attention, and not with model.gradient_checkpointing, which "
+        "turns the cache off.",
         default=False,
     )
 

@@ -24,6 +24,7 @@ from ebpo.models.base_model import build_base_model
 from ebpo.rewards import get_reward
 from ebpo.tasks import get_task
 from ebpo.trainer.config import ConfigError, OptimConfig, TrainConfig
+from ebpo.trainer.rollout import SHARED_PROMPT_ATTENTION
 
 
 class Prompts(NamedTuple):
@@ -136,6 +137,12 @@ def load_policy(cfg: TrainConfig, checkpoint: Path | None, device: torch.device)
     if m.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     in_kernel_gqa(model)  # sampling and the passes without gradient: same numbers, less copying
+    attention = getattr(model.config, "_attn_implementation", None)
+    if cfg.optim.shared_prompts and attention not in SHARED_PROMPT_ATTENTION:
+        raise ConfigError(
+            f"optim.shared_prompts=true needs sdpa or eager attention; {base_path} loads with {attention!r}. "
+            "Set optim.shared_prompts=false"
+        )
     ref_model = None
     if cfg.algorithm.kl_coef > 0:
         # the same functools.wraps typing of PreTrainedModel.to as above
