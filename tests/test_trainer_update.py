@@ -222,6 +222,7 @@ def test_shared_prompts_with_eager_attention_and_a_refusal_for_others(tiny_model
     log-probs within rounding. An attention that takes no 4-D mask is refused by name."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from ebpo.errors import ConfigError
     from ebpo.generation import sample
     from ebpo.trainer.rollout import forward_logp
 
@@ -237,7 +238,9 @@ def test_shared_prompts_with_eager_attention_and_a_refusal_for_others(tiny_model
         full_BT, _ = forward_logp(model, inputs, 1.0)
     assert float((shared_BT - full_BT).abs()[inputs["response_mask"].bool()].max()) < 1e-5
     model.config._attn_implementation = "flash_attention_2"  # as loaded with it (not installed here)
-    with pytest.raises(ValueError, match="optim.shared_prompts runs with the attention implementations sdpa"):
+    with pytest.raises(
+        ConfigError, match="optim.shared_prompts=true needs sdpa or eager attention; the model"
+    ):
         forward_logp(model, inputs, 1.0, shared_prompts=True)
 
 

@@ -19,7 +19,7 @@ from ebpo.data.dynamic import Group
 from ebpo.data.records import Record
 from ebpo.generation import IN_KERNEL_GQA, Rollouts, keeps_last_logits, pad_rows, sample
 from ebpo.losses import entropy_from_logits, overlong_penalty
-from ebpo.trainer.config import TrainConfig
+from ebpo.trainer.config import ConfigError, TrainConfig
 
 
 @dataclass(frozen=True)
@@ -167,12 +167,13 @@ def forward_logp(
     is exact for the same reason (``ebpo.generation.MIN_FORWARD_ROWS`` says when). Under autograd every row
     goes through the model, so that the weight gradients sum over the same positions in the same order.
 
-    ``shared_prompts``: each distinct prompt of the call runs through the model once, without its left
-    padding, and every row's response runs on its prompt's cached keys and values (as the sampler does;
-    gradients flow back through the cache), instead of every row running its own copy of the prompt. The
-    same function of the weights with fewer positions computed, but sums in another order: the numbers
-    differ from the default's by float rounding (``optim.shared_prompts``; ``tests/test_trainer_rollout.py``
-    bounds the difference). Needs a model that takes ``past_key_values`` (Hugging Face causal LMs).
+    ``shared_prompts``: each distinct prompt of the call runs through the model once, packed with the others
+    (:func:`_packed_prompt_cache`), and every row's last prompt token and response run on its prompt's cached
+    keys and values (as the sampler does; gradients flow back through the cache), instead of every row
+    running its own copy of the prompt. The same function of the weights with fewer positions computed, but
+    sums in another order: the numbers differ from the default's by float rounding (``optim.shared_prompts``;
+    ``tests/test_trainer_update.py`` bounds the difference). Needs a model that takes ``past_key_values``
+    (Hugging Face causal LMs) with an attention of :data:`SHARED_PROMPT_ATTENTION`.
     """
     if not torch.is_grad_enabled():
         distinct = distinct_rows(inputs)
@@ -214,6 +215,18 @@ def _response_logits(
 SHARED_PROMPT_ATTENTION = ("sdpa", IN_KERNEL_GQA, "eager")
 """Attention implementations ``shared_prompts`` runs with: it hands them a 4-D mask of its own (boolean for
 ``sdpa``, additive for ``eager``); the flash-attention kernels take no such mask."""
+
+
+def check_shared_prompt_attention(model: torch.nn.Module, name: str = "the model") -> str:
+    """The attention implementation of ``model`` (``name`` says which, in the message); a
+    :class:`~ebpo.errors.ConfigError` unless ``shared_prompts`` runs with it (:data:`SHARED_PROMPT_ATTENTION`)."""
+    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if attention not in SHARED_PROMPT_ATTENTION:
+        raise ConfigError(
+            f"optim.shared_prompts=true needs sdpa or eager attention; {name} loads with {attention!r}. Load it "
+            "with attn_implementation='sdpa' or set optim.shared_prompts=false"
+        )
+    return attention
 
 
 def _response_logits_shared_prompts(
@@ -258,13 +271,8 @@ def _packed_prompt_cache(
     width = max(length_U)
     if width == 0:
         return None, torch.zeros((inverse_B.shape[0], 0), dtype=torch.long, device=device)
-    config = getattr(model, "config", None)  # a Hugging Face model's: its attention and cache layer types
-    attention = getattr(config, "_attn_implementation", None)
-    if attention not in SHARED_PROMPT_ATTENTION:
-        raise ValueError(
-            f"optim.shared_prompts runs with the attention implementations {', '.join(SHARED_PROMPT_ATTENTION)}, "
-            f"not {attention!r}; load the model with attn_implementation='sdpa' or set optim.shared_prompts=false"
-        )
+    attention = check_shared_prompt_attention(model)
+    config = getattr(model, "config", None)  # a Hugging Face model's: the cache's layer types
     bin_U, start_U = [0] * len(prompts), [0] * len(prompts)
     fill: list[int] = []  # tokens in each row so far
     for u in sorted(range(len(prompts)), key=lambda u: -length_U[u]):
@@ -280,18 +288,17 @@ def _packed_prompt_cache(
         packed_RW[b, start : start + length] = prompts[u]
         segment_RW[b, start : start + length] = u
         position_RW[b, start : start + length] = torch.arange(length, device=device)
-    attend_R1WW = (
-        (segment_RW[:, :, None] == segment_RW[:, None, :]) & torch.ones(width, width).bool().tril()
-    )[:, None]
+    causal_WW = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+    attend_R1WW = ((segment_RW[:, :, None] == segment_RW[:, None, :]) & causal_WW)[:, None]
     mask_R1WW: torch.Tensor = attend_R1WW
     if attention == "eager":  # an additive mask
         dtype = next(model.parameters()).dtype
-        mask_R1WW = torch.zeros(attend_R1WW.shape, dtype=dtype).masked_fill(
+        mask_R1WW = torch.zeros(attend_R1WW.shape, dtype=dtype, device=device).masked_fill(
             ~attend_R1WW, torch.finfo(dtype).min
         )
     packed = model(
         input_ids=packed_RW,
-        attention_mask=mask_R1WW.to(device),
+        attention_mask=mask_R1WW,
         position_ids=position_RW,
         past_key_values=DynamicCache(config=config),
         use_cache=True,

@@ -24,7 +24,7 @@ from ebpo.models.base_model import build_base_model
 from ebpo.rewards import get_reward
 from ebpo.tasks import get_task
 from ebpo.trainer.config import ConfigError, OptimConfig, TrainConfig
-from ebpo.trainer.rollout import SHARED_PROMPT_ATTENTION
+from ebpo.trainer.rollout import check_shared_prompt_attention
 
 
 class Prompts(NamedTuple):
@@ -137,12 +137,8 @@ def load_policy(cfg: TrainConfig, checkpoint: Path | None, device: torch.device)
     if m.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     in_kernel_gqa(model)  # sampling and the passes without gradient: same numbers, less copying
-    attention = getattr(model.config, "_attn_implementation", None)
-    if cfg.optim.shared_prompts and attention not in SHARED_PROMPT_ATTENTION:
-        raise ConfigError(
-            f"optim.shared_prompts=true needs sdpa or eager attention; {base_path} loads with {attention!r}. "
-            "Set optim.shared_prompts=false"
-        )
+    if cfg.optim.shared_prompts:
+        check_shared_prompt_attention(model, str(base_path))
     ref_model = None
     if cfg.algorithm.kl_coef > 0:
         # the same functools.wraps typing of PreTrainedModel.to as above
