@@ -12,7 +12,7 @@ Policy losses are found through a registry (``get_policy_loss(name)``) and share
   Yu et al. 2025 for clip-higher).
 - ``clip_cov`` and ``kl_cov``: the two covariance-based entropy controls of Cui et al. 2025,
   "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models" (docs/design.md §3,
-  EntropyMech). How many tokens they select per call: ``PolicyLossConfig.cov_count``.
+  EntropyMech). How many tokens they select per call: ``PolicyLossOptions.cov_count``.
 
 Metrics (floats): ``actor/pg_loss``, ``actor/pg_clipfrac`` (fraction of valid tokens where the PPO clip
 is active), ``actor/pg_clipfrac_lower`` (fraction where the dual clip is active), ``actor/ppo_kl``
@@ -23,9 +23,10 @@ is active), ``actor/pg_clipfrac_lower`` (fraction where the dual clip is active)
 from __future__ import annotations
 
 import math
+import typing
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
 
 import torch
 
@@ -37,54 +38,79 @@ LOG_RATIO_CLAMP = 20.0
 K3_CLAMP = 10.0
 """The k3 KL estimate is clamped to [-10, 10] (as verl's ``low_var_kl``)."""
 
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+"""How token losses become one scalar (:func:`agg_loss`)."""
+AGG_MODES: tuple[str, ...] = typing.get_args(AggMode)
 
-COV_COUNT_RULES = ("verl", "stochastic")
-"""How Clip-Cov / KL-Cov turn ``ratio * N`` into a token count (``PolicyLossConfig.cov_count``)."""
+KLEstimator = Literal["k1", "k2", "k3"]
+"""The estimates of KL(pi || pi_ref) :func:`kl_penalty` computes (:data:`KL_ESTIMATORS`)."""
+
+CovCount = Literal["verl", "stochastic"]
+COV_COUNT_RULES: tuple[str, ...] = typing.get_args(CovCount)
+"""How Clip-Cov / KL-Cov turn ``ratio * N`` into a token count (``PolicyLossOptions.cov_count``)."""
 
 
 @dataclass
-class PolicyLossConfig:
-    """Settings shared by the policy losses (docs/design.md §3). Defaults are GRPO's / verl's."""
+class PolicyLossOptions:
+    """The policy losses' options a user sets, each declared once with its help (docs/design.md §3); the
+    defaults are GRPO's / verl's. ``ebpo train`` reads them as ``algorithm.loss.<option>``;
+    :class:`PolicyLossConfig` adds what the caller fills in."""
 
-    clip_eps_low: float = 0.2
-    """PPO clip below: the ratio is clipped at ``1 - clip_eps_low`` (Schulman et al. 2017)."""
-    clip_eps_high: float = 0.2
-    """PPO clip above: the ratio is clipped at ``1 + clip_eps_high``; DAPO's clip-higher uses 0.28."""
-    dual_clip_c: float | None = 3.0
-    """Dual clip for negative advantages (Ye et al. 2020): the loss of a token with A < 0 is at most
-    ``-A * c``. ``None`` turns it off. Must be > 1."""
-    loss_agg_mode: str = "token-mean"
-    """How token losses become one scalar: one of ``AGG_MODES`` (see ``agg_loss``). GRPO:
-    ``seq-mean-token-mean``; DAPO: ``token-mean``; Dr. GRPO: ``seq-mean-token-sum-norm``."""
-    max_response_len: int | None = None
-    """The constant that ``seq-mean-token-sum-norm`` (Dr. GRPO) divides by: the maximum response length.
-    Required for that mode, unused by the others."""
-    clip_cov_ratio: float = 2e-4
-    """Clip-Cov (Cui et al. 2025): fraction of valid tokens whose gradient is dropped."""
-    clip_cov_lb: float = 1.0
-    """Clip-Cov: only tokens with covariance strictly above this are candidates."""
-    clip_cov_ub: float = 5.0
-    """Clip-Cov: only tokens with covariance strictly below this are candidates."""
-    kl_cov_ratio: float = 2e-3
-    """KL-Cov (Cui et al. 2025): fraction of valid tokens, those of largest covariance, that get the KL term."""
-    kl_cov_coef: float = 1.0
-    """KL-Cov: coefficient k of ``|logp - old_logp|`` on the selected tokens."""
-    cov_count: str = "verl"
-    """How many of the N valid tokens of one loss call Clip-Cov / KL-Cov select, x = ratio * N:
-
-    - ``"verl"`` (default; verl's and Cui et al.'s rule): ``max(1, floor(x))``. At verl's sizes (N ~ 1e4-1e6
-      tokens per call) the selected fraction is about the ratio; with a few hundred tokens per call it is
-      ``1 / N``, far above it (a 100-token call at ratio 2e-4 selects 1 token: 1%, 50x the ratio).
-    - ``"stochastic"``: ``floor(x)`` plus one more token with probability ``x - floor(x)`` (one uniform draw
-      from ``generator``), so the expected count is exactly ``x`` and may be 0: the selected fraction equals
-      the ratio at any batch size (Clip-Cov: at most, as it picks only among candidates in its band)."""
-    generator: torch.Generator | None = None
-    """Random source for Clip-Cov's choice of tokens (a CPU ``torch.Generator``); ``None`` uses torch's
-    global generator. Seed it for reproducible runs."""
+    clip_eps_low: float = field(
+        default=0.2,
+        metadata={
+            "help": "PPO clip below: the ratio is clipped at 1 - clip_eps_low (Schulman et al. 2017); in [0, 1)."
+        },
+    )
+    clip_eps_high: float = field(
+        default=0.2,
+        metadata={
+            "help": "PPO clip above: the ratio is clipped at 1 + clip_eps_high; DAPO's clip-higher uses 0.28."
+        },
+    )
+    dual_clip_c: float | None = field(
+        default=3.0,
+        metadata={
+            "help": "Dual clip for negative advantages (Ye et al. 2020): the loss of a token with A < 0 is at most "
+            "-A * c; > 1, or null to turn it off."
+        },
+    )
+    clip_cov_ratio: float = field(
+        default=2e-4,
+        metadata={
+            "help": "Clip-Cov (Cui et al. 2025): fraction of valid tokens whose gradient is dropped; in (0, 1]."
+        },
+    )
+    clip_cov_lb: float = field(
+        default=1.0,
+        metadata={"help": "Clip-Cov: only tokens with covariance strictly above this are candidates."},
+    )
+    clip_cov_ub: float = field(
+        default=5.0,
+        metadata={"help": "Clip-Cov: only tokens with covariance strictly below this are candidates."},
+    )
+    kl_cov_ratio: float = field(
+        default=2e-3,
+        metadata={
+            "help": "KL-Cov (Cui et al. 2025): fraction of valid tokens, those of largest covariance, that get the "
+            "KL term; in (0, 1]."
+        },
+    )
+    kl_cov_coef: float = field(
+        default=1.0, metadata={"help": "KL-Cov: coefficient k of |logp - old_logp| on the selected tokens."}
+    )
+    cov_count: CovCount = field(
+        default="verl",
+        metadata={
+            "help": "How many of the N valid tokens of one loss call Clip-Cov and KL-Cov select, x = ratio * N: "
+            "verl (verl's and Cui et al.'s rule) max(1, floor(x)): at verl's sizes (1e4-1e6 tokens per call) "
+            "about the ratio, with a few hundred tokens per call 1 / N, far above it (a 100-token call at ratio "
+            "2e-4 selects 1 token: 1%, 50x the ratio); stochastic: floor(x) plus one more token with probability "
+            "x - floor(x), so the expected count is exactly x (0 allowed) at any batch size."
+        },
+    )
 
     def __post_init__(self) -> None:
-        check_choice("loss aggregation mode", self.loss_agg_mode, AGG_MODES)
         if not (0.0 <= self.clip_eps_low < 1.0) or self.clip_eps_high < 0.0:
             raise ValueError(
                 f"need 0 <= clip_eps_low < 1 and clip_eps_high >= 0, got clip_eps_low={self.clip_eps_low}, "
@@ -94,13 +120,6 @@ class PolicyLossConfig:
             raise ValueError(
                 f"dual_clip_c must be > 1 (or None to turn the dual clip off), got {self.dual_clip_c}"
             )
-        if self.loss_agg_mode == "seq-mean-token-sum-norm" and self.max_response_len is None:
-            raise ValueError(
-                "loss_agg_mode='seq-mean-token-sum-norm' (Dr. GRPO) divides by a constant: "
-                "set max_response_len to the maximum response length"
-            )
-        if self.max_response_len is not None and self.max_response_len <= 0:
-            raise ValueError(f"max_response_len must be positive, got {self.max_response_len}")
         if not (0.0 < self.clip_cov_ratio <= 1.0) or not (0.0 < self.kl_cov_ratio <= 1.0):
             raise ValueError(
                 f"clip_cov_ratio and kl_cov_ratio must lie in (0, 1], got {self.clip_cov_ratio}, {self.kl_cov_ratio}"
@@ -108,6 +127,33 @@ class PolicyLossConfig:
         if self.clip_cov_lb >= self.clip_cov_ub:
             raise ValueError(f"need clip_cov_lb < clip_cov_ub, got {self.clip_cov_lb} >= {self.clip_cov_ub}")
         check_choice("cov_count rule", self.cov_count, COV_COUNT_RULES)
+
+
+@dataclass
+class PolicyLossConfig(PolicyLossOptions):
+    """Everything a policy loss reads: :class:`PolicyLossOptions` and what the caller fills in (the trainer:
+    from ``algorithm.loss_agg_mode``, ``rollout.max_new_tokens`` and the run's seeded generator)."""
+
+    loss_agg_mode: AggMode = "token-mean"
+    """How token losses become one scalar: one of ``AGG_MODES`` (see ``agg_loss``). GRPO:
+    ``seq-mean-token-mean``; DAPO: ``token-mean``; Dr. GRPO: ``seq-mean-token-sum-norm``."""
+    max_response_len: int | None = None
+    """The constant that ``seq-mean-token-sum-norm`` (Dr. GRPO) divides by: the maximum response length.
+    Required for that mode, unused by the others."""
+    generator: torch.Generator | None = None
+    """Random source for Clip-Cov's choice of tokens (a CPU ``torch.Generator``); ``None`` uses torch's
+    global generator. Seed it for reproducible runs."""
+
+    def __post_init__(self) -> None:
+        check_choice("loss aggregation mode", self.loss_agg_mode, AGG_MODES)
+        super().__post_init__()
+        if self.loss_agg_mode == "seq-mean-token-sum-norm" and self.max_response_len is None:
+            raise ValueError(
+                "loss_agg_mode='seq-mean-token-sum-norm' (Dr. GRPO) divides by a constant: "
+                "set max_response_len to the maximum response length"
+            )
+        if self.max_response_len is not None and self.max_response_len <= 0:
+            raise ValueError(f"max_response_len must be positive, got {self.max_response_len}")
 
 
 class PolicyLossFn(Protocol):
@@ -419,6 +465,7 @@ KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] =
     "k2": _kl_k2,
     "k3": _kl_k3,
 }
+"""The functions of :data:`KLEstimator`'s names."""
 
 
 def kl_penalty(logp_BT: torch.Tensor, ref_logp_BT: torch.Tensor, kind: str = "k3") -> torch.Tensor:
