@@ -1,27 +1,423 @@
-"""Command lines generated from settings dataclasses by ``transformers.HfArgumentParser``.
+"""Settings dataclasses, declared once, read from YAML files, dotted ``key=value`` overrides and flags.
 
-Every field of the dataclasses a command reads becomes a flag, as in TRL's and transformers' own scripts:
-``--field-name`` (and ``--field_name``), its help from ``metadata["help"]`` with the default appended, more
-spellings from ``metadata["aliases"]`` (``-G``, ``--judge-model``), choices from a ``Literal`` type, one or
-more values for a ``list`` field, and ``--flag`` / ``--flag false`` for a boolean (``--no-flag`` too where
-the command asks for it). A ``tuple[int, ...]`` or ``tuple[float, ...]`` field takes comma-separated values
-(``--level-weights 1,2,3``; ``--run-on-digits=`` for none). A dataclass with a class attribute
-``_argument_group_name`` gets its own section in ``--help``.
+A settings dataclass declares each option once: its type (``Literal[...]`` for a fixed set of choices), its
+default and ``metadata["help"]``. A field whose type is itself a dataclass is a section of options, so
+sections nest (``TrainConfig.algorithm.ebpo``). Checks of values and combinations live in the dataclass's own
+``__post_init__``, whose ``ValueError`` says the fix. This module reads such dataclasses from what a user
+types, for every command:
 
-HfArgumentParser was chosen over a library of its own kind (simple-parsing, tyro, jsonargparse) because
-``transformers`` is installed already and TRL users know its flags. Importing it imports ``transformers``
-(over a second), so :func:`add_command` builds a command's parser only when that command runs:
-``ebpo --help`` stays fast.
+- **YAML files and dotted overrides** (``ebpo train --config grpo rollout.temperature=0.8``): :func:`read_yaml`
+  (a key repeated in one mapping is an error), :func:`parse_override` (``a.b=0.8``; the value is read as YAML:
+  ``true``, ``null``, ``[1, 2]``, ``{k: v}``), :func:`merge` (mappings, then overrides, each later one winning,
+  with keys renamed from their old spellings first) and :func:`build` (the merged mapping becomes an
+  instance). :func:`build` and :func:`check` (the same checks on an instance changed by hand) reject an
+  unknown key listing the valid keys of its section, a value of the wrong type or outside its ``Literal``,
+  a number that is not finite or an empty string, each naming its dotted key; an error of a ``__post_init__``
+  becomes one :class:`~ebpo.errors.ConfigError` naming the section. :func:`describe` lists every key with its
+  default and help (``ebpo train --help-config``).
+- **Flags** (``ebpo simulate``, ``eval``, ``annotate``, ``base-model``, and ``ebpo train``'s own switches):
+  :func:`dataclass_parser` makes every field of flat dataclasses a flag, with ``transformers.HfArgumentParser``
+  as in TRL's and transformers' own scripts: ``--field-name`` (and ``--field_name``), its help from
+  ``metadata["help"]`` with the default appended, more spellings from ``metadata["aliases"]`` (``-G``,
+  ``--judge-model``), choices from a ``Literal`` type, one or more values for a ``list`` field, and ``--flag`` /
+  ``--flag false`` for a boolean (``--no-flag`` too where the command asks for it). A ``tuple[int, ...]`` or
+  ``tuple[float, ...]`` field takes comma-separated values (``--level-weights 1,2,3``; ``--run-on-digits=``
+  for none). A dataclass with a class attribute ``_argument_group_name`` gets its own section in ``--help``.
+
+HfArgumentParser for flags because ``transformers`` is installed already and TRL users know its flags; it reads
+neither nested dataclasses nor dotted keys, hence the file and override half here (docs/design.md, "CLI").
+Importing it imports ``transformers`` (over a second), so :func:`add_command` builds a command's parser only
+when that command runs: ``ebpo --help`` stays fast. This module imports only the standard library (PyYAML and
+transformers when a function needs them).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
+import math
 import re
+import types
 import typing
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from ebpo.errors import ConfigError
+
+# ---------------------------------------------------------------------------------------------------
+# YAML files and dotted overrides
+
+
+def _unique_key_loader() -> Any:
+    """A ``yaml.SafeLoader`` subclass that rejects a mapping holding the same key twice (PyYAML keeps the
+    last one silently, so a preset that sets ``optim.lr`` twice would train with whichever came second)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        pass
+
+    def construct_mapping(loader: UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node)
+            if key in first_line:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"key {key!r} appears twice in one mapping (lines {first_line[key] + 1} and "
+                    f"{key_node.start_mark.line + 1}); keep one",
+                    key_node.start_mark,
+                )
+            first_line[key] = key_node.start_mark.line
+        return loader.construct_mapping(node)
+
+    UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    return UniqueKeyLoader
+
+
+def parse_yaml(text: str) -> Any:
+    """``text`` parsed as YAML with the safe loader, a key repeated within one mapping being an error
+    (``yaml.YAMLError``)."""
+    import yaml
+
+    return yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 - a SafeLoader subclass
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """The mapping in the YAML file ``path``; a missing file, invalid YAML, a repeated key or a top level
+    that is not a mapping raise ``ConfigError`` naming the file."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        values = parse_yaml(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from err
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys")
+    return values
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``"a.b=0.8"`` -> (["a", "b"], 0.8); the value is parsed as a YAML scalar or flow collection (an empty
+    value is the empty string, which :func:`build` refuses naming the key)."""
+    import yaml
+
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} is not key=value (e.g. algorithm.estimator=grpo)")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {item!r} has an empty key part (e.g. algorithm.estimator=grpo)")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def merge_dicts(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``base`` updated by ``extra``, recursively where both hold a dict at the same key; a new mapping that
+    shares nothing with either (neither is changed, now or when the result is)."""
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_dicts(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def rename_keys(values: dict[str, Any], renames: Mapping[str, str]) -> dict[str, Any]:
+    """``values`` with each dotted key ``old`` of ``renames`` moved to its new spelling (``{"a.x": "a.y"}``:
+    ``{"a": {"x": {...}}}`` -> ``{"a": {"y": {...}}}``). Where one mapping holds both spellings, their
+    contents merge; an option given under both is a ``ConfigError`` (it would be ambiguous which wins)."""
+    out = copy.deepcopy(values)
+    for old, new in renames.items():
+        *old_parent, old_leaf = old.split(".")
+        parent = _node(out, old_parent)
+        if parent is None or old_leaf not in parent:
+            continue
+        moved = parent.pop(old_leaf)
+        *new_parent, new_leaf = new.split(".")
+        target = _node(out, new_parent, create=True)
+        assert target is not None  # created
+        if new_leaf not in target:
+            target[new_leaf] = moved
+            continue
+        present = target[new_leaf]
+        both = (
+            sorted(set(moved) & set(present))
+            if isinstance(moved, dict) and isinstance(present, dict)
+            else [""]
+        )
+        if both:
+            where = f".{both[0]}" if both[0] else ""
+            raise ConfigError(f"{old}{where} and {new}{where} are one key given twice; keep {new}{where}")
+        target[new_leaf] = {**present, **moved}
+    return out
+
+
+def _node(values: dict[str, Any], path: Sequence[str], *, create: bool = False) -> dict[str, Any] | None:
+    """The mapping at ``path`` in ``values`` (made, replacing anything that is not a mapping, if ``create``)."""
+    node = values
+    for part in path:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            if not create:
+                return None
+            child = {}
+            node[part] = child
+        node = child
+    return node
+
+
+def apply_overrides(
+    values: dict[str, Any], overrides: Sequence[str], renames: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Set each ``key=value`` of ``overrides`` in the nested mapping ``values``, in order (changed in place and
+    returned). A key is renamed from its old spelling first (``renames``, as :func:`rename_keys`); a value
+    replaces what was at its key, a mapping included (``algorithm.loss={clip_eps_high: 0.28}`` sets that one
+    option, the others return to their defaults)."""
+    renames = dict(renames or {})
+    for item in overrides:
+        path, value = parse_override(item)
+        dotted = ".".join(path)
+        for old, new in renames.items():
+            if dotted == old or dotted.startswith(old + "."):
+                path = new.split(".") + path[len(old.split(".")) :]
+        if isinstance(value, dict):  # a mapping may hold old spellings below its key
+            wrapped: dict[str, Any] = {}
+            node = _node(wrapped, path[:-1], create=True)
+            assert node is not None  # created
+            node[path[-1]] = value
+            value = _node(rename_keys(wrapped, renames), path[:-1])[path[-1]]  # type: ignore[index]
+        node = _node(values, path[:-1], create=True)
+        assert node is not None  # created
+        node[path[-1]] = value
+    return values
+
+
+def merge(
+    layers: Sequence[dict[str, Any]],
+    overrides: Sequence[str] = (),
+    renames: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The nested mappings of ``layers`` merged in order (a later one wins, mappings merging key by key),
+    then ``overrides`` applied (:func:`apply_overrides`); each layer and override has its keys renamed from
+    their old spellings (``renames``) before it is merged, so that the later one wins whichever spelling
+    each uses."""
+    values: dict[str, Any] = {}
+    for layer in layers:
+        values = merge_dicts(values, rename_keys(layer, renames or {}))  # a copy: the layers stay as they are
+    return apply_overrides(values, overrides, renames)
+
+
+# ---------------------------------------------------------------------------------------------------
+# mappings -> checked dataclass instances
+
+
+def is_section(tp: Any) -> bool:
+    """Whether the annotation ``tp`` is a dataclass: a section of options."""
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def field_default(f: dataclasses.Field) -> Any:
+    """The default value of a dataclass field (its ``default_factory`` called)."""
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def coerce(value: Any, tp: Any, key: str) -> Any:
+    """``value`` as the annotation ``tp`` asks (an int widens to a float; a number or text to a string; a
+    string like ``1e-3``, which YAML 1.1 leaves a string, to a float), or ``ConfigError`` naming ``key``:
+    a wrong type, a choice outside a ``Literal``, a number that is not finite (in lists and mappings too)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return coerce(value, option, key)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value in choices and type(value) is type(next(c for c in choices if c == value)):
+            return value
+        raise ConfigError(f"unknown {key} {value!r}; valid choices: {', '.join(sorted(map(str, choices)))}")
+    if tp is Any:
+        return _finite(value, key)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key} must be true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key} must be an integer, got {value!r}")
+    if tp is float:
+        number = value
+        if isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
+            try:
+                number = float(value)
+            except ValueError:
+                pass
+        if isinstance(number, (int, float)) and not isinstance(number, bool):
+            return _finite(float(number), key)
+        raise ConfigError(f"{key} must be a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key} must be a string, got {value!r}")
+    if origin is dict or tp is dict:
+        if isinstance(value, dict):
+            return {name: _finite(item, f"{key}.{name}") for name, item in value.items()}
+        raise ConfigError(f"{key} must be a mapping like {{name: value}}, got {value!r}")
+    if origin is list:
+        if isinstance(value, (list, tuple)):
+            (item_tp,) = typing.get_args(tp)
+            return [coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+        raise ConfigError(f"{key} must be a list like [a, b], got {value!r}")
+    raise ConfigError(f"{key}: unsupported type {tp}")  # pragma: no cover - a field type not handled above
+
+
+def _finite(value: Any, key: str) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key} must be a finite number, got {value}")
+    return value
+
+
+def option(
+    help: str,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    note: str = "",
+    **kwargs: Any,
+) -> Any:
+    """A dataclass field with its ``help`` and the bounds its value keeps: ``ge`` (>=), ``gt`` (>), ``le``
+    (<=), checked with the option's dotted key by :func:`build` and :func:`check` (``run.seed must be in
+    [0, 4294967295], got -1``; ``note`` adds what the bound means: ``0 = off``). ``kwargs`` go to
+    ``dataclasses.field`` (``default``, ``default_factory``)."""
+    bounds = {name: bound for name, bound in (("ge", ge), ("gt", gt), ("le", le)) if bound is not None}
+    return dataclasses.field(metadata={"help": help, **bounds, "note": note}, **kwargs)
+
+
+def _within_bounds(value: Any, f: dataclasses.Field, key: str) -> None:
+    """``ConfigError`` unless the number ``value`` keeps the bounds :func:`option` declared for ``f``."""
+    ge, gt, le = (f.metadata.get(name) for name in ("ge", "gt", "le"))
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return
+    if (ge is None or value >= ge) and (gt is None or value > gt) and (le is None or value <= le):
+        return
+    low = f"[{ge}" if ge is not None else f"({gt}" if gt is not None else None
+    bound = (
+        f"in {low}, {le}]"
+        if low is not None and le is not None
+        else f">= {ge}"
+        if ge is not None
+        else f"> {gt}"
+    )
+    bound = f"<= {le}" if low is None else bound
+    note = f" ({f.metadata['note']})" if f.metadata.get("note") else ""
+    raise ConfigError(f"{key} must be {bound}{note}, got {value}")
+
+
+def _leaf(value: Any, tp: Any, f: dataclasses.Field, key: str) -> Any:
+    """One option's value checked (:func:`coerce`, the bounds of :func:`option`); an empty string is refused
+    naming the default (``path=`` would otherwise mean the current directory)."""
+    if value == "":
+        optional = type(None) in typing.get_args(tp)
+        fix = f", or {key}=null for the default" if optional else f" (default {field_default(f)!r})"
+        raise ConfigError(f"{key} is empty; set a value{fix}")
+    value = coerce(value, tp, key)
+    _within_bounds(value, f, key)
+    return value
+
+
+def _post_init_error(err: Exception, prefix: str) -> ConfigError:
+    """A section's ``__post_init__`` error as one ``ConfigError``: ours pass as they are (they name their key);
+    another's (``EBPOOptions``, ``PolicyLossOptions``) is prefixed with the section, and with the option when
+    the error names it (an ``option`` attribute)."""
+    if isinstance(err, ConfigError):
+        return err
+    option = getattr(err, "option", None)
+    where = f"{prefix}{option}" if option else prefix.rstrip(".")
+    return ConfigError(f"{where}: {err}")
+
+
+def build(cls: type, values: Any, prefix: str = "") -> Any:
+    """An instance of the dataclass ``cls`` from the nested mapping ``values`` (missing keys keep their
+    defaults), every key and value checked; ``ConfigError`` names the first one at fault."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'the config'} must be a mapping of keys, got {values!r}")
+    hints = _hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for key, value in values.items():
+        full = f"{prefix}{key}"
+        if key not in fields:
+            raise ConfigError(
+                f"unknown config key {full!r}; valid keys: {', '.join(prefix + name for name in fields)}"
+            )
+        tp = hints[key]
+        kwargs[key] = build(tp, value, f"{full}.") if is_section(tp) else _leaf(value, tp, fields[key], full)
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as err:
+        raise _post_init_error(err, prefix) from None
+
+
+def check(obj: Any, prefix: str = "") -> Any:
+    """Run :func:`build`'s checks on the instance ``obj`` as it is now (its fields may have been set by hand):
+    every value against its type, then each section's ``__post_init__``, innermost first; returns ``obj``."""
+    hints = _hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value, full = getattr(obj, f.name), f"{prefix}{f.name}"
+        if is_section(hints[f.name]):
+            check(value, f"{full}.")
+        else:
+            _leaf(value, hints[f.name], f, full)
+    post_init = getattr(obj, "__post_init__", None)
+    if post_init is not None:
+        try:
+            post_init()
+        except (ValueError, TypeError) as err:
+            raise _post_init_error(err, prefix) from None
+    return obj
+
+
+def leaves(cls: type, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field]]:
+    """(dotted key, field) of every option of the dataclass ``cls``, sections walked in declaration order."""
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        if is_section(hints[f.name]):
+            yield from leaves(hints[f.name], f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", f
+
+
+def describe(cls: type) -> list[tuple[str, str, str]]:
+    """(dotted key, default, help) of every option of ``cls`` (``ebpo train --help-config``)."""
+    return [(key, repr(field_default(f)), f.metadata.get("help", "")) for key, f in leaves(cls)]
+
+
+# ---------------------------------------------------------------------------------------------------
+# flags
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
