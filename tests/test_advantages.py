@@ -891,16 +891,16 @@ def test_load_state_dict_rejects_a_non_finite_or_negative_state(path, value):
 
 
 def test_normalize_prior_flows_through_the_trainer_config():
-    # the trainer passes algorithm.estimator_options to get_estimator unchanged; verl's
-    # +algorithm.ebpo.normalize and TRL's EBPOConfig.normalize do the same
+    # the trainer passes algorithm.ebpo (EBPOOptions; algorithm.estimator_options with estimator ebpo) to
+    # get_estimator; verl's +algorithm.ebpo.normalize and TRL's EBPOConfig.normalize do the same
     from ebpo.errors import ConfigError
     from ebpo.trainer.config import load_config
 
-    cfg = load_config(None, ["algorithm.estimator_options.normalize=prior"])
-    est = ebpo.get_estimator(cfg.algorithm.estimator, **cfg.algorithm.estimator_options)
-    assert est.normalize == "prior"
-    with pytest.raises(
-        ConfigError,
-        match=r"estimator_options.*unknown EBPO normalize 'priors'; valid choices: batch, group, none, prior$",
-    ):
-        load_config(None, ["algorithm.estimator_options.normalize=priors"])
+    for spelling in ("ebpo", "estimator_options"):
+        cfg = load_config(None, [f"algorithm.{spelling}.normalize=prior"])
+        est = ebpo.get_estimator(cfg.algorithm.estimator, **cfg.algorithm.estimator_kwargs())
+        assert est.normalize == "prior"
+        with pytest.raises(
+            ConfigError, match=r"algorithm.ebpo.normalize 'priors'; valid choices: batch, group"
+        ):
+            load_config(None, [f"algorithm.{spelling}.normalize=priors"])

@@ -378,7 +378,8 @@ def test_truncated_trainer_state_is_one_clear_line(tiny_model_dir, tmp_path, cap
 
 
 def test_trainer_validates_the_config_itself(tiny_model_dir, tmp_path):
-    cfg = load_config(None, [f"model.path={tiny_model_dir}", "run.threads=-1"], validate=False)
+    cfg = load_config(None, [f"model.path={tiny_model_dir}"])
+    cfg.run.threads = -1  # set by hand after the config was checked
     with pytest.raises(ConfigError, match=r"run.threads must be >= 1"):
         Trainer(cfg, run_dir=tmp_path / "run")
     assert not (tmp_path / "run").exists()  # refused before anything was written

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ebpo.dataclass_cli import merge_dicts, read_yaml
 from ebpo.registry import Registry, unknown_choice
-from ebpo.trainer.config import PRESETS_DIR, merge_dicts, read_yaml
+from ebpo.trainer.presets import PRESETS_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = PRESETS_DIR  # the presets shipped with the package (src/ebpo/configs/)
@@ -153,7 +154,8 @@ def resolve_values(method: Method, configs: Path = CONFIGS) -> dict[str, Any]:
     shared = {key: value for key, value in read_yaml(configs / SHARED_PRESET).items() if key != "algorithm"}
     preset = read_yaml(configs / method.preset)
     if method.arm == ESTIMATORS:
-        algorithm = {**preset.get("algorithm", {}), "estimator_options": {}}
+        algorithm = {k: v for k, v in preset.get("algorithm", {}).items() if k != "ebpo"}
+        algorithm["estimator_options"] = {}
         return merge_dicts(shared, {"algorithm": algorithm})
     return merge_dicts(shared, preset)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.learning.methods import CONFIGS, SHARED_PRESET, Method, model_identity, resolve_values
+from ebpo.dataclass_cli import apply_overrides
 from ebpo.trainer.config import TrainConfig, largest_divisor, load_config
 
 FIXED_PROMPTS = "fixed-prompts"
@@ -37,6 +38,12 @@ KEYED_ONLY_OFF_DEFAULT = {
 """Config fields added after runs were first keyed, whose default reproduces those runs (the trainer then does
 what it did before the field existed): at that default a field is left out of the key, so the earlier runs
 keep their keys and finished results; any other value enters it."""
+
+KEYED_AS_GIVEN = {"estimator_options": "ebpo", "loss_options": "loss"}
+"""The ``algorithm`` sections keyed as the run's values and overrides give them, under the names runs were
+first keyed with: EBPO's options (``algorithm.ebpo``, earlier ``algorithm.estimator_options``) and the loss's
+(``algorithm.loss``, earlier ``algorithm.loss_options``). The key holds the options given, under either
+spelling (not the whole section with its defaults), so the earlier runs keep their keys."""
 
 
 @dataclass(frozen=True)
@@ -197,8 +204,8 @@ class RunSpec:
     @cached_property
     def key(self) -> str:
         """12 hex digits over what determines the result: the resolved config (less ``run`` fields that only
-        name or display the run, and :data:`KEYED_ONLY_OFF_DEFAULT` fields at their default), the model, the
-        test settings and the checkpoint rule.
+        name or display the run, :data:`KEYED_ONLY_OFF_DEFAULT` fields at their default, and
+        :data:`KEYED_AS_GIVEN` sections as given), the model, the test settings and the checkpoint rule.
 
         The model enters by its identity (``model_identity``: the weights' hash), not its path: a base model
         rebuilt in place (``ebpo base-model --out``) is another model and reruns every cell, and a runs
@@ -212,6 +219,11 @@ class RunSpec:
         for (section, name), default in KEYED_ONLY_OFF_DEFAULT.items():
             if config[section].get(name) == default:
                 config[section] = {k: v for k, v in config[section].items() if k != name}
+        given = apply_overrides(json.loads(self.values_json), self.overrides).get("algorithm", {})
+        algorithm = {k: v for k, v in config["algorithm"].items() if k not in KEYED_AS_GIVEN.values()}
+        for earlier, present in KEYED_AS_GIVEN.items():
+            algorithm[earlier] = {**given.get(present, {}), **given.get(earlier, {})}
+        config["algorithm"] = algorithm
         payload = {
             "config": config,
             "model": model_id,

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import csv
+import dataclasses
 import json
+from pathlib import Path
 
 import pytest
+from benchmarks.learning import matrix
 from benchmarks.learning import methods as M
+from benchmarks.learning.cli import budget_from, design_from
+from benchmarks.learning.cli import build_parser as bench_parser
 from benchmarks.learning.spec import (
     EQUAL_RESPONSES,
     FIXED_PROMPTS,
@@ -16,6 +22,10 @@ from benchmarks.learning.spec import (
     model_path_from,
     spec_from_dict,
 )
+
+from ebpo.advantages import EBPOOptions
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def override(spec, key: str) -> str:
@@ -205,7 +215,9 @@ def test_arm_a_methods_differ_only_in_the_estimator_and_its_options(configs_dir)
 
     def without_estimator(config: dict) -> dict:
         algorithm = {
-            k: v for k, v in config["algorithm"].items() if k not in ("estimator", "estimator_options")
+            k: v
+            for k, v in config["algorithm"].items()
+            if k not in ("estimator", "estimator_options", "ebpo")
         }
         # data.cluster_key only hands the clusters to the estimator (prior_scope=cluster); the order is random
         data = {k: v for k, v in config["data"].items() if k != "cluster_key"}
@@ -220,10 +232,14 @@ def test_arm_a_methods_differ_only_in_the_estimator_and_its_options(configs_dir)
     assert configs["grpo"] == published_grpo
     a = configs["ebpo"]["algorithm"]
     assert a["policy_loss"] == "vanilla" and not a["dynamic_sampling"] and not a["overlong_shaping"]
-    estimators = {
-        name: (c["algorithm"]["estimator"], c["algorithm"]["estimator_options"])
-        for name, c in configs.items()
-    }
+    defaults = dataclasses.asdict(EBPOOptions())
+
+    def options(algorithm: dict) -> dict:
+        """The estimator's options that differ from their defaults (EBPO's section, or any other's)."""
+        ebpo = {k: v for k, v in algorithm["ebpo"].items() if v != defaults[k]}
+        return {**algorithm["estimator_options"], **ebpo}
+
+    estimators = {name: (c["algorithm"]["estimator"], options(c["algorithm"])) for name, c in configs.items()}
     assert estimators["grpo"] == ("grpo", {}) and estimators["ebpo"] == ("ebpo", {})
     assert estimators["dr_grpo"][0] == "dr_grpo" and estimators["jspo"][0] == "jspo"
     assert (
@@ -247,10 +263,8 @@ def test_arm_b_presets_keep_their_own_loss_and_entropymech_selects_the_ratio(con
     assert configs["ebpo-diff"]["data"]["sampler"] == "difficulty"
     for name, loss in (("entropymech-clip-cov", "clip_cov"), ("entropymech-kl-cov", "kl_cov")):
         algorithm = configs[name]["algorithm"]
-        assert algorithm["policy_loss"] == loss and algorithm["loss_options"]["cov_count"] == "stochastic"
-    assert (
-        configs["entropymech-clip-cov"]["algorithm"]["loss_options"]["clip_cov_ratio"] == 2e-4
-    )  # the paper's
+        assert algorithm["policy_loss"] == loss and algorithm["loss"]["cov_count"] == "stochastic"
+    assert configs["entropymech-clip-cov"]["algorithm"]["loss"]["clip_cov_ratio"] == 2e-4  # the paper's
     assert M.get_method(M.PUBLISHED, "ebpo-diff").checkpoint == "last"
     with pytest.raises(
         ValueError, match="unknown published method 'ppo'; valid choices: dapo, dr-grpo, ebpo-diff"
@@ -325,3 +339,56 @@ def test_select_best_by_validation_auc_ties_to_candidate_order():
     assert winner == "ebpo-latent" and "a tie between ebpo-ewm, ebpo-latent" in how
     with pytest.raises(ValueError, match="no finished runs"):
         M.select_best({})
+
+
+def test_the_options_key_alike_under_either_spelling(configs_dir):
+    """EBPO's and the loss's options enter the key as given, under algorithm.estimator_options /
+    algorithm.ebpo and algorithm.loss_options / algorithm.loss alike."""
+    budget = Budget(steps=3, prompts=8).resolve(configs_dir)
+    prior = build_spec(
+        M.get_method(M.ESTIMATORS, "ebpo-prior"), FIXED_PROMPTS, 4, 0, budget, "/m", configs=configs_dir
+    )
+    assert "algorithm.estimator_options.normalize=prior" in prior.overrides
+    spelled = tuple(item.replace("estimator_options.", "ebpo.") for item in prior.overrides)
+    assert RunSpec(prior.values_json, spelled, "/m", prior.test, prior.checkpoint).key == prior.key
+    published = build_spec(
+        M.get_method(M.PUBLISHED, "grpo"), FIXED_PROMPTS, 4, 0, budget, "/m", configs=configs_dir
+    )
+    values = json.loads(published.values_json)
+    algorithm = values["algorithm"]
+    for earlier, present in (("estimator_options", "ebpo"), ("loss_options", "loss")):
+        algorithm[present if earlier in algorithm else earlier] = algorithm.pop(
+            earlier, algorithm.pop(present, {})
+        )
+    respelled = RunSpec(json.dumps(values, sort_keys=True), published.overrides, "/m", published.test, "best")
+    assert respelled.values_json != published.values_json and respelled.key == published.key
+    other = RunSpec(
+        published.values_json,
+        published.overrides + ("algorithm.loss.clip_eps_high=0.3",),
+        "/m",
+        published.test,
+        "best",
+    )
+    assert other.key != published.key
+
+
+def test_the_committed_results_are_runs_the_default_matrix_plans():
+    """Every key of docs/results/learning_matrix_cells.csv is a run that `python -m benchmarks.learning` (and
+    `--select-options`) plans with the shipped presets and base model: a change to the config that changed
+    keys would orphan the published results."""
+    planned = set()
+    for argv in ([], ["--select-options"]):
+        args = bench_parser().parse_args(argv)
+        budget = budget_from(args).resolve(M.CONFIGS)
+        selection = (
+            None
+            if args.select_options
+            else M.read_selection(REPO / "docs" / "results" / "ebpo_best_options.json")
+        )
+        plan = matrix.plan(
+            design_from(args), budget, model_path=model_path_from(), configs=M.CONFIGS, selection=selection
+        )
+        planned |= {spec.key for spec in plan.runs}
+    with open(REPO / "docs" / "results" / "learning_matrix_cells.csv") as handle:
+        committed = {row["key"] for row in csv.DictReader(handle)}
+    assert len(committed) > 100 and committed <= planned, sorted(committed - planned)

@@ -1,25 +1,40 @@
 """The reference trainer behind ``ebpo train``: the loop (``trainer.py``) and one module per concern around it.
 
-``config.py`` (TrainConfig, YAML, overrides), ``setup.py`` (prompts, policy, estimator and loss, optimizer),
-``rollout.py`` (scored groups, the typed batch, log-probs), ``checkpoint.py`` (checkpoints, RNG),
-``metrics_log.py``, ``validation.py``, ``report.py``, ``plots.py``, ``cli.py``. The run directory itself
-(lock, resume or overwrite, metrics journal, summary) is an ``ebpo.persist.RunDirectory``.
+``config.py`` (``TrainConfig``, read through ``ebpo.dataclass_cli``), ``setup.py`` (prompts, policy,
+estimator and loss, optimizer), ``rollout.py`` (scored groups, the typed batch, log-probs), ``checkpoint.py``
+(checkpoints, RNG), ``metrics_log.py``, ``validation.py``, ``report.py``, ``plots.py``, ``cli.py``. The run
+directory itself (lock, resume or overwrite, metrics journal, summary) is an ``ebpo.persist.RunDirectory``.
 
-``Trainer`` and ``TrainConfig`` are imported lazily so that ``import ebpo.trainer`` stays light.
+``Trainer``, ``TrainConfig``, ``load_config`` and ``ConfigError`` are imported on first use (PEP 562
+``__getattr__``), so ``import ebpo.trainer`` (and ``ebpo --help``, which imports ``ebpo.trainer.cli``) does not
+pay for torch.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from ebpo.trainer.config import ConfigError, TrainConfig, load_config
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["ConfigError", "TrainConfig", "Trainer", "load_config"]
 
+_LAZY = {
+    "ConfigError": "ebpo.errors",
+    "TrainConfig": "ebpo.trainer.config",
+    "load_config": "ebpo.trainer.config",
+    "Trainer": "ebpo.trainer.trainer",
+}
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time these come from __getattr__
+    from ebpo.errors import ConfigError
+    from ebpo.trainer.config import TrainConfig, load_config
+    from ebpo.trainer.trainer import Trainer
+
 
 def __getattr__(name: str) -> Any:
-    if name == "Trainer":
-        from ebpo.trainer.trainer import Trainer
-
-        return Trainer
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'ebpo.trainer' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

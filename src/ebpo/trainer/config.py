@@ -1,52 +1,58 @@
-"""Training configuration: typed nested dataclasses, YAML files, dotted ``key=value`` overrides.
+"""``ebpo train``'s configuration: ``TrainConfig``, six typed sections, every option declared once with its help.
 
-``load_config(path, overrides)`` builds a :class:`TrainConfig` from the defaults, then a YAML file (any
-subset of the keys), then command-line overrides such as ``algorithm.estimator=grpo
-rollout.temperature=0.8``. Values are parsed as YAML scalars (``0.8``, ``true``, ``null``, ``[1, 2]``)
-and checked against the field's type. An unknown key names the valid keys of its section;
-:meth:`TrainConfig.validate` rejects bad values and combinations with a message that says the fix.
+``load_config(path, overrides)``: the defaults, then a YAML file (a shipped preset by name: ``--config grpo``),
+then ``key=value`` overrides (``rollout.temperature=0.8``), read by ``ebpo.dataclass_cli`` as every command's
+options are: each value checked against its field's type (a fixed choice is a ``Literal``) and bounds, each
+section's ``__post_init__`` checking how its options combine and :class:`TrainConfig`'s how sections do, with
+one line naming the key and the fix. Names found in registries (estimator, policy loss, sampler, task, reward,
+schema) and whether the estimator learns from groups of one are checked at setup (``ebpo.trainer.setup``).
 
-Every field carries its help text in ``metadata["help"]`` (``ebpo train --help-config`` prints them).
-The defaults are the built-in demo: EBPO on the ``arith`` task with the built-in base model, sized to
-finish in a few minutes on 2 CPU cores. The paper's settings (Appendix A: lr 1e-6, KL 0.001, global batch
-512 prompts, mini-batch 128, G = 4) are scaled down in the presets, ``src/ebpo/configs/*.yaml``, shipped
-with the package: ``load_config("grpo")`` (``ebpo train --config grpo``) finds one by name.
+``algorithm.ebpo`` is ``ebpo.advantages.EBPOOptions`` (TRL's ``EBPOConfig``, verl's ``+algorithm.ebpo.<option>``)
+and ``algorithm.loss`` is ``ebpo.losses.PolicyLossOptions``; their earlier spellings still read (:data:`RENAMED`).
+The defaults are the built-in demo (EBPO on ``arith`` with the built-in base model, a few minutes on 2 CPU
+cores); the presets scale the paper's settings down.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import types
-import typing
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from ebpo import dataclass_cli
+from ebpo.advantages import EBPOOptions, OptionError
+from ebpo.dataclass_cli import option, read_yaml
 from ebpo.errors import ConfigError
+from ebpo.losses import AggMode, KLEstimator, PolicyLossOptions
 from ebpo.persist import write_text_atomic
+from ebpo.trainer.presets import PRESETS_DIR as PRESETS_DIR  # where `--config NAME` looks
+from ebpo.trainer.presets import list_presets as list_presets
+from ebpo.trainer.presets import resolve_config
+
+SEED_MAX = 2**32 - 1
+"""The largest seed NumPy accepts (``np.random.seed`` takes [0, 2**32 - 1])."""
 
 
-def _help(text: str, **kwargs: Any) -> Any:
-    """A dataclass field whose help text lives in ``metadata["help"]``."""
-    return field(metadata={"help": text}, **kwargs)
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
 
 
 @dataclass
 class ModelConfig:
     """The policy to train (and the frozen reference for the KL term, a copy of its initial weights)."""
 
-    path: str | None = _help(
+    path: str | None = option(
         "Directory (or hub id already in the local cache) of any Hugging Face causal LM + tokenizer. "
         "Default null: the built-in arith base model, shipped with the package (`ebpo base-model` prints its "
         "directory).",
         default=None,
     )
-    dtype: str = _help(
+    dtype: Literal["float32", "bfloat16", "float16"] = option(
         "Parameter dtype for training: float32 | bfloat16 | float16. Default float32.", default="float32"
     )
-    gradient_checkpointing: bool = _help(
+    gradient_checkpointing: bool = option(
         "Recompute activations in the backward pass (saves memory on large models). Default false.",
         default=False,
     )
@@ -56,70 +62,73 @@ class ModelConfig:
 class DataConfig:
     """Where prompts come from and how they are grouped into batches."""
 
-    task: str = _help(
+    task: str = option(
         "Built-in task suite (`ebpo.tasks`) that generates train/validation records. Default arith.",
         default="arith",
     )
-    train_file: str | None = _help(
+    train_file: str | None = option(
         "Optional training records (JSONL, Parquet, a save_to_disk directory or hf://owner/dataset, read by "
         "`ebpo.data.loaders` with data.schema); replaces the task's generated training set.",
         default=None,
     )
-    val_file: str | None = _help(
+    val_file: str | None = option(
         "Optional validation records (same formats and schema); replaces the task's generated validation set.",
         default=None,
     )
-    schema: str = _help(
+    schema: str = option(
         "Column mapping of train_file / val_file (`ebpo.data.loaders`): records (our Record rows: id, prompt, "
         "answer, topic, difficulty, level) | shared (problem, answer) | math500 | aime24 | olympiadbench | "
         "dapo_math_17k.",
         default="records",
     )
-    train_size: int = _help("Number of generated training problems (when no train_file).", default=2000)
-    val_size: int = _help(
+    train_size: int = option(
+        "Number of generated training problems (when no train_file).", default=2000, ge=1
+    )
+    val_size: int = option(
         "Number of generated validation problems (when no val_file); arith cycles through its 9 topics x 5 "
         "levels, so a multiple of 45 (of 9 x len(levels)) covers every cell equally. Default 450 (45 cells x "
         "10): the standard error of the built-in model's validation pass@1 is about 0.015 there.",
         default=450,
+        ge=1,
     )
-    levels: list[int] | None = _help(
+    levels: list[int] | None = option(
         "Only generate problems of these task levels (arith: 1..5); null = all levels. Applies to the "
         "generated train and validation sets. Default null: the built-in base model has partial skill at "
         "every arith level (docs/base_model.md).",
         default=None,
     )
-    topics: list[str] | None = _help(
+    topics: list[str] | None = option(
         "Only generate problems of these task topics (arith: mod, sequence, area, count, max, dot, word, "
         "units, power); null = all.",
         default=None,
     )
-    reward: str | None = _help(
+    reward: str | None = option(
         "Reward function name (`ebpo.rewards`); default null = the task's own reward (arith -> arith).",
         default=None,
     )
-    sampler: str = _help(
+    sampler: str = option(
         "Prompt sampler (`ebpo.data.samplers`): random (the paper's EBPO-naive) | topic (topic-coherent "
         "batches, EBPO-topic) | difficulty (easy-to-hard curriculum, EBPO-diff). Default random.",
         default="random",
     )
-    batch_size: int = _help(
-        "Prompts per training step (the paper: 512; scaled to 32 for the tiny model).", default=32
+    batch_size: int = option(
+        "Prompts per training step (the paper: 512; scaled to 32 for the tiny model).", default=32, ge=1
     )
-    group_size: int = _help("Responses sampled per prompt, G (the paper: 4).", default=8)
-    cluster_key: str = _help(
+    group_size: int = option("Responses sampled per prompt, G (the paper: 4).", default=8, ge=1)
+    cluster_key: Literal["none", "topic", "difficulty"] = option(
         "Cluster key handed to the advantage estimator: none | topic (record.topic) | difficulty "
         "(record.difficulty bucketed, or record.level when difficulty is missing). Used by "
-        "`algorithm.estimator_options.prior_scope: cluster`. Default none.",
+        "`algorithm.ebpo.prior_scope: cluster`. Default none.",
         default="none",
     )
-    difficulty_source: str = _help(
+    difficulty_source: Literal["record", "level"] = option(
         "Where a record's difficulty (pass rate) comes from: record (its `difficulty` field, from `ebpo "
         "annotate difficulty`) | level (a proxy from the generator's level L of Lmax: (Lmax - L + 0.5) / Lmax, "
         "easy = high). Used by sampler=difficulty and cluster_key=difficulty.",
         default="record",
     )
-    difficulty_buckets: int = _help(
-        "Number of equal-width pass-rate buckets on [0, 1] when cluster_key=difficulty.", default=5
+    difficulty_buckets: int = option(
+        "Number of equal-width pass-rate buckets on [0, 1] when cluster_key=difficulty.", default=5, ge=1
     )
 
 
@@ -127,17 +136,20 @@ class DataConfig:
 class RolloutConfig:
     """How responses are sampled (`ebpo.generation.sample`, KV cache, stops at EOS)."""
 
-    temperature: float = _help(
-        "Sampling temperature (also used for the training log-probabilities).", default=1.0
+    temperature: float = option(
+        "Sampling temperature (also used for the training log-probabilities).",
+        default=1.0,
+        gt=0,
+        note="use a small value like 0.01",
     )
-    top_p: float = _help("Nucleus sampling threshold in (0, 1]; 1.0 = off.", default=1.0)
-    max_new_tokens: int = _help("Longest response in tokens; longer ones are truncated.", default=24)
-    old_logp: str = _help(
+    top_p: float = option("Nucleus sampling threshold in (0, 1]; 1.0 = off.", default=1.0, gt=0, le=1)
+    max_new_tokens: int = option("Longest response in tokens; longer ones are truncated.", default=24, ge=1)
+    old_logp: Literal["recompute", "sampler"] = option(
         "Where the PPO ratio's old log-probs (and actor/entropy) come from: recompute (default; verl's "
         "recompute_log_prob: a forward pass of the sampling policy over the step's tokens, so the first "
         "ratio is exactly 1; the step's first update supplies its own rows) | sampler (the log-probs the "
-        "sampler drew with: no extra pass, about 15% less time per step on the built-in model; they differ "
-        "from a full forward's by float rounding, about 1e-5, so runs are not bit-identical to recompute's).",
+        "sampler drew with: no extra pass, less time per step (docs/benchmarks.md); they differ from a full "
+        "forward's by float rounding, about 1e-5, so runs are not bit-identical to recompute's).",
         default="recompute",
     )
 
@@ -146,88 +158,133 @@ class RolloutConfig:
 class AlgorithmConfig:
     """Advantage estimator, policy loss and reward shaping (docs/design.md §1-§3)."""
 
-    estimator: str = _help(
-        "Advantage estimator (`ebpo.advantages`): ebpo | grpo | dr_grpo | rloo | reinforce_pp_baseline | jspo.",
+    estimator: str = option(
+        "Advantage estimator (`ebpo.advantages`): ebpo | grpo | dr_grpo | rloo | reinforce_pp_baseline | jspo, "
+        "or the name of one registered with `ebpo.register_estimator`.",
         default="ebpo",
     )
-    estimator_options: dict[str, Any] = _help(
-        "Keyword options for the estimator, e.g. {prior_scope: cluster, prior_memory: 50} (docs/design.md §2); "
-        "EBPO's are the fields of ebpo.advantages.EBPOOptions, listed below as algorithm.estimator_options.<name>. "
-        "Unknown names are rejected with the list of valid ones.",
+    estimator_options: dict[str, Any] = option(
+        "Keyword options of an estimator other than ebpo, e.g. {norm_by_std: false} for grpo (grpo: "
+        "norm_by_std, eps; jspo: eps; a registered estimator: its own); an unknown name is rejected with the "
+        "list of valid ones. EBPO's options are algorithm.ebpo.<option> (below); with algorithm.estimator=ebpo, "
+        "algorithm.estimator_options.<option> is read as algorithm.ebpo.<option>.",
         default_factory=dict,
     )
-    policy_loss: str = _help(
-        "Policy loss (`ebpo.losses`): vanilla (PPO clip) | clip_cov | kl_cov (EntropyMech).",
+    ebpo: EBPOOptions = option(
+        "EBPO's options (`ebpo.advantages.EBPOOptions`, docs/design.md §2), read with algorithm.estimator=ebpo.",
+        default_factory=EBPOOptions,
+    )
+    policy_loss: str = option(
+        "Policy loss (`ebpo.losses`): vanilla (PPO clip) | clip_cov | kl_cov (EntropyMech); its options are "
+        "algorithm.loss.<option> (below; algorithm.loss_options.<option> is read as algorithm.loss.<option>).",
         default="vanilla",
     )
-    loss_agg_mode: str = _help(
+    loss_agg_mode: AggMode = option(
         "Loss aggregation: token-mean (DAPO) | seq-mean-token-mean (GRPO) | seq-mean-token-sum | "
         "seq-mean-token-sum-norm (Dr. GRPO).",
         default="token-mean",
     )
-    loss_options: dict[str, Any] = _help(
-        "Further `ebpo.losses.PolicyLossConfig` fields by name: clip_eps_low (0.2), clip_eps_high (0.2; "
-        "DAPO 0.28), dual_clip_c (3.0, null = off), clip_cov_ratio, clip_cov_lb, clip_cov_ub, kl_cov_ratio, "
-        "kl_cov_coef, cov_count (verl | stochastic: ratio x N tokens in expectation). Unknown names are "
-        "rejected with the list of valid ones.",
-        default_factory=dict,
+    loss: PolicyLossOptions = option(
+        "The policy loss's options (`ebpo.losses.PolicyLossOptions`).", default_factory=PolicyLossOptions
     )
-    kl_coef: float = _help(
+    kl_coef: float = option(
         "Coefficient of the KL penalty to the frozen initial policy (the paper: 0.001; 0 disables it and "
         "skips the reference model). Default 0.001, the paper's.",
         default=0.001,
+        ge=0,
     )
-    kl_estimator: str = _help("KL estimator for the penalty: k1 | k2 | k3 (docs/design.md §3).", default="k3")
-    dynamic_sampling: bool = _help(
+    kl_estimator: KLEstimator = option(
+        "KL estimator for the penalty: k1 | k2 | k3 (docs/design.md §3).", default="k3"
+    )
+    dynamic_sampling: bool = option(
         "DAPO dynamic sampling: drop groups whose rewards are all equal and sample more prompts until the "
         "batch is full (`ebpo.data.dynamic`).",
         default=False,
     )
-    max_gen_rounds: int = _help("Extra generation rounds allowed per step by dynamic sampling.", default=3)
-    overlong_shaping: bool = _help(
+    max_gen_rounds: int = option(
+        "Extra generation rounds allowed per step by dynamic sampling.", default=3, ge=0
+    )
+    overlong_shaping: bool = option(
         "DAPO soft overlong punishment added to the reward (max length = rollout.max_new_tokens).",
         default=False,
     )
-    overlong_cache_len: int = _help(
+    overlong_cache_len: int = option(
         "DAPO's L_cache: the soft-penalty window before the max length.", default=4
     )
-    skip_reward_errors: bool = _help(
+    skip_reward_errors: bool = option(
         "If a reward function raises on a sample: false (default) = stop with a checkpoint and report the "
         "sample; true = mask the sample out of the loss and count it in reward/errors.",
         default=False,
     )
+
+    def __post_init__(self) -> None:
+        if self.estimator == "ebpo" and self.estimator_options:  # the earlier spelling, from Python
+            try:
+                self.ebpo = dataclasses.replace(self.ebpo, **self.estimator_options)
+            except OptionError as err:
+                raise ConfigError(f"algorithm.estimator_options.{err.option}: {err}") from None
+            except TypeError:
+                valid = ", ".join(f.name for f in dataclasses.fields(EBPOOptions))
+                raise ConfigError(
+                    f"algorithm.estimator_options {sorted(self.estimator_options)}: EBPO's options are {valid}"
+                ) from None
+            self.estimator_options = {}
+        if self.estimator != "ebpo":
+            changed = {
+                f.name: getattr(self.ebpo, f.name)
+                for f in dataclasses.fields(EBPOOptions)
+                if getattr(self.ebpo, f.name) != getattr(EBPOOptions(), f.name)
+            }
+            _require(
+                not changed,
+                f"algorithm.ebpo sets EBPO's options {changed}, which algorithm.estimator={self.estimator} does "
+                "not read; set algorithm.estimator=ebpo or leave algorithm.ebpo at its defaults",
+            )
+
+    def estimator_kwargs(self) -> dict[str, Any]:
+        """The keyword options ``ebpo.get_estimator(self.estimator, **options)`` takes: EBPO's section for
+        ``ebpo``, ``estimator_options`` for any other."""
+        return dataclasses.asdict(self.ebpo) if self.estimator == "ebpo" else dict(self.estimator_options)
 
 
 @dataclass
 class OptimConfig:
     """AdamW and the PPO-style update schedule."""
 
-    lr: float = _help(
+    lr: float = option(
         "AdamW learning rate (the paper: 1e-6 on 7-8B models). Default 2e-4 for the small built-in base "
         "model with 32 prompts per step (docs/training.md).",
         default=2e-4,
+        gt=0,
     )
-    weight_decay: float = _help("AdamW weight decay.", default=0.0)
-    betas: list[float] = _help("AdamW betas.", default_factory=lambda: [0.9, 0.999])
-    eps: float = _help("AdamW epsilon.", default=1e-8)
-    warmup_steps: int = _help(
-        "Linear learning-rate warm-up over this many steps (0 = constant lr).", default=0
+    weight_decay: float = option("AdamW weight decay.", default=0.0, ge=0)
+    betas: list[float] = option("AdamW betas.", default_factory=lambda: [0.9, 0.999])
+    eps: float = option("AdamW epsilon.", default=1e-8, gt=0, note="AdamW divides by sqrt(v) + eps")
+    warmup_steps: int = option(
+        "Linear learning-rate warm-up over this many steps (0 = constant lr).",
+        default=0,
+        ge=0,
+        note="0 = constant lr",
     )
-    epochs: int = _help("K: passes over each step's rollouts (PPO epochs).", default=1)
-    mini_batch_size: int = _help(
+    epochs: int = option("K: passes over each step's rollouts (PPO epochs).", default=1, ge=1)
+    mini_batch_size: int = option(
         "Prompts per optimizer update (verl's ppo_mini_batch_size); batch_size / mini_batch_size updates "
         "per epoch. The paper: 128 of 512.",
         default=4,
+        ge=1,
     )
-    micro_batch_size: int | None = _help(
+    micro_batch_size: int | None = option(
         "Sequences per forward/backward pass inside a mini-batch (gradient accumulation, for memory). Each "
         "part's loss is weighted by its share of the mini-batch's tokens (token-mean) or sequences, so with "
         "the vanilla loss the gradient equals the whole mini-batch's; clip_cov and kl_cov pick their tokens "
         "within each part, so with them it changes the loss. Default null = the whole mini-batch at once.",
         default=None,
+        ge=1,
     )
-    grad_clip: float = _help("Clip the global gradient norm to this value (0 = no clipping).", default=1.0)
-    shared_prompts: bool = _help(
+    grad_clip: float = option(
+        "Clip the global gradient norm to this value (0 = no clipping).", default=1.0, ge=0, note="0 = off"
+    )
+    shared_prompts: bool = option(
         "Forward passes of the updates, the old-log-prob recompute and actor/step_kl run each distinct "
         "prompt once, packed with the others with little padding, and its responses on that prompt's cached keys "
         "and values, as the sampler does (default false: every row runs its own copy of the prompt). The same math "
@@ -238,58 +295,122 @@ class OptimConfig:
         default=False,
     )
 
+    def __post_init__(self) -> None:
+        _require(
+            len(self.betas) == 2 and all(0 <= beta < 1 for beta in self.betas),
+            f"optim.betas must be two numbers in [0, 1) like [0.9, 0.999], got {self.betas}",
+        )
+
 
 @dataclass
 class RunConfig:
     """Length of the run, evaluation, checkpoints, reproducibility."""
 
-    steps: int = _help("Training steps (one batch of prompts each).", default=150)
-    eval_every: int = _help(
-        "Validate every N steps (and at step 0 and at the end); 0 = only before/after.", default=50
+    steps: int = option("Training steps (one batch of prompts each).", default=150, ge=1)
+    eval_every: int = option(
+        "Validate every N steps (and at step 0 and at the end); 0 = only before/after.",
+        default=50,
+        ge=0,
+        note="0 = off",
     )
-    eval_n: int = _help(
-        "Samples per validation problem; pass@1 is averaged over them (the paper: 32).", default=8
+    eval_n: int = option(
+        "Samples per validation problem; pass@1 is averaged over them (the paper: 32).", default=8, ge=1
     )
-    eval_k: int = _help("maj@k used for best-checkpoint selection (the paper: 16); k <= eval_n.", default=8)
-    eval_temperature: float = _help("Sampling temperature for validation.", default=1.0)
-    save_every: int = _help(
-        "Write a checkpoint every N steps (and at the end); 0 = only at the end.", default=50
+    eval_k: int = option(
+        "maj@k used for best-checkpoint selection (the paper: 16); k <= eval_n.", default=8, ge=1
     )
-    out_dir: str = _help(
+    eval_temperature: float = option("Sampling temperature for validation.", default=1.0, gt=0)
+    save_every: int = option(
+        "Write a checkpoint every N steps (and at the end); 0 = only at the end.",
+        default=50,
+        ge=0,
+        note="0 = off",
+    )
+    out_dir: str = option(
         "Parent directory of run directories; a run writes to <out_dir>/<timestamp>-<method>.", default="runs"
     )
-    name: str | None = _help("Run directory name (default <timestamp>-<method>).", default=None)
-    seed: int = _help(
-        "Seed for Python, NumPy, torch and the sampling generator, in [0, 2**32 - 1].", default=0
+    name: str | None = option("Run directory name (default <timestamp>-<method>).", default=None)
+    seed: int = option(
+        "Seed for Python, NumPy, torch and the sampling generator, in [0, 2**32 - 1].",
+        default=0,
+        ge=0,
+        le=SEED_MAX,
     )
-    device: str = _help("auto (cuda if available) | cpu | cuda | cuda:N.", default="auto")
-    threads: int | None = _help(
+    device: str = option("auto (cuda if available) | cpu | cuda | cuda:N.", default="auto")
+    threads: int | None = option(
         "torch CPU threads, set before the base model is built (null = torch's choice). Default 1: the "
-        "small built-in model gains little from intra-op threads, and on a busy machine they "
-        "spin-wait (measured 3x slower with 2 threads on a loaded 2-core box). Raise it for larger models.",
+        "small built-in model gains little from intra-op threads, and on a busy machine they spin-wait and "
+        "slow the run down. Raise it for larger models.",
         default=1,
+        ge=1,
+        note="or null for torch's choice",
     )
-    step_kl: str = _help(
+    step_kl: Literal["all", "subset", "none"] = option(
         "Tokens of actor/step_kl, KL(pi_t || pi_t+1), a forward pass after the updates: all (default; "
         "every token of the step) | subset (every U-th row of the step, U = batch_size / mini_batch_size "
         "updates: an estimate from a mini-batch's worth of rows, at that share of the pass's cost) | none "
         "(not computed or logged). Training is the same under all three, to the bit.",
         default="all",
     )
-    progress: bool = _help("Show a tqdm progress bar.", default=True)
-    plot: bool = _help("Write training.png into the run directory at the end.", default=True)
+    progress: bool = option("Show a tqdm progress bar.", default=True)
+    plot: bool = option("Write training.png into the run directory at the end.", default=True)
+
+    def __post_init__(self) -> None:
+        _require(
+            self.eval_k <= self.eval_n,
+            f"run.eval_k ({self.eval_k}) must be <= run.eval_n ({self.eval_n}); raise run.eval_n or lower "
+            "run.eval_k",
+        )
+        device = self.device
+        _require(
+            device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit()),
+            f"run.device must be auto | cpu | cuda | cuda:N, got {device!r}",
+        )
 
 
 @dataclass
 class TrainConfig:
     """Everything `ebpo train` needs, in six sections."""
 
-    model: ModelConfig = _help("The policy model.", default_factory=ModelConfig)
-    data: DataConfig = _help("Prompts, sampler, batch and group size.", default_factory=DataConfig)
-    rollout: RolloutConfig = _help("Sampling of responses.", default_factory=RolloutConfig)
-    algorithm: AlgorithmConfig = _help("Estimator, loss, shaping.", default_factory=AlgorithmConfig)
-    optim: OptimConfig = _help("Optimizer and update schedule.", default_factory=OptimConfig)
-    run: RunConfig = _help("Steps, evaluation, checkpoints, seed, device.", default_factory=RunConfig)
+    model: ModelConfig = option("The policy model.", default_factory=ModelConfig)
+    data: DataConfig = option("Prompts, sampler, batch and group size.", default_factory=DataConfig)
+    rollout: RolloutConfig = option("Sampling of responses.", default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = option("Estimator, loss, shaping.", default_factory=AlgorithmConfig)
+    optim: OptimConfig = option("Optimizer and update schedule.", default_factory=OptimConfig)
+    run: RunConfig = option("Steps, evaluation, checkpoints, seed, device.", default_factory=RunConfig)
+
+    def __post_init__(self) -> None:
+        """The rules that join two sections."""
+        d, a, o = self.data, self.algorithm, self.optim
+        _require(
+            d.batch_size % o.mini_batch_size == 0,
+            f"data.batch_size ({d.batch_size}) must be a multiple of optim.mini_batch_size "
+            f"({o.mini_batch_size}); e.g. set optim.mini_batch_size={largest_divisor(d.batch_size, o.mini_batch_size)}",
+        )
+        if o.micro_batch_size is not None:
+            per_mini = o.mini_batch_size * d.group_size
+            _require(
+                per_mini % o.micro_batch_size == 0,
+                f"optim.micro_batch_size ({o.micro_batch_size}) must divide the sequences per mini-batch "
+                f"({o.mini_batch_size} prompts x G={d.group_size} = {per_mini}), or be null",
+            )
+        _require(
+            not (o.shared_prompts and self.model.gradient_checkpointing),
+            "optim.shared_prompts=true needs the KV cache, which model.gradient_checkpointing=true turns off; "
+            "set one of them to false",
+        )
+        if a.overlong_shaping:
+            _require(
+                0 < a.overlong_cache_len < self.rollout.max_new_tokens,
+                f"algorithm.overlong_cache_len ({a.overlong_cache_len}) must be in (0, rollout.max_new_tokens="
+                f"{self.rollout.max_new_tokens})",
+            )
+        if a.estimator == "ebpo" and a.ebpo.prior_scope == "cluster":
+            _require(
+                d.cluster_key != "none",
+                "algorithm.ebpo.prior_scope=cluster needs cluster keys: set data.cluster_key=topic or "
+                "data.cluster_key=difficulty",
+            )
 
     @property
     def method(self) -> str:
@@ -303,208 +424,9 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     def validate(self) -> TrainConfig:
-        """Check values and combinations; raise :class:`ConfigError` whose message says the fix."""
-        _validate(self)
-        return self
-
-
-# ---------------------------------------------------------------------------------------------------
-# validation
-
-
-def _check(condition: bool, message: str) -> None:
-    if not condition:
-        raise ConfigError(message)
-
-
-def _choices(kind: str, key: str, value: str, valid: Iterable[str]) -> None:
-    names = sorted(valid)
-    _check(value in names, f"unknown {kind} {value!r} for {key}; valid choices: {', '.join(names)}")
-
-
-CLUSTER_KEYS = ["none", "topic", "difficulty"]
-OLD_LOGP_SOURCES = ["recompute", "sampler"]
-STEP_KL_SCOPES = ["all", "subset", "none"]
-DTYPES = ["float32", "bfloat16", "float16"]
-DIFFICULTY_SOURCES = ["record", "level"]
-TRAINER_SET_LOSS_FIELDS = {"loss_agg_mode", "max_response_len", "generator"}
-"""PolicyLossConfig fields the trainer fills itself (from algorithm.loss_agg_mode, rollout.max_new_tokens and
-the run's seeded generator), so they are not accepted in algorithm.loss_options."""
-SEED_MAX = 2**32 - 1
-"""The largest seed NumPy accepts (``np.random.seed`` takes [0, 2**32 - 1])."""
-
-
-def _validate(cfg: TrainConfig) -> None:
-    # imported here, not at the top, so that `import ebpo.trainer` and `ebpo --help` do not pay for torch
-    import ebpo.advantages as advantages
-    import ebpo.losses as losses
-    from ebpo import rewards, tasks
-    from ebpo.data import loaders, samplers
-
-    _check_every_field(cfg)
-    d, r, a, o, run = cfg.data, cfg.rollout, cfg.algorithm, cfg.optim, cfg.run
-    _choices("estimator", "algorithm.estimator", a.estimator, advantages.list_estimators())
-    _choices("policy loss", "algorithm.policy_loss", a.policy_loss, losses.list_policy_losses())
-    _choices("aggregation mode", "algorithm.loss_agg_mode", a.loss_agg_mode, losses.AGG_MODES)
-    _choices("KL estimator", "algorithm.kl_estimator", a.kl_estimator, losses.KL_ESTIMATORS)
-    _choices("sampler", "data.sampler", d.sampler, samplers.list_samplers())
-    _choices("cluster key", "data.cluster_key", d.cluster_key, CLUSTER_KEYS)
-    _choices("dtype", "model.dtype", cfg.model.dtype, DTYPES)
-    _choices("difficulty source", "data.difficulty_source", d.difficulty_source, DIFFICULTY_SOURCES)
-    _choices("old log-prob source", "rollout.old_logp", r.old_logp, OLD_LOGP_SOURCES)
-    _choices("step KL scope", "run.step_kl", run.step_kl, STEP_KL_SCOPES)
-    loss_fields = {f.name for f in dataclasses.fields(losses.PolicyLossConfig)} - TRAINER_SET_LOSS_FIELDS
-    unknown = sorted(set(a.loss_options) - loss_fields)
-    _check(
-        not unknown,
-        f"algorithm.loss_options has unknown field(s) {unknown}; valid PolicyLossConfig fields: "
-        f"{', '.join(sorted(loss_fields))}",
-    )
-    try:  # each key against the estimator's options (EBPO: advantages.EBPOOptions), named in the message
-        advantages.check_options(a.estimator, a.estimator_options, where="algorithm.estimator_options")
-    except ValueError as err:
-        raise ConfigError(str(err)) from err
-    if d.reward is not None:
-        _choices("reward", "data.reward", d.reward, rewards.list_rewards())
-    if d.train_file is None:
-        _choices("task", "data.task", d.task, tasks.list_tasks())
-    for path_key, path in (("data.train_file", d.train_file), ("data.val_file", d.val_file)):
-        _check(
-            path is None or path.startswith("hf://") or Path(path).exists(),
-            f"{path_key}: file not found: {path}",
-        )
-    _choices("schema", "data.schema", d.schema, loaders.list_schemas())
-    positive = {
-        "data.batch_size": d.batch_size,
-        "data.group_size": d.group_size,
-        "data.train_size": d.train_size,
-        "data.val_size": d.val_size,
-        "data.difficulty_buckets": d.difficulty_buckets,
-        "rollout.max_new_tokens": r.max_new_tokens,
-        "optim.epochs": o.epochs,
-        "optim.mini_batch_size": o.mini_batch_size,
-        "run.steps": run.steps,
-        "run.eval_n": run.eval_n,
-        "run.eval_k": run.eval_k,
-    }
-    for key, value in positive.items():
-        _check(value >= 1, f"{key} must be >= 1, got {value}")
-    _check(
-        r.temperature > 0,
-        f"rollout.temperature must be > 0, got {r.temperature} (use a small value like 0.01)",
-    )
-    _check(0 < r.top_p <= 1, f"rollout.top_p must be in (0, 1], got {r.top_p}")
-    _check(run.eval_temperature > 0, f"run.eval_temperature must be > 0, got {run.eval_temperature}")
-    _check(o.lr > 0, f"optim.lr must be > 0, got {o.lr}")
-    _check(o.warmup_steps >= 0, f"optim.warmup_steps must be >= 0 (0 = constant lr), got {o.warmup_steps}")
-    _check(o.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {o.weight_decay}")
-    _check(
-        len(o.betas) == 2 and all(0 <= beta < 1 for beta in o.betas),
-        f"optim.betas must be two numbers in [0, 1) like [0.9, 0.999], got {o.betas}",
-    )
-    _check(o.eps > 0, f"optim.eps must be > 0 (AdamW divides by sqrt(v) + eps), got {o.eps}")
-    _check(o.grad_clip >= 0, f"optim.grad_clip must be >= 0 (0 = off), got {o.grad_clip}")
-    _check(a.kl_coef >= 0, f"algorithm.kl_coef must be >= 0, got {a.kl_coef}")
-    _check(
-        d.batch_size % o.mini_batch_size == 0,
-        f"data.batch_size ({d.batch_size}) must be a multiple of optim.mini_batch_size ({o.mini_batch_size}); "
-        f"e.g. set optim.mini_batch_size={largest_divisor(d.batch_size, o.mini_batch_size)}",
-    )
-    if o.micro_batch_size is not None:
-        per_mini = o.mini_batch_size * d.group_size
-        _check(
-            o.micro_batch_size >= 1 and per_mini % o.micro_batch_size == 0,
-            f"optim.micro_batch_size ({o.micro_batch_size}) must divide the sequences per mini-batch "
-            f"({o.mini_batch_size} prompts x G={d.group_size} = {per_mini}), or be null",
-        )
-    _check(
-        not (o.shared_prompts and cfg.model.gradient_checkpointing),
-        "optim.shared_prompts=true needs the KV cache, which model.gradient_checkpointing=true turns off; "
-        "set one of them to false",
-    )
-    _check(
-        run.eval_k <= run.eval_n,
-        f"run.eval_k ({run.eval_k}) must be <= run.eval_n ({run.eval_n}); raise run.eval_n or lower run.eval_k",
-    )
-    _check(
-        run.eval_every >= 0 and run.save_every >= 0,
-        "run.eval_every and run.save_every must be >= 0 (0 = off)",
-    )
-    _check(
-        run.threads is None or run.threads >= 1,
-        f"run.threads must be >= 1 (or null for torch's choice), got {run.threads}",
-    )
-    _check(0 <= run.seed <= SEED_MAX, f"run.seed must be in [0, {SEED_MAX}], got {run.seed}")
-    if a.overlong_shaping:
-        _check(
-            0 < a.overlong_cache_len < r.max_new_tokens,
-            f"algorithm.overlong_cache_len ({a.overlong_cache_len}) must be in (0, rollout.max_new_tokens="
-            f"{r.max_new_tokens})",
-        )
-    _check(a.max_gen_rounds >= 0, f"algorithm.max_gen_rounds must be >= 0, got {a.max_gen_rounds}")
-    if a.estimator_options.get("prior_scope") == "cluster":
-        _check(
-            d.cluster_key != "none",
-            "algorithm.estimator_options.prior_scope=cluster needs cluster keys: set data.cluster_key=topic "
-            "or data.cluster_key=difficulty",
-        )
-    if d.group_size == 1:
-        _check_groups_of_one(a)
-    _check(
-        run.device == "auto" or run.device == "cpu" or run.device.startswith("cuda"),
-        f"run.device must be auto | cpu | cuda | cuda:N, got {run.device!r}",
-    )
-    if run.device.startswith("cuda"):
-        import torch
-
-        _check(
-            torch.cuda.is_available(),
-            f"run.device={run.device} but no CUDA device is visible; use run.device=cpu",
-        )
-
-
-def _check_every_field(cfg: TrainConfig) -> None:
-    """Rules that hold for every field of a type: numbers are finite (in lists and option dicts too), and a
-    string is never empty (``model.path=`` would otherwise mean the current directory)."""
-    for key, value, tp, f in _leaves(cfg):
-        if value == "":
-            optional = type(None) in typing.get_args(tp)
-            fix = f", or {key}=null for the default" if optional else f" (default {_default(f)!r})"
-            raise ConfigError(f"{key} is empty; set a value{fix}")
-        if isinstance(value, list):
-            items = [(f"{key}[{i}]", item) for i, item in enumerate(value)]
-        elif isinstance(value, dict):
-            items = [(f"{key}.{name}", item) for name, item in value.items()]
-        else:
-            items = [(key, value)]
-        for where, item in items:
-            _check(
-                not isinstance(item, float) or math.isfinite(item),
-                f"{where} must be a finite number, got {item}",
-            )
-
-
-def _check_groups_of_one(a: AlgorithmConfig) -> None:
-    """With G = 1 a group-relative baseline (GRPO, Dr. GRPO, RLOO, REINFORCE++) is the sample's own reward, so
-    every advantage is 0 and nothing trains. The estimator is probed on four groups of one with distinct
-    rewards, so the rule follows the estimators' code, not a list of names kept here."""
-    import torch
-
-    from ebpo import advantages
-
-    def zero_on_groups_of_one(name: str, options: dict[str, Any]) -> bool:
-        adv_N = advantages.get_estimator(name, **options)(
-            torch.tensor([0.0, 1.0, 0.25, 0.75]), torch.arange(4)
-        )
-        return bool(adv_N.abs().max() <= advantages.ZERO_ADV_TOL)
-
-    if zero_on_groups_of_one(a.estimator, a.estimator_options):
-        pooled = [name for name in advantages.list_estimators() if not zero_on_groups_of_one(name, {})]
-        raise ConfigError(
-            f"data.group_size=1 gives estimator {a.estimator!r} all-zero advantages (each group's baseline is "
-            f"its own reward), so nothing would train; set data.group_size >= 2, or use an estimator whose "
-            f"baseline pools groups: algorithm.estimator={' | '.join(pooled)}"
-        )
+        """Check every value and combination again (fields may have been set by hand since); raise
+        :class:`ConfigError` whose message says the fix."""
+        return dataclass_cli.check(self)
 
 
 def largest_divisor(n: int, at_most: int) -> int:
@@ -513,246 +435,40 @@ def largest_divisor(n: int, at_most: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------
-# construction from dicts, YAML and key=value overrides
+# presets, files and overrides
 
-
-def _field_types(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _is_dataclass_type(tp: Any) -> bool:
-    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
-
-
-def _leaves(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any, Any, dataclasses.Field]]:
-    """(dotted key, value, annotation, field) of every leaf field of a config dataclass instance."""
-    hints = _field_types(type(obj))
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if _is_dataclass_type(hints[f.name]):
-            yield from _leaves(value, f"{prefix}{f.name}.")
-        else:
-            yield f"{prefix}{f.name}", value, hints[f.name], f
-
-
-def _default(f: dataclasses.Field) -> Any:
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Check ``value`` against the annotation ``tp`` (ints widen to floats); raise ConfigError otherwise."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(tp)
-        if value is None and type(None) in options:
-            return None
-        errors = []
-        for option in options:
-            if option is type(None):
-                continue
-            try:
-                return _coerce(value, option, key)
-            except ConfigError as err:
-                errors.append(str(err))
-        raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
-    if tp is Any:
-        return value
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key} must be true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key} must be an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{key} must be a number, got {value!r}")
-    if tp is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(f"{key} must be a string, got {value!r}")
-    if origin is dict:
-        if isinstance(value, dict):
-            return dict(value)
-        raise ConfigError(f"{key} must be a mapping like {{name: value}}, got {value!r}")
-    if origin is list:
-        if isinstance(value, (list, tuple)):
-            (item_tp,) = typing.get_args(tp)
-            return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
-        raise ConfigError(f"{key} must be a list like [a, b], got {value!r}")
-    raise ConfigError(f"{key}: unsupported type {tp}")  # pragma: no cover - all fields are covered above
-
-
-def _apply(obj: Any, values: dict[str, Any], prefix: str) -> None:
-    """Set the fields of dataclass instance ``obj`` from nested ``values``, checking keys and types."""
-    if not isinstance(values, dict):
-        raise ConfigError(f"{prefix or 'the config'} must be a mapping of keys, got {values!r}")
-    hints = _field_types(type(obj))
-    for key, value in values.items():
-        full = f"{prefix}{key}"
-        if key not in hints:
-            valid = ", ".join(f"{prefix}{name}" for name in hints)
-            raise ConfigError(f"unknown config key {full!r}; valid keys: {valid}")
-        tp = hints[key]
-        if _is_dataclass_type(tp):
-            _apply(getattr(obj, key), value, f"{full}.")
-        else:
-            setattr(obj, key, _coerce(value, tp, full))
-
-
-def from_dict(values: dict[str, Any]) -> TrainConfig:
-    """Build a config from a nested dict (the YAML layout); unknown keys raise ConfigError."""
-    cfg = TrainConfig()
-    _apply(cfg, values or {}, "")
-    return cfg
-
-
-def parse_override(item: str) -> tuple[list[str], Any]:
-    """``"a.b=0.8"`` -> (["a", "b"], 0.8); the value is parsed as a YAML scalar/flow value."""
-    import yaml
-
-    if "=" not in item:
-        raise ConfigError(f"override {item!r} is not key=value (e.g. algorithm.estimator=grpo)")
-    key, raw = item.split("=", 1)
-    key = key.strip()
-    if not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"override {item!r} has an empty key part (e.g. algorithm.estimator=grpo)")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    return key.split("."), value
-
-
-def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Merge ``key=value`` overrides into a nested dict. Keys inside a dict field (``estimator_options``)
-    nest; everything else is checked when the dict is applied to the dataclasses."""
-    for item in overrides:
-        path, value = parse_override(item)
-        node = values
-        for part in path[:-1]:
-            child = node.get(part)
-            if not isinstance(child, dict):
-                child = {}
-                node[part] = child
-            node = child
-        node[path[-1]] = value
-    return values
-
-
-def merge_dicts(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    """``base`` updated by ``extra``, recursively where both hold a dict at the same key (neither is changed)."""
-    out = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge_dicts(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def _unique_key_loader():
-    """A ``yaml.SafeLoader`` subclass that rejects a mapping holding the same key twice (PyYAML keeps the
-    last one silently, so a preset that sets ``optim.lr`` twice would train with whichever came second)."""
-    import yaml
-
-    class UniqueKeyLoader(yaml.SafeLoader):
-        pass
-
-    def construct_mapping(loader: UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-        first_line: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = loader.construct_object(key_node)
-            if key in first_line:
-                raise yaml.constructor.ConstructorError(
-                    None,
-                    None,
-                    f"key {key!r} appears twice in one mapping (lines {first_line[key] + 1} and "
-                    f"{key_node.start_mark.line + 1}); keep one",
-                    key_node.start_mark,
-                )
-            first_line[key] = key_node.start_mark.line
-        return loader.construct_mapping(node)
-
-    UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
-    return UniqueKeyLoader
-
-
-def parse_yaml(text: str) -> Any:
-    """``text`` parsed as YAML with the safe loader, a key repeated within one mapping being an error
-    (``yaml.YAMLError``)."""
-    import yaml
-
-    return yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 - a SafeLoader subclass
-
-
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    """The mapping in the YAML file ``path``; a missing file, invalid YAML, a repeated key or a top level
-    that is not a mapping raise ``ConfigError`` naming the file."""
-    import yaml
-
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
-    try:
-        values = parse_yaml(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from err
-    if not isinstance(values, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections (model, data, ...)")
-    return values
-
-
-PRESETS_DIR = Path(__file__).resolve().parents[1] / "configs"
-
-
-def list_presets() -> list[str]:
-    """Names of the presets shipped with the package (``src/ebpo/configs/<name>.yaml``), sorted."""
-    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
-
-
-def resolve_config(name_or_path: str | Path) -> Path:
-    """The YAML file of ``--config``: an existing file as given, else the shipped preset of that name
-    (``grpo`` or ``grpo.yaml``); neither raises ``ConfigError`` listing the presets."""
-    path = Path(name_or_path).expanduser()
-    if path.is_file():
-        return path
-    text = str(name_or_path)
-    stem = text[: -len(".yaml")] if text.endswith(".yaml") else text
-    if "/" not in stem and (PRESETS_DIR / f"{stem}.yaml").is_file():
-        return PRESETS_DIR / f"{stem}.yaml"
-    raise ConfigError(
-        f"--config {text}: no such file and no preset of that name; presets: {', '.join(list_presets())}"
-    )
+RENAMED = {"algorithm.loss_options": "algorithm.loss"}
+"""Earlier spellings of keys, read as their present ones; so is ``algorithm.estimator_options`` as
+``algorithm.ebpo`` when the estimator is ``ebpo`` (:func:`load_config`; for other estimators it holds their
+own options)."""
 
 
 def load_config(
     path: str | Path | None = None,
     overrides: list[str] | None = None,
     *,
-    validate: bool = True,
     base: dict[str, Any] | None = None,
 ) -> TrainConfig:
-    """Defaults <- ``base`` dict <- YAML file ``path`` (a file, or a preset name: :func:`resolve_config`) <-
-    ``overrides``; validated unless ``validate=False``."""
-    values: dict[str, Any] = dict(base or {})
+    """Defaults <- ``base`` (a nested dict: a run's saved config.yaml) <- the YAML file ``path`` (a file, or a
+    preset name: :func:`resolve_config`) <- ``overrides`` (``key=value``), each checked; ``ConfigError`` names
+    the key at fault (and the file, when it came from one)."""
+    layers = [base or {}]
     if path is not None:
         path = resolve_config(path)
-        values = merge_dicts(values, read_yaml(path))
-    values = apply_overrides(values, list(overrides or []))
+        layers.append(read_yaml(path))
+    overrides = list(overrides or [])
+    # algorithm.estimator_options is EBPO's section only when the estimator is ebpo: find the estimator first
+    algorithm = dataclass_cli.merge(layers, overrides).get("algorithm")
+    estimator = algorithm.get("estimator", "ebpo") if isinstance(algorithm, dict) else "ebpo"
+    renames = {
+        **RENAMED,
+        **({"algorithm.estimator_options": "algorithm.ebpo"} if estimator == "ebpo" else {}),
+    }
     try:
-        cfg = from_dict(values)
+        return dataclass_cli.build(TrainConfig, dataclass_cli.merge(layers, overrides, renames))
     except ConfigError as err:
         where = f" (in {path})" if path is not None else ""
-        raise ConfigError(f"{err}{where}") from err
-    return cfg.validate() if validate else cfg
+        raise ConfigError(f"{err}{where}") from None
 
 
 def save_config(cfg: TrainConfig, path: str | Path) -> None:
@@ -763,16 +479,5 @@ def save_config(cfg: TrainConfig, path: str | Path) -> None:
 
 
 def describe() -> list[tuple[str, str, str]]:
-    """(dotted key, default, help) for every leaf field, for ``ebpo train --help-config``; EBPO's options
-    (``ebpo.advantages.EBPOOptions``) follow ``algorithm.estimator_options``."""
-    from ebpo.advantages import EBPOOptions
-
-    rows = []
-    for key, default, _, f in _leaves(TrainConfig()):
-        rows.append((key, repr(default), f.metadata.get("help", "")))
-        if key == "algorithm.estimator_options":
-            rows += [
-                (f"{key}.{option.name}", repr(option.default), f"(estimator ebpo) {option.metadata['help']}")
-                for option in dataclasses.fields(EBPOOptions)
-            ]
-    return rows
+    """(dotted key, default, help) of every option, for ``ebpo train --help-config``."""
+    return dataclass_cli.describe(TrainConfig)

@@ -1,12 +1,16 @@
 """What a run is built from: prompts (records, sampler, reward), policy (model, reference, tokenizer), algorithm
 (estimator, policy loss), optimizer.
 
-Everything here fails before training, with one line naming the file, record or key and the fix.
+Everything here fails before training, with one line naming the file, record or key and the fix;
+:func:`check_setup` first, before a run directory is claimed or a model loaded: what a config cannot check
+alone (the names it gives in their registries, the estimator's options and its groups of one, data files,
+the CUDA device).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import dataclasses
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -14,14 +18,15 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
-from ebpo.advantages import AdvantageEstimator, get_estimator
-from ebpo.data.loaders import load_records
+from ebpo.advantages import ZERO_ADV_TOL, AdvantageEstimator, check_options, get_estimator, list_estimators
+from ebpo.data.loaders import get_schema, load_records
 from ebpo.data.records import Record
-from ebpo.data.samplers import cluster_key, get_sampler
+from ebpo.data.samplers import cluster_key, get_sampler, list_samplers
 from ebpo.generation import in_kernel_gqa
 from ebpo.losses import PolicyLossConfig, get_policy_loss
 from ebpo.models.base_model import build_base_model
-from ebpo.rewards import get_reward
+from ebpo.registry import unknown_choice
+from ebpo.rewards import get_reward, list_rewards
 from ebpo.tasks import get_task
 from ebpo.trainer.config import ConfigError, OptimConfig, TrainConfig
 from ebpo.trainer.rollout import check_shared_prompt_attention
@@ -61,9 +66,84 @@ class Algorithm(NamedTuple):
     loss_cfg: PolicyLossConfig
 
 
+def check_setup(cfg: TrainConfig) -> None:
+    """What ``cfg`` cannot check alone, each a ``ConfigError`` naming the key: the names it gives are in their
+    registries (an unknown one lists the valid ones), the estimator takes its options and, at G = 1, learns
+    (:func:`check_groups_of_one`), the data files exist and a CUDA device asked for is visible."""
+    d, a = cfg.data, cfg.algorithm
+    look_ups: list[tuple[str, Callable[[str], Any], str | None]] = [
+        ("algorithm.estimator", _estimator_class, a.estimator),
+        ("algorithm.policy_loss", get_policy_loss, a.policy_loss),
+        ("data.sampler", _sampler_name, d.sampler),
+        ("data.schema", get_schema, d.schema),
+        (
+            "data.task",
+            get_task,
+            d.task if d.train_file is None or d.val_file is None or d.reward is None else None,
+        ),
+        ("data.reward", _reward_name, d.reward),
+    ]
+    for key, get, name in look_ups:
+        try:
+            if name is not None:
+                get(name)
+        except ValueError as err:
+            raise ConfigError(f"{key}: {err}") from None
+    options = a.estimator_kwargs()
+    try:  # each key against the estimator's options, named in the message
+        where = "algorithm.ebpo" if a.estimator == "ebpo" else "algorithm.estimator_options"
+        check_options(a.estimator, options, where=where)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if d.group_size == 1:
+        check_groups_of_one(a.estimator, options)
+    for key, path in (("data.train_file", d.train_file), ("data.val_file", d.val_file)):
+        if path is not None and not path.startswith("hf://") and not Path(path).exists():
+            raise ConfigError(f"{key}: file not found: {path}")
+    resolve_device(cfg.run.device)
+
+
+def _estimator_class(name: str) -> None:
+    if name not in list_estimators():
+        raise unknown_choice("advantage estimator", name, list_estimators())
+
+
+def _sampler_name(name: str) -> None:
+    if name not in list_samplers():  # get_sampler builds one, from records
+        raise unknown_choice("prompt sampler", name, list_samplers())
+
+
+def _reward_name(name: str) -> None:
+    if name not in list_rewards():  # get_reward builds one (math: a worker pool)
+        raise unknown_choice("reward", name, list_rewards())
+
+
+def check_groups_of_one(name: str, options: dict[str, Any]) -> None:
+    """With G = 1 a group-relative baseline (GRPO, Dr. GRPO, RLOO, REINFORCE++) is the sample's own reward, so
+    every advantage is 0 and nothing trains: ``ConfigError`` for such an estimator. Fresh estimators are probed
+    on four groups of one with distinct rewards, so the rule follows the estimators' code, not a list of names
+    kept here."""
+
+    def zero_on_groups_of_one(name: str, options: dict[str, Any]) -> bool:
+        adv_N = get_estimator(name, **options)(torch.tensor([0.0, 1.0, 0.25, 0.75]), torch.arange(4))
+        return bool(adv_N.abs().max() <= ZERO_ADV_TOL)
+
+    if zero_on_groups_of_one(name, options):
+        pooled = [other for other in list_estimators() if not zero_on_groups_of_one(other, {})]
+        raise ConfigError(
+            f"data.group_size=1 gives estimator {name!r} all-zero advantages (each group's baseline is "
+            f"its own reward), so nothing would train; set data.group_size >= 2, or use an estimator whose "
+            f"baseline pools groups: algorithm.estimator={' | '.join(pooled)}"
+        )
+
+
 def resolve_device(name: str) -> torch.device:
+    """``run.device`` as a torch device (``auto``: CUDA when one is visible); CUDA asked for and not visible
+    is a ``ConfigError``."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"run.device={name} but no CUDA device is visible; use run.device=cpu")
     return torch.device(name)
 
 
@@ -158,20 +238,20 @@ def build_algorithm(cfg: TrainConfig, generator: torch.Generator) -> Algorithm:
     is the run's seeded stream (Clip-Cov's choice of tokens draws from it)."""
     a = cfg.algorithm
     loss_cfg = PolicyLossConfig(
+        **dataclasses.asdict(a.loss),
         loss_agg_mode=a.loss_agg_mode,
         max_response_len=cfg.rollout.max_new_tokens,
         generator=generator,
-        **a.loss_options,
     )
     return Algorithm(
-        get_estimator(a.estimator, **a.estimator_options), get_policy_loss(a.policy_loss), loss_cfg
+        get_estimator(a.estimator, **a.estimator_kwargs()), get_policy_loss(a.policy_loss), loss_cfg
     )
 
 
 def build_optimizer(model: torch.nn.Module, o: OptimConfig) -> tuple[torch.optim.Optimizer, Any]:
     """AdamW over the trainable parameters, with a linear warm-up over ``optim.warmup_steps`` steps."""
     params = [p for p in model.parameters() if p.requires_grad]
-    beta1, beta2 = o.betas  # two numbers (TrainConfig.validate)
+    beta1, beta2 = o.betas  # two numbers (OptimConfig checks them)
     optimizer = torch.optim.AdamW(
         params, lr=o.lr, betas=(beta1, beta2), eps=o.eps, weight_decay=o.weight_decay
     )

@@ -61,6 +61,7 @@ from ebpo.trainer.setup import (
     build_algorithm,
     build_optimizer,
     check_prompt_lengths,
+    check_setup,
     load_policy,
     load_prompts,
     resolve_device,
@@ -94,6 +95,7 @@ class Trainer:
         overwrite: bool = False,
     ) -> None:
         self.cfg = cfg.validate()
+        check_setup(cfg)  # names, options, files, device: before a run directory is claimed
         if cfg.run.threads is not None:
             torch.set_num_threads(cfg.run.threads)
         self.device = resolve_device(cfg.run.device)
