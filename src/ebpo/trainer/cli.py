@@ -12,53 +12,81 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from ebpo.dataclass_cli import add_command, dataclass_parser
+from ebpo.trainer.presets import list_presets
 
 
-def add_parser(subparsers) -> None:
-    from ebpo.trainer.config import list_presets  # standard library only: keeps `ebpo --help` fast
+@dataclass
+class TrainCommand:
+    """What ``ebpo train`` runs beside the config keys (``TrainConfig``, given as ``KEY=VALUE`` overrides)."""
 
-    parser = subparsers.add_parser(
-        "train",
-        help="RL-train a causal LM with EBPO or a baseline (default: EBPO on the arith task, a few minutes on CPU)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    config: str | None = field(
+        default=None,
+        metadata={
+            "metavar": "NAME|FILE",
+            "help": f"a preset shipped with the package ({', '.join(list_presets())}; src/ebpo/configs/) or a "
+            "YAML file with any subset of the keys; default: built-in (= the ebpo preset)",
+        },
     )
+    resume: str | None = field(
+        default=None,
+        metadata={
+            "metavar": "DIR",
+            "help": "continue a run exactly from its last checkpoint (run directory); its config.yaml is the "
+            "base, --config and overrides apply on top (e.g. run.steps=200 to train longer)",
+        },
+    )
+    run_dir: str | None = field(
+        default=None,
+        metadata={"metavar": "DIR", "help": "write to this directory instead of runs/<timestamp>-<method>"},
+    )
+    overwrite: bool = field(
+        default=False,
+        metadata={
+            "help": "start over in a run directory that already holds a run, deleting its metrics, checkpoints, "
+            "TensorBoard logs, summary and plot (without it such a directory is refused; --resume continues it)"
+        },
+    )
+    help_config: bool = field(
+        default=False, metadata={"help": "print every config key with its default and help, and exit"}
+    )
+
+
+SWITCHES = ("overwrite", "help_config")
+"""TrainCommand's booleans: flags without a value, so that an override after them is not read as theirs."""
+
+
+def build_parser(prog: str = "ebpo train") -> argparse.ArgumentParser:
+    """``ebpo train``'s parser: one flag per field of :class:`TrainCommand` (``ebpo.dataclass_cli``) and the
+    positional ``KEY=VALUE`` overrides of the config."""
+    parser = dataclass_parser(prog, __doc__ or "", [TrainCommand], switches=SWITCHES, raw_description=True)
     parser.add_argument(
         "overrides",
         nargs="*",
         metavar="KEY=VALUE",
         help="dotted config overrides applied after --config, e.g. algorithm.estimator=grpo optim.lr=5e-5",
     )
-    parser.add_argument(
-        "--config",
-        metavar="NAME|FILE",
-        help=f"a preset shipped with the package ({', '.join(list_presets())}; src/ebpo/configs/) or a YAML "
-        f"file; default: built-in (= the ebpo preset)",
+    return parser
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``ebpo train`` (its parser is built when it runs: :func:`build_parser`)."""
+    add_command(
+        subparsers,
+        "train",
+        help="RL-train a causal LM with EBPO or a baseline (default: EBPO on the arith task, a few minutes on CPU)",
+        parser=build_parser,
+        run=run,
     )
-    parser.add_argument(
-        "--resume",
-        metavar="DIR",
-        help="continue a run exactly from its last checkpoint (run directory); its config.yaml is the base, "
-        "--config and overrides apply on top (e.g. run.steps=200 to train longer)",
-    )
-    parser.add_argument(
-        "--run-dir", metavar="DIR", help="write to this directory instead of runs/<timestamp>-<method>"
-    )
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="start over in a run directory that already holds a run, deleting its metrics, checkpoints, "
-        "TensorBoard logs, summary and plot (without it such a directory is refused; --resume continues it)",
-    )
-    parser.add_argument(
-        "--help-config", action="store_true", help="print every config key with its default and exit"
-    )
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ebpo.trainer.config import ConfigError, describe, load_config, read_yaml
+    from ebpo.errors import ConfigError
+    from ebpo.trainer.config import describe, load_config, read_yaml
 
     if args.help_config:
         for key, default, text in describe():
