@@ -304,3 +304,30 @@ def test_describe_lists_every_option_of_every_section():
         ("inner.names", "None", "optional names"),
         ("extra", "{}", "free options"),
     ]
+
+
+def test_a_command_reads_its_options_from_a_yaml_file_and_its_flags_win(tmp_path, capsys):
+    options = tmp_path / "simulate.yaml"
+    options.write_text("group-size: 8\nsteps: 50\nseeds: [3, 4]\n")  # a key spelled as the flag or the field
+    parser = dataclass_parser("ebpo simulate", "", [SimulateConfig])
+    config = from_args(SimulateConfig, parser.parse_args(["--config", str(options), "--steps", "60"]))
+    assert config == SimulateConfig(group_size=8, steps=60, seeds=[3, 4])
+    assert from_args(SimulateConfig, parser.parse_args([])) == SimulateConfig()  # the file set no default
+    sampling = tmp_path / "eval.yaml"
+    sampling.write_text("ks: [1, 4]\nn: 4\nquiet: true\n")
+    args = eval_parser().parse_args([f"--config={sampling}", "m1"])
+    assert (
+        args.ks == (1, 4) and args.quiet and args.models == ["m1"] and from_args(SamplingOptions, args).n == 4
+    )
+    # a key or value at fault: one usage error naming the file and the key
+    for text, message in (
+        ("stpes: 3\n", "unknown key 'stpes'; valid keys: concentration"),
+        ("steps: x\n", "steps must be an integer, got 'x'"),
+    ):
+        options.write_text(text)
+        with pytest.raises(SystemExit) as exit_info:
+            main(["simulate", "--config", str(options)])
+        assert exit_info.value.code == 2
+        assert f"ebpo simulate: error: {options}: {message}" in capsys.readouterr().err
+    # ebpo train's --config is its own: a preset or YAML file of TrainConfig keys
+    assert train_parser().parse_args(["--config", "grpo"]).config == "grpo"

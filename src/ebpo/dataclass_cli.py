@@ -1,34 +1,33 @@
 """Settings dataclasses, declared once, read from YAML files, dotted ``key=value`` overrides and flags.
 
 A settings dataclass declares each option once: its type (``Literal[...]`` for a fixed set of choices), its
-default and ``metadata["help"]``. A field whose type is itself a dataclass is a section of options, so
-sections nest (``TrainConfig.algorithm.ebpo``). Checks of values and combinations live in the dataclass's own
-``__post_init__``, whose ``ValueError`` says the fix. This module reads such dataclasses from what a user
-types, for every command:
+default, ``metadata["help"]`` and, through :func:`option`, the bounds its value keeps. A field whose type is
+itself a dataclass is a section, so sections nest (``TrainConfig.algorithm.ebpo``). How options combine is
+checked in the dataclass's own ``__post_init__``, whose ``ValueError`` says the fix. This module reads such
+dataclasses from what a user types, for every command:
 
-- **YAML files and dotted overrides** (``ebpo train --config grpo rollout.temperature=0.8``): :func:`read_yaml`
-  (a key repeated in one mapping is an error), :func:`parse_override` (``a.b=0.8``; the value is read as YAML:
-  ``true``, ``null``, ``[1, 2]``, ``{k: v}``), :func:`merge` (mappings, then overrides, each later one winning,
-  with keys renamed from their old spellings first) and :func:`build` (the merged mapping becomes an
-  instance). :func:`build` and :func:`check` (the same checks on an instance changed by hand) reject an
-  unknown key listing the valid keys of its section, a value of the wrong type or outside its ``Literal``,
-  a number that is not finite or an empty string, each naming its dotted key; an error of a ``__post_init__``
-  becomes one :class:`~ebpo.errors.ConfigError` naming the section. :func:`describe` lists every key with its
-  default and help (``ebpo train --help-config``).
+- **YAML and dotted overrides** (``ebpo train --config grpo rollout.temperature=0.8``): :func:`read_yaml` (a
+  key repeated in one mapping is an error), :func:`parse_override` (``a.b=0.8``; the value is YAML: ``true``,
+  ``null``, ``[1, 2]``, ``{k: v}``), :func:`merge` (mappings, then overrides, the later winning, keys renamed
+  from earlier spellings first) and :func:`build` (the mapping becomes an instance). :func:`build` and
+  :func:`check` (the same checks on an instance changed by hand) refuse an unknown key listing its section's
+  keys, and a value of the wrong type, outside its ``Literal`` or its bounds, not finite or empty, naming its
+  dotted key; a ``__post_init__`` error becomes one :class:`~ebpo.errors.ConfigError` naming the section.
+  :func:`describe` lists every key with its default and help (``ebpo train --help-config``).
 - **Flags** (``ebpo simulate``, ``eval``, ``annotate``, ``base-model``, and ``ebpo train``'s own switches):
-  :func:`dataclass_parser` makes every field of flat dataclasses a flag, with ``transformers.HfArgumentParser``
-  as in TRL's and transformers' own scripts: ``--field-name`` (and ``--field_name``), its help from
-  ``metadata["help"]`` with the default appended, more spellings from ``metadata["aliases"]`` (``-G``,
-  ``--judge-model``), choices from a ``Literal`` type, one or more values for a ``list`` field, and ``--flag`` /
-  ``--flag false`` for a boolean (``--no-flag`` too where the command asks for it). A ``tuple[int, ...]`` or
-  ``tuple[float, ...]`` field takes comma-separated values (``--level-weights 1,2,3``; ``--run-on-digits=``
-  for none). A dataclass with a class attribute ``_argument_group_name`` gets its own section in ``--help``.
+  :func:`dataclass_parser` makes every field of flat dataclasses a flag with ``transformers.HfArgumentParser``,
+  as TRL's and transformers' scripts do: ``--field-name`` (and ``--field_name``), its help with the default
+  appended, more spellings from ``metadata["aliases"]`` (``-G``, ``--judge-model``), choices from a
+  ``Literal``, one or more values for a ``list``, ``--flag`` / ``--flag false`` for a boolean (``--no-flag``
+  where asked for), comma-separated values for a ``tuple[int, ...]`` (``--level-weights 1,2,3``;
+  ``--run-on-digits=`` for none); a dataclass with ``_argument_group_name`` gets its own ``--help`` section.
+  ``--config FILE`` reads the same options from a YAML file (checked as :func:`build` checks), the flags
+  given winning.
 
 HfArgumentParser for flags because ``transformers`` is installed already and TRL users know its flags; it reads
-neither nested dataclasses nor dotted keys, hence the file and override half here (docs/design.md, "CLI").
-Importing it imports ``transformers`` (over a second), so :func:`add_command` builds a command's parser only
-when that command runs: ``ebpo --help`` stays fast. This module imports only the standard library (PyYAML and
-transformers when a function needs them).
+neither nested dataclasses nor dotted keys, hence the rest here (docs/design.md, "CLI"). Importing it imports
+``transformers`` (over a second), so :func:`add_command` builds a command's parser only when that command
+runs: ``ebpo --help`` stays fast. Otherwise this module imports the standard library (PyYAML when it reads).
 """
 
 from __future__ import annotations
@@ -38,6 +37,7 @@ import copy
 import dataclasses
 import math
 import re
+import sys
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -286,10 +286,11 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, dict):
             return {name: _finite(item, f"{key}.{name}") for name, item in value.items()}
         raise ConfigError(f"{key} must be a mapping like {{name: value}}, got {value!r}")
-    if origin is list:
+    if origin is list or (origin is tuple and typing.get_args(tp)[1:] == (Ellipsis,)):
         if isinstance(value, (list, tuple)):
-            (item_tp,) = typing.get_args(tp)
-            return [coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+            item_tp = typing.get_args(tp)[0]
+            items = [coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+            return items if origin is list else tuple(items)
         raise ConfigError(f"{key} must be a list like [a, b], got {value!r}")
     raise ConfigError(f"{key}: unsupported type {tp}")  # pragma: no cover - a field type not handled above
 
@@ -475,9 +476,12 @@ def dataclass_parser(
     fields = {f.name: f for cls in types for f in dataclasses.fields(cls) if f.init}
     _check_unique_flags(fields.values(), negatable)
     formatter = RawDescriptionDefaultsHelpFormatter if raw_description else DefaultsHelpFormatter
+    reads_file = "config" not in fields  # ebpo train's --config is its own (a TrainConfig preset)
+    hints = {name: tp for cls in types for name, tp in typing.get_type_hints(cls).items()}
+    parser_class = _with_config_file(HfArgumentParser, fields, hints) if reads_file else HfArgumentParser
     # "resolve": a switch below replaces the flag HfArgumentParser made for its field (no other flag can
     # clash: _check_unique_flags)
-    parser = HfArgumentParser(
+    parser = parser_class(
         list(types), prog=prog, description=description, formatter_class=formatter, conflict_handler="resolve"
     )
     for cls in types:
@@ -498,7 +502,56 @@ def dataclass_parser(
             default=argparse.SUPPRESS,  # the field's own flag sets the default
             help=f"the opposite of --{flag}",
         )
+    if reads_file:
+        parser.add_argument(
+            "--config",
+            metavar="FILE",
+            dest=CONFIG_FILE,
+            help="read options from a YAML file, one key per flag (max_new_tokens: 64, as --max-new-tokens 64); "
+            "flags on the command line win",
+        )
     return parser
+
+
+CONFIG_FILE = "config_file"
+"""Where ``--config FILE`` lands in the parsed flags."""
+
+
+def _with_config_file(
+    parser_class: type, fields: dict[str, dataclasses.Field], hints: dict[str, Any]
+) -> type:
+    """``parser_class`` whose ``parse_known_args`` first reads ``--config FILE``, a YAML mapping of ``fields``
+    by name checked as :func:`build` checks them (a key or value at fault is one usage error naming the
+    file): its values become the defaults, which the flags given override."""
+
+    class ConfigFileParser(parser_class):
+        def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+            words = [str(word) for word in (sys.argv[1:] if args is None else args)]
+            path = next(
+                (words[i + 1] for i, word in enumerate(words[:-1]) if word == "--config"),
+                next((word.split("=", 1)[1] for word in words if word.startswith("--config=")), None),
+            )
+            if path is not None:
+                try:
+                    given = vars(namespace) if namespace is not None else {}
+                    namespace = argparse.Namespace(**{**self.file_defaults(path), **given})
+                except ConfigError as err:
+                    self.error(str(err))
+            return super().parse_known_args(words, namespace)
+
+        def file_defaults(self, path: str) -> dict[str, Any]:
+            values = {}
+            for key, value in read_yaml(path).items():
+                name = str(key).replace("-", "_")
+                if name not in fields:
+                    raise ConfigError(f"{path}: unknown key {key!r}; valid keys: {', '.join(sorted(fields))}")
+                try:
+                    values[name] = _leaf(value, hints[name], fields[name], name)
+                except ConfigError as err:
+                    raise ConfigError(f"{path}: {err}") from None
+            return values
+
+    return ConfigFileParser
 
 
 def _spellings(name: str) -> list[str]:
