@@ -3,7 +3,7 @@
 Arm (a), ``estimators``: one loss for every method, only the advantage estimator and its options differ.
 The loss is GRPO's as published, the whole ``algorithm`` section of ``src/ebpo/configs/grpo.yaml`` (PPO clip 0.2 /
 0.2, dual clip 3, ``seq-mean-token-mean``, its KL to the reference policy, no dynamic sampling, no overlong
-shaping), with ``estimator`` and ``estimator_options`` replaced. So ``estimators/grpo`` *is* the published
+shaping), with ``estimator`` and its options replaced. So ``estimators/grpo`` *is* the published
 GRPO (the matrix runs it once for both arms) and every other row reads "GRPO with its advantage swapped":
 the framing of the paper, where EBPO replaces GRPO's baseline. Data order is ``src/ebpo/configs/ebpo.yaml``'s
 (random) for all; ``data.cluster_key`` only feeds the estimator (``prior_scope=cluster``).
@@ -149,7 +149,7 @@ def list_methods(arm: str) -> list[str]:
 def resolve_values(method: Method, configs: Path = CONFIGS) -> dict[str, Any]:
     """The method's config values before overrides: ``src/ebpo/configs/ebpo.yaml`` without its ``algorithm``
     section, then the preset (arm (a): only the loss preset's ``algorithm`` section, its estimator options
-    cleared, so that the method's overrides alone set the estimator)."""
+    cleared (``estimator_options`` and ``ebpo``), so that the method's overrides alone set the estimator)."""
     configs = Path(configs)
     shared = {key: value for key, value in read_yaml(configs / SHARED_PRESET).items() if key != "algorithm"}
     preset = read_yaml(configs / method.preset)
