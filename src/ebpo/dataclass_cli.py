@@ -255,7 +255,7 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
     if origin is Literal:
         choices = typing.get_args(tp)
-        if value in choices and type(value) is type(next(c for c in choices if c == value)):
+        if any(value == choice and type(value) is type(choice) for choice in choices):  # True is not 1
             return value
         raise ConfigError(f"unknown {key} {value!r}; valid choices: {', '.join(sorted(map(str, choices)))}")
     if tp is Any:
