@@ -3,6 +3,7 @@ EBPO's and the loss's options, and the names looked up when a run is set up."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import types
 import typing
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from ebpo import dataclass_cli
 from ebpo.advantages import EBPOOptions
@@ -257,6 +259,21 @@ algorithm:
     dual_clip_c: null
   kl_coef: 0.001
 """
+
+
+def test_every_listed_key_and_its_earlier_spelling_reads_its_default():
+    """Each key of --help-config, and algorithm.estimator_options.<option> / algorithm.loss_options.<option>
+    for EBPO's and the loss's options, set to the default it lists gives the default config."""
+    reference = load_config().to_dict()
+    for key, default, _ in describe():
+        value = (
+            yaml.safe_dump(ast.literal_eval(default), default_flow_style=True).removesuffix("...\n").strip()
+        )
+        earlier = key.replace("algorithm.ebpo.", "algorithm.estimator_options.").replace(
+            "algorithm.loss.", "algorithm.loss_options."
+        )
+        for spelling in dict.fromkeys([key, earlier]):
+            assert load_config(None, [f"{spelling}={value}"]).to_dict() == reference, spelling
 
 
 def test_a_run_saved_with_the_earlier_layout_resumes_as_it_was(tmp_path):
