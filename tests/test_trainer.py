@@ -294,6 +294,10 @@ def test_cli_reports_bad_config(capsys):
 
     assert main(["train", "algorithm.estimator=ppo"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("ebpo train: error: algorithm.estimator:") and "'ppo'" in err and "valid choices" in err
+    assert (
+        err.startswith("ebpo train: error: algorithm.estimator:")
+        and "'ppo'" in err
+        and "valid choices" in err
+    )
     assert main(["train", "--help-config"]) == 0
     assert "algorithm.estimator" in capsys.readouterr().out
