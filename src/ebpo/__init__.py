@@ -1,7 +1,8 @@
 """ebpo: Empirical Bayes Policy Optimization (GRPO with a shrinkage baseline) and its baselines for RLVR.
 
 Entry points: ``get_estimator`` / ``list_estimators`` / ``register_estimator`` (advantage estimators,
-``ebpo.advantages``) and ``get_policy_loss`` / ``list_policy_losses`` (``ebpo.losses``). All are imported
+``ebpo.advantages``), ``get_policy_loss`` / ``list_policy_losses`` (``ebpo.losses``) and ``diagnose`` (``ebpo
+diagnose`` in Python, ``ebpo.diagnostics``). All are imported
 on first use (PEP 562 ``__getattr__``), so ``import ebpo`` and ``ebpo --help`` do not pay for torch.
 """
 
@@ -18,10 +19,12 @@ _LAZY = {
     "register_estimator": "ebpo.advantages",
     "get_policy_loss": "ebpo.losses",
     "list_policy_losses": "ebpo.losses",
+    "diagnose": "ebpo.diagnostics",
 }
 
 __all__ = [
     "__version__",
+    "diagnose",
     "get_estimator",
     "get_policy_loss",
     "list_estimators",
@@ -31,6 +34,7 @@ __all__ = [
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time these come from __getattr__
     from ebpo.advantages import get_estimator, list_estimators, register_estimator
+    from ebpo.diagnostics import diagnose
     from ebpo.losses import get_policy_loss, list_policy_losses
 
 

@@ -15,6 +15,7 @@ import sys
 # subcommand -> module that defines add_parser(subparsers)
 SUBCOMMANDS: dict[str, str] = {
     "simulate": "ebpo.simulate",
+    "diagnose": "ebpo.diagnostics.cli",
     "base-model": "ebpo.models.cli",
     "train": "ebpo.trainer.cli",
     "eval": "ebpo.eval.cli",
