@@ -25,6 +25,9 @@ fallback the test suite exercises) and the table says so. The checks:
    prompts, lengths and sampling settings, float32 and bfloat16; responses per second of each.
 4. **TRL**: 5 steps of ``EBPOTrainer`` (TRL's ``GRPOTrainer`` with our advantages), beside 5 steps of our
    trainer at the same settings (``benchmarks/throughput.py``).
+5. **``ebpo diagnose``** with its defaults on the shipped model (docs/diagnose.md), on the device: its wall time
+   and, per G, EBPO's baseline error and gradient cosine against GRPO's in the table's row; its whole table is
+   appended below the check's table. Bound: every per-batch mean (baseline errors, cosine, norm) finite.
 
 What it needs beyond torch, transformers and accelerate (which the machine has): ``trl``, ``datasets`` and
 the packages they import that the machine lacks, carried as wheels (``make gpu-wheels`` here, then ``make
@@ -78,6 +81,8 @@ class Sizes:
     """(prompts, n, max_new_tokens, repeats)"""
     trl_steps: int
     trl_prompts: int
+    diagnose: tuple[tuple[str, Any], ...] = ()
+    """``ebpo.diagnose`` settings beside its defaults."""
 
 
 FULL = Sizes(
@@ -106,6 +111,15 @@ QUICK = Sizes(
     sampler=(4, 2, 8, 1),
     trl_steps=2,
     trl_prompts=4,
+    diagnose=(
+        ("prompts", 4),
+        ("batches", 3),
+        ("warmup_batches", 1),
+        ("group_sizes", [2, 4]),
+        ("reference_samples", 4),
+        ("estimators", ["grpo", "ebpo"]),
+        ("projection_dim", 256),
+    ),
 )
 
 
@@ -290,6 +304,43 @@ def trl_rows(device: str, sizes: Sizes) -> list[Row]:
     ]
 
 
+def diagnose_rows(device: str, sizes: Sizes, sections: list[str]) -> list[Row]:
+    """``ebpo diagnose`` on the shipped model on ``device``; its table goes to ``sections``. Every per-batch mean
+    (baseline errors, cosine, norm, counts) and its difference must be finite; the two ratio statistics may be
+    NaN by definition when the batches show no common direction (docs/diagnose.md), as at the quick sizes."""
+    import ebpo
+    from ebpo.diagnostics.report import COUNT_METRICS, MEAN_METRICS, format_table, summarize
+
+    settings = dict(sizes.diagnose)
+    result = ebpo.diagnose(device=device, quiet=True, **settings)
+    summary = summarize(result)
+    sections.append(format_table(result, summary).replace("# ebpo diagnose", "## ebpo diagnose", 1))
+    estimates = [
+        row[name]
+        for row in summary.rows
+        for metric in (*MEAN_METRICS, *COUNT_METRICS)
+        for name in (metric, f"{metric}_diff")
+        if name in row
+    ]
+    by = {(row["estimator"], row["G"]): row for row in summary.rows}
+    gains = [
+        f"G={G}: baseline MSE {by[('ebpo', G)]['baseline_error_diff']:+.4f}, cosine {by[('ebpo', G)]['cosine_diff']:+.3f}"
+        for G in sorted(set(result.config.group_sizes))
+    ]
+    changed = ", ".join(f"{key}={value}" for key, value in settings.items()) or "defaults"
+    return [
+        Row(
+            "ebpo diagnose (shipped model)",
+            f"{device}, {changed}",
+            f"{result.seconds:.1f} s; EBPO - GRPO on the same batches: "
+            + "; ".join(gains)
+            + " (table below)",
+            "every per-batch mean finite",
+            "PASS" if all(math.isfinite(value) for value in estimates) else "FAIL",
+        )
+    ]
+
+
 def environment(device: str) -> list[str]:
     import torch
 
@@ -319,13 +370,16 @@ def render(header: Sequence[str], rows: Sequence[Row]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_checks(device: str, sizes: Sizes, work: Path) -> list[Row]:
-    """Every check in turn; one that raises becomes a FAIL row naming the error, and the others still run."""
+def run_checks(device: str, sizes: Sizes, work: Path, sections: list[str] | None = None) -> list[Row]:
+    """Every check in turn; one that raises becomes a FAIL row naming the error, and the others still run.
+    Checks that print more than a row (``ebpo diagnose``'s table) add it to ``sections``."""
+    sections = [] if sections is None else sections
     checks: list[tuple[str, Callable[[], list[Row]]]] = [
         ("estimator", lambda: estimator_rows(device, sizes)),
         ("ebpo train", lambda: train_rows(device, sizes, work)),
         ("sample vs generate", lambda: sampler_rows(device, sizes)),
         ("EBPOTrainer", lambda: trl_rows(device, sizes)),
+        ("ebpo diagnose", lambda: diagnose_rows(device, sizes, sections)),
     ]
     rows: list[Row] = []
     for name, check in checks:
@@ -357,9 +411,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if device == "cpu":
         torch.set_num_threads(1)
     sizes = QUICK if args.quick else FULL
+    sections: list[str] = []
     with tempfile.TemporaryDirectory(prefix="ebpo-gpu-check-") as tmp:
-        rows = run_checks(device, sizes, Path(tmp))
-    text = render(environment(device), rows)
+        rows = run_checks(device, sizes, Path(tmp), sections)
+    text = "\n".join([render(environment(device), rows), *sections])
     Path(args.out).write_text(text, encoding="utf-8")
     if args.json:
         Path(args.json).write_text(json.dumps([row.__dict__ for row in rows], indent=1))

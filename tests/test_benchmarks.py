@@ -39,12 +39,14 @@ def test_gpu_check_cpu_fallback_writes_every_check(tmp_path):
     assert checks.count("ebpo train (the ebpo preset, shipped model)") == 2
     assert checks.count("sample vs model.generate (bench_eval)") == 2
     assert any(c.startswith("estimator") for c in checks) and any(c.startswith("EBPOTrainer") for c in checks)
+    assert checks.count("ebpo diagnose (shipped model)") == 1 and "## ebpo diagnose: builtin" in text
     float32, bfloat16 = [row for row in rows if row["check"].startswith("ebpo train")]
     assert "float32" in float32["setting"] and float32["verdict"] == "PASS"
     assert "largest relative difference 0 (all equal)" in float32["measured"]
     assert "bfloat16" in bfloat16["setting"] and "not bounded" in bfloat16["measured"]
     assert all(row["verdict"] in ("PASS", "n/a") for row in rows), rows
-    assert text.count("\n| ") == len(rows) + 1  # header row + one line per row
+    check_table = text.split("## ebpo diagnose")[0]
+    assert check_table.count("\n| ") == len(rows) + 1  # header row + one line per row
 
 
 def test_metric_comparison_bounds_and_names_what_is_out():
