@@ -38,6 +38,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("models",),  # the arith base model: recipe, SFT, build, its grid (measured with eval's metrics)
     ("annotate", "simulate"),  # dataset annotation; the estimators' Monte Carlo study
     ("trainer",),  # the reference trainer
+    (
+        "diagnostics",
+    ),  # ebpo diagnose: the estimators' gradients on a model, through the trainer's log-prob pass
     ("integrations",),  # verl and TRL adapters
     ("cli",),  # every command line
 )

@@ -2,8 +2,9 @@
 
 Entry points: ``get_estimator`` / ``list_estimators`` / ``register_estimator`` (advantage estimators,
 ``ebpo.advantages``), ``get_policy_loss`` / ``list_policy_losses`` (``ebpo.losses``) and ``diagnose`` (``ebpo
-diagnose`` in Python, ``ebpo.diagnostics``). All are imported
-on first use (PEP 562 ``__getattr__``), so ``import ebpo`` and ``ebpo --help`` do not pay for torch.
+diagnose`` in Python, ``ebpo.diagnostics``). All are imported on first use (PEP 562 ``__getattr__``), so
+``import ebpo`` and ``ebpo --help`` do not pay for torch. ``diagnose`` is named by string only: it is built on
+the trainer, far above this package's layer (``tools/import_graph.py``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ __all__ = [
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time these come from __getattr__
     from ebpo.advantages import get_estimator, list_estimators, register_estimator
-    from ebpo.diagnostics import diagnose
     from ebpo.losses import get_policy_loss, list_policy_losses
 
 

@@ -293,9 +293,13 @@ def _device(name: str) -> torch.device:
 
 
 def _load_policy(cfg: DiagnoseConfig, device: torch.device) -> tuple[Any, Any]:
-    """Model and tokenizer from ``cfg.model`` as ``ebpo eval`` loads them."""
+    """Model and tokenizer from ``cfg.model`` as ``ebpo eval`` loads them (without transformers' loading bar:
+    the command has its own)."""
+    from transformers.utils import logging as hf_logging
+
     from ebpo.eval.harness import load_model
 
+    hf_logging.disable_progress_bar()
     if cfg.model == BUILTIN_MODEL:
         from ebpo.models.base_model import build_base_model
 
