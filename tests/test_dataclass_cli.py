@@ -1,5 +1,5 @@
 """Settings dataclasses read by ``ebpo.dataclass_cli``: nested sections from mappings (YAML) and dotted
-overrides, with keys renamed from earlier spellings; and command lines: ``simulate``, ``eval``, ``annotate
+overrides, with keys renamed from earlier spellings; and command lines: ``simulate``, ``diagnose``, ``eval``, ``annotate
 difficulty``, ``annotate topic``, ``base-model`` and ``train`` accept the flags they always took, document each
 field in ``--help`` with its default, parse into the dataclasses, and ``ebpo --help`` imports no transformers."""
 
@@ -20,6 +20,7 @@ from ebpo.annotate.difficulty import DifficultyConfig
 from ebpo.annotate.topic import JudgeConfig
 from ebpo.cli import main
 from ebpo.dataclass_cli import comma_tuple, dataclass_parser, from_args
+from ebpo.diagnostics.config import DiagnoseConfig
 from ebpo.errors import ConfigError
 from ebpo.eval.cli import EvalCommand
 from ebpo.eval.cli import build_parser as eval_parser
@@ -50,6 +51,7 @@ FLAGS = {
     "--no-near-miss-digit-slips --num-heads --num-layers --out --quiet --run-on-digits --seed --steps "
     "--teacher-level-factor --teacher-topic-accuracy --train-problems --warmup-steps --weight-decay",
     "train": "--config --resume --run-dir --overwrite --help-config",
+    "diagnose": "-G -M -R -W",
 }
 DATACLASSES = {
     "simulate": [SimulateConfig],
@@ -58,6 +60,7 @@ DATACLASSES = {
     "annotate difficulty": [DifficultyCommand, DifficultyConfig],
     "base-model": [BaseModelCommand, BaseModelConfig],
     "train": [TrainCommand],
+    "diagnose": [DiagnoseConfig],
 }
 
 

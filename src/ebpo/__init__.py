@@ -20,7 +20,7 @@ _LAZY = {
     "register_estimator": "ebpo.advantages",
     "get_policy_loss": "ebpo.losses",
     "list_policy_losses": "ebpo.losses",
-    "diagnose": "ebpo.diagnostics",
+    "diagnose": "ebpo.diagnostics.study",
 }
 
 __all__ = [
