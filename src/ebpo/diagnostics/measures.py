@@ -15,8 +15,10 @@ Definitions (docs/diagnose.md states them for readers; each function's docstring
   independent of b, E[(b - p̂)²] = E[(b - p)²] + Var(p̂), so the difference is an unbiased estimate of the
   baseline's mean squared error against the true success rate p.
 - **Projection**: every gradient is sketched to K dimensions by a seeded CountSketch (:class:`GradientSketch`).
-- **Gradient quality** against the batch's reference gradient (module ``study``): cosine, relative squared
-  error after the least-squares scale, variance across batches, norm.
+- **Gradient quality** against each batch's reference gradient (which ``study`` measures): the cosine, the
+  relative squared error after one least-squares scale, the variance ratio across batches (all three from
+  :class:`GradientProducts`), the norm.
+- **Intervals**: t-intervals for per-batch means, delete-one jackknife intervals for the ratio statistics.
 """
 
 from __future__ import annotations
