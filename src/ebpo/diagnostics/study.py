@@ -161,14 +161,19 @@ class PolicyLoss(NamedTuple):
 
 def _preset_loss(preset: str, max_new_tokens: int, generator: torch.Generator) -> PolicyLoss:
     """The policy loss of a training preset (``ebpo.trainer.config.load_config``): its ``policy_loss``,
-    ``loss_agg_mode`` and ``loss_options``, as ``ebpo train`` builds them; ``max_new_tokens`` is the constant
+    ``loss_agg_mode`` and ``loss`` options, as ``ebpo train`` builds them; ``max_new_tokens`` is the constant
     ``seq-mean-token-sum-norm`` divides by. The preset's KL term is not part of it."""
+    import dataclasses
+
     from ebpo.losses import PolicyLossConfig, get_policy_loss
     from ebpo.trainer.config import load_config
 
     a = load_config(preset).algorithm
     cfg = PolicyLossConfig(
-        loss_agg_mode=a.loss_agg_mode, max_response_len=max_new_tokens, generator=generator, **a.loss_options
+        **dataclasses.asdict(a.loss),
+        loss_agg_mode=a.loss_agg_mode,
+        max_response_len=max_new_tokens,
+        generator=generator,
     )
     return PolicyLoss(get_policy_loss(a.policy_loss), cfg, f"{preset}: {a.policy_loss}, {a.loss_agg_mode}")
 
