@@ -34,6 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tasks",),  # generated tasks (arith)
     ("rewards",),  # verifiable rewards
     ("generation",),  # sampling from a model
+    ("logprobs",),  # token log-probs of sampled responses: the reference and its fast paths
     ("eval",),  # metrics and the evaluation harness
     ("models",),  # the arith base model: recipe, SFT, build, its grid (measured with eval's metrics)
     ("annotate", "simulate"),  # dataset annotation; the estimators' Monte Carlo study
