@@ -17,7 +17,6 @@ from ebpo import rewards
 from ebpo.errors import ConfigError
 from ebpo.trainer.config import load_config
 from ebpo.trainer.metrics_log import EXCLUDED_FROM_REPRODUCIBILITY, read_metrics
-from ebpo.trainer.rollout import _concat_padded, forward_logp
 from ebpo.trainer.trainer import RewardError, Trainer
 
 FLAKY = {"armed": False, "fail_first": "", "calls": 0}
@@ -209,65 +208,6 @@ def test_dapo_preset_runs_with_dynamic_sampling(tiny_model_dir, tmp_path):
     row = read_metrics(tmp_path / "run")[1]
     assert row["dynamic/rounds"] >= 1 and "reward/shaped_mean" in row
     assert math.isfinite(row["actor/pg_loss"])
-
-
-def test_training_logp_matches_the_sampler(tiny_model_dir):
-    """The trainer's teacher-forced log-probs equal generation's incremental ones (padding and positions
-    handled the same way), across prompts of different lengths."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from ebpo.generation import sample
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    for seed, temperature in ((0, 1.0), (1, 0.7)):
-        rollouts = sample(
-            model,
-            tokenizer,
-            ["1+1=", "area 12x13=", "max(3,9,47)="],
-            n=3,
-            temperature=temperature,
-            max_new_tokens=7,
-            generator=seed,
-        )
-        batch = {
-            name: getattr(rollouts, name)
-            for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
-        }
-        with torch.no_grad():
-            logp_BT, _ = forward_logp(model, batch, temperature)
-        mask_BT = rollouts.response_mask.bool()
-        assert torch.allclose(logp_BT[mask_BT], rollouts.old_logp[mask_BT], atol=1e-4)
-
-
-def test_concat_padded_keeps_rows_and_padding():
-    # group a: P=2, T=1; group b: P=3, T=2 -> prompts left-padded to 3, responses right-padded to 2
-    a = {
-        "prompt_ids": torch.tensor([[5, 6]]),
-        "prompt_mask": torch.tensor([[1, 1]]),
-        "response_ids": torch.tensor([[7]]),
-        "response_mask": torch.tensor([[1]]),
-    }
-    b = {
-        "prompt_ids": torch.tensor([[1, 2, 3]]),
-        "prompt_mask": torch.tensor([[1, 1, 1]]),
-        "response_ids": torch.tensor([[8, 9]]),
-        "response_mask": torch.tensor([[1, 1]]),
-    }
-    for g, value in ((a, 0.5), (b, 1.0)):
-        g.update(
-            lengths=g["response_mask"].sum(1),
-            truncated=torch.tensor([False]),
-            score=torch.tensor([value]),
-            reward=torch.tensor([value]),
-            valid=torch.tensor([True]),
-        )
-    out = _concat_padded([a, b], pad_id=0)
-    assert out["prompt_ids"].tolist() == [[0, 5, 6], [1, 2, 3]]
-    assert out["prompt_mask"].tolist() == [[0, 1, 1], [1, 1, 1]]
-    assert out["response_ids"].tolist() == [[7, 0], [8, 9]]
-    assert out["response_mask"].tolist() == [[1, 0], [1, 1]]
-    assert out["score"].tolist() == [0.5, 1.0]
 
 
 def test_bad_input_is_reported_before_training(tiny_model_dir, tmp_path):

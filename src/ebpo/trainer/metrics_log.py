@@ -1,5 +1,5 @@
 """Metrics on disk: one JSON line per step in ``metrics.jsonl`` (an :class:`ebpo.persist.Journal`), the same
-scalars in TensorBoard.
+scalars in TensorBoard; and the wall-time ones, ``timing_s/...`` (:class:`StepClock`).
 
 A kill can tear the line being written: readers leave it out with a warning, and on ``--resume`` the run
 directory rewinds the journal to the checkpoint's step (:meth:`ebpo.persist.RunDirectory.start`), so the
@@ -9,7 +9,10 @@ resumed run appends to a history that ends where its checkpoint does.
 from __future__ import annotations
 
 import math
+import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ebpo.persist import RunDirectory
@@ -66,3 +69,23 @@ class MetricsLogger:
 
     def close(self) -> None:
         self.writer.close()
+
+
+class StepClock:
+    """Wall seconds of a step and of its phases: the step's ``timing_s/...`` and ``perf/tokens_per_s``."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self.seconds[phase] = time.perf_counter() - start
+
+    def metrics(self, tokens: int) -> dict[str, float]:
+        """``timing_s/<phase>``, ``timing_s/step`` (so far) and the step's ``tokens`` per second."""
+        step = time.perf_counter() - self.start
+        timing = {f"timing_s/{phase}": seconds for phase, seconds in self.seconds.items()}
+        return {**timing, "timing_s/step": step, "perf/tokens_per_s": tokens / max(step, 1e-9)}

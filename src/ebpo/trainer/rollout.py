@@ -1,5 +1,5 @@
-"""A step's rollouts: generated and scored in groups, held as one typed batch, and the log-probs the update
-needs.
+"""A step's rollouts: prompts drawn, G responses each sampled and scored, as groups (:class:`GroupCollector`),
+held as one typed batch (:class:`RolloutBatch`).
 
 Shapes: ``B`` rows (one sampled response each; a group's G responses are consecutive rows), ``P`` prompt
 tokens (left-padded), ``T`` response tokens (right-padded), ``V`` vocabulary.
@@ -8,18 +8,21 @@ tokens (left-padded), ``T`` response tokens (right-padded), ``V`` vocabulary.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, fields
+from itertools import count
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from ebpo.data.dynamic import Group
+from ebpo.data.dynamic import DynamicSamplingConfig, Group, collect_groups
 from ebpo.data.records import Record
-from ebpo.generation import IN_KERNEL_GQA, Rollouts, keeps_last_logits, pad_rows, sample
-from ebpo.losses import entropy_from_logits, overlong_penalty
-from ebpo.trainer.config import ConfigError, TrainConfig
+from ebpo.generation import Rollouts, sample
+from ebpo.logprobs import LogProbs, Tokens
+from ebpo.losses import overlong_penalty
+from ebpo.trainer.config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -27,7 +30,8 @@ class RolloutBatch:
     """Sampled responses with their rewards, ready for the log-prob passes and the update.
 
     Built per generation round from ``ebpo.generation.Rollouts`` (one group = G consecutive rows) and
-    concatenated over the groups a step trains on (:meth:`concat`).
+    concatenated over the groups a step trains on (:meth:`concat`); :attr:`tokens` is what ``ebpo.logprobs``
+    reads.
     """
 
     prompt_ids_BP: torch.Tensor
@@ -82,14 +86,32 @@ class RolloutBatch:
             **{f.name: _rows(getattr(self, f.name), rows) for f in fields(self)}  # type: ignore[arg-type]
         )
 
-    def model_inputs(self, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
-        """The token tensors :func:`forward_logp` reads, on ``device``, named as in ``ebpo.generation.Rollouts``."""
-        return {
-            "prompt_ids": self.prompt_ids_BP.to(device),
-            "prompt_mask": self.prompt_mask_BP.to(device),
-            "response_ids": self.response_ids_BT.to(device),
-            "response_mask": self.response_mask_BT.to(device),
+    @property
+    def tokens(self) -> Tokens:
+        """The token rows the log-prob passes read (``ebpo.logprobs``)."""
+        return Tokens(self.prompt_ids_BP, self.prompt_mask_BP, self.response_ids_BT, self.response_mask_BT)
+
+    @property
+    def sampled(self) -> LogProbs | None:
+        """The sampler's log-probs and entropies, when it recorded them (``rollout.old_logp=sampler``)."""
+        return (
+            None if self.sampler_logp_BT is None else LogProbs(self.sampler_logp_BT, self.sampler_entropy_BT)
+        )
+
+    def metrics(self, *, shaped: bool) -> dict[str, float]:
+        """``reward/mean`` (the task reward of the valid rows), ``reward/shaped_mean`` (the training reward,
+        when ``shaped``), ``response_length/mean`` and ``response_length/clip_ratio`` (the truncated share)."""
+        valid_B = self.valid_B
+        metrics = {
+            "reward/mean": float(self.score_B[valid_B].mean()) if bool(valid_B.any()) else 0.0,
+            "response_length/mean": float(self.lengths_B.float().mean()),
+            "response_length/clip_ratio": float(self.truncated_B.float().mean()),
         }
+        if shaped:
+            metrics["reward/shaped_mean"] = (
+                float(self.reward_B[valid_B].mean()) if bool(valid_B.any()) else 0.0
+            )
+        return metrics
 
     @staticmethod
     def concat(batches: Sequence[RolloutBatch], pad_id: int) -> RolloutBatch:
@@ -125,283 +147,6 @@ class RolloutBatch:
 
 def _rows(tensor: torch.Tensor | None, rows: torch.Tensor | slice) -> torch.Tensor | None:
     return None if tensor is None else tensor[rows]
-
-
-def _concat_padded(parts: Sequence[Mapping[str, torch.Tensor]], pad_id: int) -> dict[str, torch.Tensor]:
-    """:meth:`RolloutBatch.concat` on plain dicts keyed by the field names without their shape suffix
-    (``prompt_ids`` for ``prompt_ids_BP``); kept for callers (and tests) that hold rollouts as dicts."""
-    names = {f.name.rsplit("_", 1)[0]: f.name for f in fields(RolloutBatch)}
-    batches = [RolloutBatch(**{names[key]: value for key, value in part.items()}) for part in parts]
-    batch = RolloutBatch.concat(batches, pad_id)
-    keys = set().union(*parts) if parts else set()
-    return {key: getattr(batch, name) for key, name in names.items() if key in keys}
-
-
-def forward_logp(
-    model: torch.nn.Module,
-    inputs: Mapping[str, torch.Tensor],
-    temperature: float,
-    *,
-    with_entropy: bool = False,
-    response_logits_only: bool = False,
-    shared_prompts: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Token log-probs of the responses under ``log_softmax(logits / T)``: returns ``(logp_BT, entropy_BT)``.
-
-    ``inputs`` holds ``prompt_ids`` / ``prompt_mask`` (B, P), left-padded, and ``response_ids`` /
-    ``response_mask`` (B, T), right-padded (:meth:`RolloutBatch.model_inputs`). Position ids skip the left
-    padding, as in generation, so the numbers match the sampler's. ``entropy_BT`` is the entropy of the same
-    distribution (computed without gradient), or None without ``with_entropy``.
-
-    ``response_logits_only``: only the T + 1 last positions go through the output layer when the model takes
-    ``logits_to_keep`` (Hugging Face causal LMs), as the prompt's logits are never read. The log-probs are
-    the same to the bit as long as the output layer's weight has ``requires_grad`` (torch then runs those
-    positions as one matrix product; without it, T + 1 rows per response, which MKL sums in another order
-    when T + 1 < 4). The trainer sets it for its passes without gradient only, because under autograd
-    the output layer's weight gradient would then sum over fewer positions, in another order, and differ
-    in the last bits from a full forward's. A row's numbers do not depend on the other rows of the call
-    (the trainer reuses an update's forward as the old log-probs of its rows).
-
-    Without gradient (``torch.no_grad``), rows that repeat another row (same prompt, response and masks: a
-    group's G responses often agree, and more so as training converges) are computed once and copied, which
-    is exact for the same reason (``ebpo.generation.MIN_FORWARD_ROWS`` says when). Under autograd every row
-    goes through the model, so that the weight gradients sum over the same positions in the same order.
-
-    ``shared_prompts``: each distinct prompt of the call runs through the model once, packed with the others
-    (:func:`_packed_prompt_cache`), and every row's last prompt token and response run on its prompt's cached
-    keys and values (as the sampler does; gradients flow back through the cache), instead of every row
-    running its own copy of the prompt. The same function of the weights with fewer positions computed, but
-    sums in another order: the numbers differ from the default's by float rounding (``optim.shared_prompts``;
-    ``tests/test_trainer_update.py`` bounds the difference). Needs a model that takes ``past_key_values``
-    (Hugging Face causal LMs) with an attention of :data:`SHARED_PROMPT_ATTENTION`.
-    """
-    if not torch.is_grad_enabled():
-        distinct = distinct_rows(inputs)
-        if distinct is not None:
-            first_U, inverse_B = distinct
-            rows_U = pad_rows(first_U, inverse_B.shape[0])
-            logp_UT, entropy_UT = _forward_logp(
-                model,
-                {name: tensor[rows_U] for name, tensor in inputs.items()},
-                temperature,
-                with_entropy,
-                response_logits_only,
-                shared_prompts,
-            )
-            return logp_UT[inverse_B], (None if entropy_UT is None else entropy_UT[inverse_B])
-    return _forward_logp(model, inputs, temperature, with_entropy, response_logits_only, shared_prompts)
-
-
-def _response_logits(
-    model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], response_logits_only: bool
-) -> torch.Tensor:
-    """Logits ``(B, T, V)`` at the positions that predict each response token, one forward over every
-    row's prompt and response."""
-    prompt_ids_BP, prompt_mask_BP = inputs["prompt_ids"], inputs["prompt_mask"]
-    response_ids_BT, response_mask_BT = inputs["response_ids"], inputs["response_mask"]
-    num_response = response_ids_BT.shape[1]
-    input_ids_BL = torch.cat([prompt_ids_BP, response_ids_BT], dim=1)
-    attention_BL = torch.cat([prompt_mask_BP, response_mask_BT], dim=1)
-    position_BL = (attention_BL.cumsum(-1) - 1).clamp(min=0)
-    keep = {"logits_to_keep": num_response + 1} if response_logits_only and keeps_last_logits(model) else {}
-    logits_BKV = model(
-        input_ids=input_ids_BL, attention_mask=attention_BL, position_ids=position_BL, **keep
-    ).logits
-    # the token at response position t is predicted by the logits at sequence position P - 1 + t, the
-    # (T + 1 - t)-th from the end
-    return logits_BKV[:, logits_BKV.shape[1] - num_response - 1 : -1, :]
-
-
-SHARED_PROMPT_ATTENTION = ("sdpa", IN_KERNEL_GQA, "eager")
-"""Attention implementations ``shared_prompts`` runs with: it hands them a 4-D mask of its own (boolean for
-``sdpa``, additive for ``eager``); the flash-attention kernels take no such mask."""
-
-
-def check_shared_prompt_attention(model: torch.nn.Module, name: str = "the model") -> str:
-    """The attention implementation of ``model`` (``name`` says which, in the message); a
-    :class:`~ebpo.errors.ConfigError` unless ``shared_prompts`` runs with it (:data:`SHARED_PROMPT_ATTENTION`)."""
-    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if attention not in SHARED_PROMPT_ATTENTION:
-        raise ConfigError(
-            f"optim.shared_prompts=true needs sdpa or eager attention; {name} loads with {attention!r}. Load it "
-            "with attn_implementation='sdpa' or set optim.shared_prompts=false"
-        )
-    return attention
-
-
-def _response_logits_shared_prompts(
-    model: torch.nn.Module, inputs: Mapping[str, torch.Tensor]
-) -> torch.Tensor:
-    """:func:`_response_logits` with each distinct prompt computed once (``forward_logp``'s
-    ``shared_prompts``): the distinct prompts less their last token go through the model packed
-    (:func:`_packed_prompt_cache`), and one forward runs every row's last prompt token and its response on
-    their cached keys and values (the last prompt token's output predicts the first response token)."""
-    prompt_ids_BP, prompt_mask_BP = inputs["prompt_ids"], inputs["prompt_mask"]
-    response_ids_BT, response_mask_BT = inputs["response_ids"], inputs["response_mask"]
-    first_U, inverse_B = _first_of_each(torch.cat([prompt_ids_BP, prompt_mask_BP], dim=1))
-    real_UP = prompt_mask_BP[first_U].bool()
-    cached = [ids[real][:-1] for ids, real in zip(prompt_ids_BP[first_U], real_UP)]  # all but the last token
-    cache, prompt_mask_BW = _packed_prompt_cache(model, cached, inverse_B)
-    last_B1 = prompt_ids_BP[:, -1:]  # left padding: every row's last prompt token is in the last column
-    attention_BL = torch.cat([prompt_mask_BW, torch.ones_like(last_B1), response_mask_BT[:, :-1]], dim=1)
-    position_BL = (attention_BL.cumsum(-1) - 1).clamp(min=0)  # as _response_logits numbers them
-    return model(
-        input_ids=torch.cat([last_B1, response_ids_BT[:, :-1]], dim=1),
-        attention_mask=attention_BL,
-        position_ids=position_BL[:, prompt_mask_BW.shape[1] :],
-        past_key_values=cache,
-        use_cache=cache is not None,
-    ).logits
-
-
-def _packed_prompt_cache(
-    model: torch.nn.Module, prompts: Sequence[torch.Tensor], inverse_B: torch.Tensor
-) -> tuple[Any, torch.Tensor]:
-    """The keys and values of the U token sequences ``prompts`` for the B rows that use them (row b: prompt
-    ``inverse_B[b]``), as a ``DynamicCache`` left-padded to the longest, with its (B, W) attention mask;
-    ``(None, an empty mask)`` when every prompt is empty.
-
-    The prompts run in rows as long as the longest, filled first fit, longest first (so at most one row is
-    less than half full), each attending to itself only (a block-diagonal causal mask, positions from 0 in
-    each); their keys and values are then gathered into each row's place."""
-    from transformers import DynamicCache
-
-    device = inverse_B.device
-    length_U = [int(p.shape[0]) for p in prompts]
-    width = max(length_U)
-    if width == 0:
-        return None, torch.zeros((inverse_B.shape[0], 0), dtype=torch.long, device=device)
-    attention = check_shared_prompt_attention(model)
-    config = getattr(model, "config", None)  # a Hugging Face model's: the cache's layer types
-    bin_U, start_U = [0] * len(prompts), [0] * len(prompts)
-    fill: list[int] = []  # tokens in each row so far
-    for u in sorted(range(len(prompts)), key=lambda u: -length_U[u]):
-        b = next((b for b, used in enumerate(fill) if used + length_U[u] <= width), len(fill))
-        if b == len(fill):
-            fill.append(0)
-        bin_U[u], start_U[u] = b, fill[b]
-        fill[b] += length_U[u]
-    packed_RW = torch.zeros((len(fill), width), dtype=torch.long, device=device)
-    segment_RW = torch.full_like(packed_RW, -1)  # the prompt at each packed position; -1: padding
-    position_RW = torch.zeros_like(packed_RW)
-    for u, (b, start, length) in enumerate(zip(bin_U, start_U, length_U)):
-        packed_RW[b, start : start + length] = prompts[u]
-        segment_RW[b, start : start + length] = u
-        position_RW[b, start : start + length] = torch.arange(length, device=device)
-    causal_WW = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-    attend_R1WW = ((segment_RW[:, :, None] == segment_RW[:, None, :]) & causal_WW)[:, None]
-    mask_R1WW: torch.Tensor = attend_R1WW
-    if attention == "eager":  # an additive mask
-        dtype = next(model.parameters()).dtype
-        mask_R1WW = torch.zeros(attend_R1WW.shape, dtype=dtype, device=device).masked_fill(
-            ~attend_R1WW, torch.finfo(dtype).min
-        )
-    packed = model(
-        input_ids=packed_RW,
-        attention_mask=mask_R1WW,
-        position_ids=position_RW,
-        past_key_values=DynamicCache(config=config),
-        use_cache=True,
-        **({"logits_to_keep": 1} if keeps_last_logits(model) else {}),
-    ).past_key_values
-    # row b's prompt, left-padded to the width: column w holds packed position (bin, start + w - (width -
-    # length)), or a zero column (flat index R * width) where w is padding
-    bin_t, start_t, length_t = (torch.tensor(v, device=device) for v in (bin_U, start_U, length_U))
-    column_W = torch.arange(width, device=device)
-    pad_UW = column_W[None, :] < (width - length_t)[:, None]
-    flat_UW = (bin_t * width + start_t - width + length_t)[:, None] + column_W[None, :]
-    source_BW = torch.where(pad_UW, len(fill) * width, flat_UW)[inverse_B]
-    layers = []
-    for layer in packed.layers:
-        states = []
-        for states_RHWD in (layer.keys, layer.values):
-            rows, heads, _, dim = states_RHWD.shape
-            flat_HND = states_RHWD.transpose(0, 1).reshape(heads, rows * width, dim)
-            flat_HND = torch.cat([flat_HND, flat_HND.new_zeros(heads, 1, dim)], dim=1)
-            states.append(flat_HND[:, source_BW].transpose(0, 1))
-        layers.append(tuple(states))
-    return DynamicCache(layers, config=config), (~pad_UW).long()[inverse_B]
-
-
-def _forward_logp(
-    model: torch.nn.Module,
-    inputs: Mapping[str, torch.Tensor],
-    temperature: float,
-    with_entropy: bool,
-    response_logits_only: bool,
-    shared_prompts: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`forward_logp` over every row of ``inputs``."""
-    response_ids_BT = inputs["response_ids"]
-    if shared_prompts and response_ids_BT.shape[1] > 0:
-        logits_BTV = _response_logits_shared_prompts(model, inputs).float()
-    else:
-        logits_BTV = _response_logits(model, inputs, response_logits_only).float()
-    if temperature != 1.0:  # x / 1.0 is x: skipping it saves a (B, T, V) copy and its backward
-        logits_BTV = logits_BTV / temperature
-    # log_softmax at the sampled token without a second (B, T, V) tensor: z_y - logsumexp(z)
-    logp_BT = logits_BTV.gather(-1, response_ids_BT[..., None]).squeeze(-1) - torch.logsumexp(
-        logits_BTV, dim=-1
-    )
-    entropy_BT = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy_BT = entropy_from_logits(logits_BTV.detach())
-    return logp_BT, entropy_BT
-
-
-def distinct_rows(inputs: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The distinct rows of a batch of :func:`forward_logp` inputs (tokens and masks equal): ``(first_U,
-    inverse_B)`` with ``first_U`` the first row of each distinct row and row b equal to row
-    ``first_U[inverse_B[b]]``; None when every row is distinct."""
-    names = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
-    first_U, inverse_B = _first_of_each(
-        torch.cat([inputs[name].to("cpu", torch.long) for name in names], dim=1)
-    )
-    if first_U.shape[0] == inverse_B.shape[0]:
-        return None
-    device = inputs["prompt_ids"].device
-    return first_U.to(device), inverse_B.to(device)
-
-
-def _first_of_each(rows_BL: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(first_U, inverse_B)`` of the distinct rows of ``rows_BL``: row b equals row ``first_U[inverse_B[b]]``,
-    the first of its kind."""
-    unique_UL, inverse_B = torch.unique(rows_BL, dim=0, return_inverse=True)
-    row_B = torch.arange(rows_BL.shape[0], device=rows_BL.device)
-    first_U = torch.full((unique_UL.shape[0],), rows_BL.shape[0], device=rows_BL.device)
-    return first_U.scatter_reduce(0, inverse_B, row_B, "amin"), inverse_B
-
-
-def batched_logp(
-    model: torch.nn.Module,
-    batch: RolloutBatch,
-    temperature: float,
-    device: torch.device | str,
-    part_size: int | None,
-    *,
-    with_entropy: bool = False,
-    shared_prompts: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs ``(B, T)`` (and entropies) of every row of ``batch`` on the CPU, without gradient, in
-    forward passes of ``part_size`` rows (None: all at once); :func:`forward_logp` with
-    ``response_logits_only`` (and ``shared_prompts``)."""
-    size = part_size or batch.num_rows
-    logps, entropies = [], []
-    for start in range(0, batch.num_rows, size):
-        part = batch.select(slice(start, start + size))
-        logp_BT, entropy_BT = forward_logp(
-            model,
-            part.model_inputs(device),
-            temperature,
-            with_entropy=with_entropy,
-            response_logits_only=True,
-            shared_prompts=shared_prompts,
-        )
-        logps.append(logp_BT.cpu())
-        if entropy_BT is not None:
-            entropies.append(entropy_BT.cpu())
-    return torch.cat(logps), (torch.cat(entropies) if entropies else None)
 
 
 @dataclass(frozen=True)
@@ -451,44 +196,99 @@ def reward_counters(reward_fn: Any) -> dict[str, float]:
     return {name: float(value) for name, value in metrics().items()} if callable(metrics) else {}
 
 
-def generate_groups(
-    model: Any,
-    tokenizer: Any,
-    records: Sequence[Record],
-    clusters: Sequence[Any] | None,
-    uids: Iterator[int],
-    *,
-    cfg: TrainConfig,
-    generator: torch.Generator,
-    reward_fn: Any,
-) -> tuple[list[Group], list[RewardFailure]]:
-    """One generation round: G = ``data.group_size`` responses per record, scored (plus DAPO's overlong
-    shaping when ``algorithm.overlong_shaping``); one :class:`~ebpo.data.dynamic.Group` per record (uid from
-    ``uids``, cluster from ``clusters``) whose ``data`` is its :class:`RolloutBatch` and ``rewards`` the
-    training rewards of its valid samples. Returns the groups and the samples whose reward failed."""
-    a, r, G = cfg.algorithm, cfg.rollout, cfg.data.group_size
-    rollouts = sample(
-        model,
-        tokenizer,
-        [rec.prompt for rec in records],
-        n=G,
-        temperature=r.temperature,
-        top_p=r.top_p,
-        max_new_tokens=r.max_new_tokens,
-        generator=generator,
-        with_entropy=r.old_logp == "sampler",
-    )
-    answers = [rec.answer for rec in records for _ in range(G)]
-    prompts = [rec.prompt for rec in records for _ in range(G)]
-    score_B, valid_B, failures = score_samples(reward_fn, rollouts.texts, answers, prompts)
-    reward_B = score_B.clone()
-    if a.overlong_shaping:  # DAPO soft overlong punishment, added to the task reward
-        reward_B += overlong_penalty(rollouts.lengths, r.max_new_tokens, a.overlong_cache_len).double()
-    batch = RolloutBatch.from_rollouts(rollouts, score_B, reward_B, valid_B)
-    groups = []
-    for m in range(len(records)):
-        rows = slice(m * G, (m + 1) * G)
-        cluster = clusters[m] if clusters is not None else None
-        rewards_G = reward_B[rows][valid_B[rows]]
-        groups.append(Group(uid=next(uids), rewards=rewards_G, cluster=cluster, data=batch.select(rows)))
-    return groups, failures
+class RewardFailed(Exception):
+    """A generation round's samples whose reward failed (``algorithm.skip_reward_errors`` off)."""
+
+    def __init__(self, failures: list[RewardFailure]) -> None:
+        super().__init__(f"the reward failed on {len(failures)} sample(s)")
+        self.failures = failures
+
+
+@dataclass
+class GroupCollector:
+    """Steps 1-3 of a training step: prompts from the sampler, G = ``data.group_size`` responses each, scored
+    (plus DAPO's overlong shaping when ``algorithm.overlong_shaping``), as one :class:`~ebpo.data.dynamic.Group`
+    per prompt whose ``data`` is its :class:`RolloutBatch` and ``rewards`` the training rewards of its valid
+    samples.
+
+    Without dynamic sampling: one batch from the sampler. With it (DAPO, docs/design.md §3): groups whose
+    rewards are all equal are dropped and more prompts drawn, at most ``1 + algorithm.max_gen_rounds`` rounds
+    (``ebpo.data.dynamic.collect_groups``, which hands the dropped groups to ``estimator.observe`` so EBPO's
+    prior still sees every sampled group); a shortfall trains on the groups there are.
+    """
+
+    cfg: TrainConfig
+    model: Any
+    tokenizer: Any
+    records: Sequence[Record]
+    clusters: Sequence[Any] | None
+    """Each record's cluster key (``data.cluster_key``), or None."""
+    sampler: Any
+    """An ``ebpo.data.samplers`` sampler: ``next_batch()`` gives record indices."""
+    reward_fn: Any
+    generator: torch.Generator
+    """The run's seeded stream: the draws of the responses."""
+    estimator: Any
+    """Observes the groups dynamic sampling drops."""
+    _uids: Iterator[int] = field(init=False, repr=False)
+    """Group ids, unique across a step's rounds (``collect_groups`` checks): never record ids."""
+    _failed: int = field(init=False, default=0)
+    """Samples of the step whose reward failed."""
+
+    def collect(self) -> tuple[list[Group], dict[str, float]]:
+        """One step's groups and metrics (the reward's own ``reward/...`` counters over the step's samples,
+        ``dynamic/...``, ``reward/errors``); raises :class:`RewardFailed` at the first round with a failed
+        reward, unless ``algorithm.skip_reward_errors`` (its samples are then masked out and counted)."""
+        a = self.cfg.algorithm
+        counters_before = reward_counters(self.reward_fn)
+        self._uids, self._failed = count(), 0
+        if a.dynamic_sampling:
+            dynamic = DynamicSamplingConfig(
+                batch_size=self.cfg.data.batch_size, max_rounds=1 + a.max_gen_rounds, on_shortfall="train"
+            )
+            with warnings.catch_warnings():  # a shortfall is logged as dynamic/shortfall, not warned about
+                warnings.simplefilter("ignore", RuntimeWarning)
+                result = collect_groups(self.sampler.next_batch, self._round, dynamic, self.estimator)
+            groups, metrics = result.groups, result.metrics
+        else:
+            groups, metrics = self._round(self.sampler.next_batch()), {}
+        counters = {  # this step's samples only, not validation's
+            name: value - counters_before.get(name, 0.0)
+            for name, value in reward_counters(self.reward_fn).items()
+        }
+        return groups, {**counters, **metrics, "reward/errors": float(self._failed)}
+
+    def _round(self, indices: list[int]) -> list[Group]:
+        """One generation round: G responses to each record of ``indices``, scored, one group each."""
+        a, r, G = self.cfg.algorithm, self.cfg.rollout, self.cfg.data.group_size
+        records = [self.records[i] for i in indices]
+        rollouts = sample(
+            self.model,
+            self.tokenizer,
+            [rec.prompt for rec in records],
+            n=G,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            max_new_tokens=r.max_new_tokens,
+            generator=self.generator,
+            with_entropy=r.old_logp == "sampler",
+        )
+        answers = [rec.answer for rec in records for _ in range(G)]
+        prompts = [rec.prompt for rec in records for _ in range(G)]
+        score_B, valid_B, failures = score_samples(self.reward_fn, rollouts.texts, answers, prompts)
+        if failures and not a.skip_reward_errors:
+            raise RewardFailed(failures)
+        self._failed += len(failures)
+        reward_B = score_B.clone()
+        if a.overlong_shaping:  # DAPO soft overlong punishment, added to the task reward
+            reward_B += overlong_penalty(rollouts.lengths, r.max_new_tokens, a.overlong_cache_len).double()
+        batch = RolloutBatch.from_rollouts(rollouts, score_B, reward_B, valid_B)
+        groups = []
+        for m, index in enumerate(indices):
+            rows = slice(m * G, (m + 1) * G)
+            cluster = self.clusters[index] if self.clusters is not None else None
+            rewards_G = reward_B[rows][valid_B[rows]]
+            groups.append(
+                Group(uid=next(self._uids), rewards=rewards_G, cluster=cluster, data=batch.select(rows))
+            )
+        return groups

@@ -23,13 +23,13 @@ from ebpo.data.loaders import get_schema, load_records
 from ebpo.data.records import Record
 from ebpo.data.samplers import cluster_key, get_sampler, list_samplers
 from ebpo.generation import in_kernel_gqa
+from ebpo.logprobs import check_shared_prompt_attention
 from ebpo.losses import PolicyLossConfig, get_policy_loss
 from ebpo.models.base_model import build_base_model
 from ebpo.registry import unknown_choice
 from ebpo.rewards import get_reward, list_rewards
 from ebpo.tasks import get_task
 from ebpo.trainer.config import ConfigError, OptimConfig, TrainConfig
-from ebpo.trainer.rollout import check_shared_prompt_attention
 
 
 class Prompts(NamedTuple):
@@ -223,10 +223,7 @@ def load_policy(cfg: TrainConfig, checkpoint: Path | None, device: torch.device)
     if cfg.algorithm.kl_coef > 0:
         # the same functools.wraps typing of PreTrainedModel.to as above
         ref_model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype).to(device)  # type: ignore[arg-type]
-        # eval mode, and only ever run without gradient (torch.no_grad); its weights keep requires_grad so
-        # that torch computes the output layer at the response positions (logits_to_keep) as one matrix
-        # product, as for the policy: for a weight without it, torch runs T + 1 rows per response instead,
-        # which MKL sums in another order when T + 1 < 4 (tests/test_trainer_update.py)
+        # eval mode, and only ever run without gradient (torch.no_grad)
         ref_model.eval()
         in_kernel_gqa(ref_model)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

@@ -9,10 +9,11 @@ One step (``Trainer.train`` -> ``Trainer._train_step``):
    the sample is masked out and counted in ``reward/errors``);
 4. one advantage per response from the estimator (``ebpo.advantages``), broadcast over its tokens
    (docs/design.md §1, step 6); a response's group id is its prompt's position in the step's batch, never the record id;
-5. old log-probs recomputed at the rollout temperature (verl's ``recompute_log_prob``: the first ratio is
-   exactly 1; the first update's own forward serves its rows), or the sampler's (``rollout.old_logp``),
-   then K = ``optim.epochs`` passes of shuffled mini-batch updates: policy loss and aggregation
-   (``ebpo.losses``) plus ``kl_coef * agg(kl(logp, ref_logp))`` to the frozen initial policy, AdamW;
+5. the old log-probs, those of the sampling policy at the rollout temperature (``ebpo.logprobs.OldLogprobs``:
+   recomputed as verl's ``recompute_log_prob`` does, so the first ratio is exactly 1, or the sampler's,
+   ``rollout.old_logp``) and the frozen initial policy's; then K = ``optim.epochs`` passes of shuffled
+   mini-batch updates: policy loss and aggregation (``ebpo.losses``) plus ``kl_coef * agg(kl(logp,
+   ref_logp))``, AdamW. Every log-prob comes from ``ebpo.logprobs.logprobs``, which picks its fast paths;
 6. ``actor/step_kl`` = KL(pi_t || pi_{t+1}) (k3 on the step's tokens, ``run.step_kl``) and the step's
    metrics, logged;
 7. validation every ``run.eval_every`` steps, keeping the best checkpoint by maj@k (the paper's rule for
@@ -21,7 +22,7 @@ One step (``Trainer.train`` -> ``Trainer._train_step``):
 Exact resume: a checkpoint holds the model, optimizer, scheduler, estimator, sampler and every RNG state,
 so N steps, a kill, a resume and N more steps equal 2N steps in one run, bit for bit on CPU. Around the
 loop: ``setup.py`` (prompts, policy, estimator and loss, optimizer), ``rollout.py`` (scored groups, the typed
-batch, log-probs), ``checkpoint.py``, ``metrics_log.py``, ``validation.py``, ``report.py``, ``plots.py``, and
+batch), ``ebpo.logprobs`` (every log-prob pass, and why its fast paths are exact), ``checkpoint.py``, ``metrics_log.py``, ``validation.py``, ``report.py``, ``plots.py``, and
 the run directory, an ``ebpo.persist.RunDirectory``.
 """
 
@@ -29,34 +30,25 @@ from __future__ import annotations
 
 import copy
 import json
-import time
-import warnings
 from collections import defaultdict
-from functools import partial
-from itertools import count
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ebpo.data.dynamic import DynamicSamplingConfig, Group, collect_groups
+from ebpo.data.dynamic import Group
+from ebpo.logprobs import LogprobOptions, OldLogprobs, OldLogpSource, StepKLScope, logprobs, step_kl
 from ebpo.losses import agg_loss, kl_penalty, masked_mean
 from ebpo.persist import RunDirectory
 from ebpo.trainer import checkpoint as ckpt
 from ebpo.trainer.config import TrainConfig, save_config
-from ebpo.trainer.metrics_log import MetricsLogger
+from ebpo.trainer.metrics_log import MetricsLogger, StepClock
 from ebpo.trainer.plots import plot_training
 from ebpo.trainer.report import TrainResult, summary
-from ebpo.trainer.rollout import (
-    RewardFailure,
-    RolloutBatch,
-    batched_logp,
-    forward_logp,
-    generate_groups,
-    reward_counters,
-)
+from ebpo.trainer.rollout import GroupCollector, RewardFailed, RewardFailure, RolloutBatch
 from ebpo.trainer.setup import (
     build_algorithm,
     build_optimizer,
@@ -67,9 +59,6 @@ from ebpo.trainer.setup import (
     resolve_device,
 )
 from ebpo.trainer.validation import validate
-
-StepStart = tuple[dict[str, Any], dict[str, Any]]
-"""The RNG and sampler states at the start of a step: what a checkpoint written on a reward error holds."""
 
 
 class RewardError(RuntimeError):
@@ -127,13 +116,24 @@ class Trainer:
         self.generator = torch.Generator(device="cpu").manual_seed(cfg.run.seed)
         self.estimator, self.policy_loss, self.loss_cfg = build_algorithm(cfg, self.generator)
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optim)
-        # log-probs without gradient (old, reference and step-KL passes), in parts of optim.micro_batch_size rows
-        self._logp = partial(
-            batched_logp,
+        self.rollouts = GroupCollector(
+            cfg,
+            self.model,
+            self.tokenizer,
+            records=self.train_records,
+            clusters=self.cluster_of,
+            sampler=self.sampler,
+            reward_fn=self.reward_fn,
+            generator=self.generator,
+            estimator=self.estimator,
+        )
+        # how every log-prob pass runs (ebpo.logprobs: the exact paths, and the opt-in ones that trade bits)
+        self.logprob_options = LogprobOptions(
             temperature=cfg.rollout.temperature,
-            device=self.device,
             part_size=cfg.optim.micro_batch_size,
             shared_prompts=cfg.optim.shared_prompts,
+            old_logp=cast(OldLogpSource, cfg.rollout.old_logp),  # checked by TrainConfig.validate
+            step_kl=cast(StepKLScope, cfg.run.step_kl),
         )
 
         # progress, saved in every checkpoint beside the components' own state
@@ -206,157 +206,54 @@ class Trainer:
         return result
 
     def _train_step(self) -> dict[str, float]:
-        """Steps 1-6 of the loop; returns the step's metrics."""
-        o, G = self.cfg.optim, self.cfg.data.group_size
-        step_start = time.perf_counter()
-        at_start: StepStart = (ckpt.rng_state(self.generator), copy.deepcopy(self.sampler.state_dict()))
-
-        # 1-3. prompts -> G responses each -> rewards (DAPO overlong shaping and dynamic sampling if set)
-        t0 = time.perf_counter()
-        counters_before = reward_counters(self.reward_fn)
-        groups, rollout_metrics = self._collect(at_start)
-        batch = RolloutBatch.concat([g.data for g in groups], self.pad_id)
-        rollout_time = time.perf_counter() - t0
-
-        # 4. advantages over the valid samples (a failed reward: advantage 0 and no tokens); group id =
-        # the prompt's position in this batch
-        t0 = time.perf_counter()
-        valid_rows = torch.nonzero(batch.valid_B).flatten()
-        group_B = torch.arange(batch.num_rows) // G
-        cluster = None
-        if self.cluster_of is not None:
-            cluster_B = [g.cluster for g in groups for _ in range(G)]
-            cluster = [cluster_B[i] for i in valid_rows.tolist()]
-        adv_B = torch.zeros(batch.num_rows, dtype=torch.float32)
-        adv_B[valid_rows] = self.estimator(
-            batch.reward_B[valid_rows], group_B[valid_rows], cluster=cluster
-        ).float()
-        adv_time = time.perf_counter() - t0
-
-        # 5. old log-probs and entropy (recomputed, or the sampler's), reference log-probs; then K epochs of
-        # shuffled mini-batches. Recomputed: the step's first update runs its forward at the sampling
-        # policy, so its rows' old log-probs and entropies are taken from that forward (a row's numbers do
-        # not depend on the other rows of a forward, and the forward with gradient gives the pass's numbers
-        # to the bit on the CPU, docs/training.md "Speed"), and the pass covers the other rows.
-        t0 = time.perf_counter()
-        rows_per_update = o.mini_batch_size * G
-        order_B = torch.randperm(batch.num_rows, generator=self.generator)
-        other_rows = order_B[rows_per_update:]  # the first update's rows are order_B[:rows_per_update]
-        recompute = self.cfg.rollout.old_logp == "recompute"
-        if recompute:
-            old_logp_BT = torch.zeros(batch.response_ids_BT.shape, dtype=torch.float32)
-            entropy_BT = torch.zeros(batch.response_ids_BT.shape, dtype=torch.float32)
-        else:
-            assert batch.sampler_logp_BT is not None and batch.sampler_entropy_BT is not None  # sampled so
-            old_logp_BT, entropy_BT = batch.sampler_logp_BT, batch.sampler_entropy_BT
-        with torch.no_grad():
-            if recompute and len(other_rows):
-                old_logp_BT[other_rows], entropy_rest_BT = self._logp(
-                    self.model, batch.select(other_rows), with_entropy=True
-                )
-                assert entropy_rest_BT is not None  # asked for with_entropy
-                entropy_BT[other_rows] = entropy_rest_BT
-            ref_logp_BT = self._logp(self.ref_model, batch)[0] if self.ref_model is not None else None
-        update_metrics: dict[str, list[float]] = defaultdict(list)
-        for epoch in range(o.epochs):
-            if epoch > 0:
-                order_B = torch.randperm(batch.num_rows, generator=self.generator)
-            for start in range(0, batch.num_rows, rows_per_update):
-                rows = order_B[start : start + rows_per_update]
-                ref_BT = ref_logp_BT[rows] if ref_logp_BT is not None else None
-                first = recompute and epoch == 0 and start == 0
-                old_BT = None if first else old_logp_BT[rows]
-                part_metrics, sampled = self._update(batch.select(rows), adv_B[rows], old_BT, ref_BT)
-                if sampled is not None:  # the first update: its forward gave the old log-probs
-                    old_logp_BT[rows], entropy_BT[rows] = sampled
-                for name, values in part_metrics.items():
+        """Steps 1-6 of the module docstring; returns the step's metrics."""
+        options, clock = self.logprob_options, StepClock()
+        with clock("rollout"):  # 1-3. prompts -> G responses each -> rewards
+            groups, rollout_metrics = self._collect()
+            batch = RolloutBatch.concat([g.data for g in groups], self.pad_id)
+        with clock("advantage"):  # 4. one advantage per response
+            adv_B = self._advantages(batch, groups)
+        with clock("update"):  # 5. old and reference log-probs, then K epochs of mini-batch updates
+            rows_per_update = self.cfg.optim.mini_batch_size * self.cfg.data.group_size
+            order_B = torch.randperm(batch.num_rows, generator=self.generator)  # the first epoch's order
+            first, others = order_B[:rows_per_update], order_B[rows_per_update:]
+            old = OldLogprobs.at_sampling(
+                self.model, batch.tokens, options, first_update=first, others=others, sampled=batch.sampled
+            )
+            ref_logp_BT = self._reference_logprobs(batch)
+            update_metrics: dict[str, list[float]] = defaultdict(list)
+            for rows in self._minibatches(order_B, rows_per_update):
+                for name, values in self._update(batch, rows, adv_B, old, ref_logp_BT).items():
                     update_metrics[name].extend(values)
-        self.scheduler.step()
+            self.scheduler.step()
+            # 6. KL(pi_t || pi_t+1) on the step's tokens, and the step's metrics
+            kl = step_kl(self.model, batch.tokens, old.logp_BT, options, batch.num_rows // rows_per_update)
+        metrics = {
+            **rollout_metrics,
+            **batch.metrics(shaped=self.cfg.algorithm.overlong_shaping),
+            "actor/entropy": float(masked_mean(old.entropy_BT, batch.response_mask_BT)),
+            "actor/lr": float(self.scheduler.get_last_lr()[0]),
+            **({} if kl is None else {"actor/step_kl": kl}),
+            **{name: sum(values) / len(values) for name, values in update_metrics.items()},
+            **{name: float(value) for name, value in self.estimator.metrics().items()},
+        }
+        tokens = int(batch.prompt_mask_BP.sum() + batch.response_mask_BT.sum())
+        return {**metrics, **clock.metrics(tokens)}
 
-        # 6. KL(pi_t || pi_{t+1}) on the step's tokens (run.step_kl): k3 with samples from pi_t
-        # (kl_penalty(p, q) estimates KL(p || q) from samples of p)
-        step_kl = self._step_kl(batch, old_logp_BT, batch.num_rows // rows_per_update)
-        mask_BT = batch.response_mask_BT
-        update_time = time.perf_counter() - t0
-        step_time = time.perf_counter() - step_start
+    def _collect(self) -> tuple[list[Group], dict[str, float]]:
+        """Steps 1-3 (``rollout.GroupCollector``). A failed reward stops the run with a checkpoint of the state
+        before this step (``RewardError``), unless ``algorithm.skip_reward_errors``."""
+        at_start = (ckpt.rng_state(self.generator), copy.deepcopy(self.sampler.state_dict()))
+        try:
+            return self.rollouts.collect()
+        except RewardFailed as failed:
+            raise self._reward_error(failed.failures, *at_start) from None
 
-        valid_B = batch.valid_B
-        counters = reward_counters(self.reward_fn)  # per step: this step's samples only, not validation's
-        metrics = {name: value - counters_before.get(name, 0.0) for name, value in counters.items()}
-        metrics.update(rollout_metrics)
-        metrics.update(
-            {
-                "reward/mean": float(batch.score_B[valid_B].mean()) if bool(valid_B.any()) else 0.0,
-                "actor/entropy": float(masked_mean(entropy_BT, mask_BT)),
-                "actor/lr": float(self.scheduler.get_last_lr()[0]),
-                "response_length/mean": float(batch.lengths_B.float().mean()),
-                "response_length/clip_ratio": float(batch.truncated_B.float().mean()),
-                "timing_s/rollout": rollout_time,
-                "timing_s/advantage": adv_time,
-                "timing_s/update": update_time,
-                "timing_s/step": step_time,
-                "perf/tokens_per_s": int(batch.prompt_mask_BP.sum() + mask_BT.sum()) / max(step_time, 1e-9),
-            }
-        )
-        if step_kl is not None:
-            metrics["actor/step_kl"] = step_kl
-        if self.cfg.algorithm.overlong_shaping:
-            metrics["reward/shaped_mean"] = (
-                float(batch.reward_B[valid_B].mean()) if bool(valid_B.any()) else 0.0
-            )
-        metrics.update({name: sum(values) / len(values) for name, values in update_metrics.items()})
-        metrics.update({name: float(value) for name, value in self.estimator.metrics().items()})
-        return metrics
-
-    def _collect(self, at_start: StepStart) -> tuple[list[Group], dict[str, float]]:
-        """Steps 1-3: prompts, their G responses each, rewards; returns (groups, metrics).
-
-        Without dynamic sampling: one batch from the sampler. With it (DAPO, docs/design.md §3): groups whose rewards
-        are all equal are dropped and more prompts drawn, at most ``1 + algorithm.max_gen_rounds`` rounds
-        (``ebpo.data.dynamic.collect_groups``, which hands the dropped groups to ``estimator.observe`` so
-        EBPO's prior still sees every sampled group); a shortfall trains on the groups there are.
-        """
-        a = self.cfg.algorithm
-        uids = count()  # unique group ids across the step's rounds (collect_groups checks), not record ids
-        num_failed = 0
-
-        def generate(indices: list[int]) -> list[Group]:
-            nonlocal num_failed
-            records = [self.train_records[i] for i in indices]
-            clusters = [self.cluster_of[i] for i in indices] if self.cluster_of is not None else None
-            groups, failures = generate_groups(
-                self.model,
-                self.tokenizer,
-                records,
-                clusters,
-                uids,
-                cfg=self.cfg,
-                generator=self.generator,
-                reward_fn=self.reward_fn,
-            )
-            if failures and not a.skip_reward_errors:
-                self._stop_on_reward_error(failures, at_start)
-            num_failed += len(failures)
-            return groups
-
-        if a.dynamic_sampling:
-            dynamic = DynamicSamplingConfig(
-                batch_size=self.cfg.data.batch_size, max_rounds=1 + a.max_gen_rounds, on_shortfall="train"
-            )
-            with warnings.catch_warnings():  # a shortfall is logged as dynamic/shortfall, not warned about
-                warnings.simplefilter("ignore", RuntimeWarning)
-                result = collect_groups(self.sampler.next_batch, generate, dynamic, self.estimator)
-            groups, metrics = result.groups, result.metrics
-        else:
-            groups, metrics = generate(self.sampler.next_batch()), {}
-        return groups, {**metrics, "reward/errors": float(num_failed)}
-
-    def _stop_on_reward_error(self, failures: list[RewardFailure], at_start: StepStart) -> None:
-        rng, sampler = at_start
+    def _reward_error(self, failures: list[RewardFailure], rng: dict, sampler: dict) -> RewardError:
         path = self.save_checkpoint(ckpt.LAST, state=self._state(rng=rng, sampler=sampler))
         first = failures[0]
         more = f" ({len(failures) - 1} more sample(s) failed too)" if len(failures) > 1 else ""
-        raise RewardError(
+        return RewardError(
             f"reward function {self.cfg.data.reward or self.cfg.data.task!r} raised on sample {first.index} of "
             f"step {self.step + 1}: {first.message}{more}\n  prompt: {first.prompt!r}\n  completion: "
             f"{first.completion!r}\nA checkpoint of the state before this step is at {path}; fix the reward and "
@@ -364,58 +261,57 @@ class Trainer:
             "mask such samples."
         )
 
-    def _step_kl(self, batch: RolloutBatch, old_logp_BT: Tensor, stride: int) -> float | None:
-        """``actor/step_kl`` per ``run.step_kl``: the k3 estimate of KL(pi_t || pi_t+1) over every response
-        token of the step (``all``), over those of every ``stride``-th row (``subset``: rows fixed by their
-        place in the batch, not by the updates' shuffle, so that no update's rows weigh more), or None."""
-        scope = self.cfg.run.step_kl
-        if scope == "none":
+    def _advantages(self, batch: RolloutBatch, groups: list[Group]) -> Tensor:
+        """Step 4: the estimator's advantages over the valid rows (a failed reward: advantage 0, and its row has
+        no tokens); a row's group id is its prompt's position in the batch, never the record id."""
+        G = self.cfg.data.group_size
+        valid_rows = torch.nonzero(batch.valid_B).flatten()
+        group_B = torch.arange(batch.num_rows) // G
+        cluster = None
+        if self.cluster_of is not None:
+            cluster_B = [g.cluster for g in groups for _ in range(G)]
+            cluster = [cluster_B[i] for i in valid_rows.tolist()]
+        adv_B = torch.zeros(batch.num_rows, dtype=torch.float32)
+        rewards = batch.reward_B[valid_rows]
+        adv_B[valid_rows] = self.estimator(rewards, group_B[valid_rows], cluster=cluster).float()
+        return adv_B
+
+    def _reference_logprobs(self, batch: RolloutBatch) -> Tensor | None:
+        """The frozen initial policy's log-probs, for the KL penalty; None without one (``kl_coef`` 0)."""
+        if self.ref_model is None:
             return None
-        if scope == "subset":
-            rows = slice(0, batch.num_rows, max(1, stride))
-            batch, old_logp_BT = batch.select(rows), old_logp_BT[rows]
         with torch.no_grad():
-            new_logp_BT, _ = self._logp(self.model, batch)
-        return float(masked_mean(kl_penalty(old_logp_BT, new_logp_BT, "k3"), batch.response_mask_BT))
+            return logprobs(self.ref_model, batch.tokens, self.logprob_options).logp_BT
+
+    def _minibatches(self, order_B: Tensor, size: int) -> Iterator[Tensor]:
+        """The rows of each update: K = ``optim.epochs`` passes over the batch in mini-batches of ``size`` rows,
+        the first pass in the order ``order_B``, each later one in a new shuffle."""
+        for epoch in range(self.cfg.optim.epochs):
+            if epoch > 0:
+                order_B = torch.randperm(len(order_B), generator=self.generator)
+            yield from order_B.split(size)
 
     def _update(
-        self, mini: RolloutBatch, adv_B: Tensor, old_logp_BT: Tensor | None, ref_logp_BT: Tensor | None
-    ) -> tuple[dict[str, list[float]], tuple[Tensor, Tensor] | None]:
-        """One optimizer step on a mini-batch, in parts of ``optim.micro_batch_size`` rows whose losses are
-        weighted by their share of the mini-batch's tokens (token-mean) or sequences, so that for the vanilla
-        loss the gradient equals the whole mini-batch's.
-
-        ``old_logp_BT`` None: the policy has not been updated since it sampled these rows (the step's first
-        update), so each forward's own log-probs, detached, are the old ones; they are returned with their
-        entropies as ``(old_logp_BT, entropy_BT)`` on the CPU (else None). Returns each metric's values, one
-        per part, and those log-probs."""
+        self, batch: RolloutBatch, rows: Tensor, adv_B: Tensor, old: OldLogprobs, ref_logp_BT: Tensor | None
+    ) -> dict[str, list[float]]:
+        """One optimizer step on the mini-batch ``rows``, in parts of ``optim.micro_batch_size`` rows whose
+        losses are weighted by their share of the mini-batch's tokens (token-mean) or sequences, so that for
+        the vanilla loss the gradient equals the whole mini-batch's. Returns each metric's values, one per
+        part."""
         a, o = self.cfg.algorithm, self.cfg.optim
-        total_tokens = float(mini.response_mask_BT.sum().clamp(min=1))
-        total_seqs = float((mini.response_mask_BT.sum(1) > 0).sum().clamp(min=1))
-        size = o.micro_batch_size or mini.num_rows
+        mini_mask_BT = batch.response_mask_BT[rows]
+        total_tokens = float(mini_mask_BT.sum().clamp(min=1))
+        total_seqs = float((mini_mask_BT.sum(1) > 0).sum().clamp(min=1))
         metrics: dict[str, list[float]] = defaultdict(list)
-        sampled_logps, sampled_entropies = [], []
         self.optimizer.zero_grad(set_to_none=True)
-        for start in range(0, mini.num_rows, size):
-            part = slice(start, start + size)
-            inputs = mini.select(part).model_inputs(self.device)
-            mask_BT = inputs["response_mask"]
-            logp_BT, entropy_BT = forward_logp(
-                self.model,
-                inputs,
-                self.cfg.rollout.temperature,
-                with_entropy=old_logp_BT is None,
-                shared_prompts=o.shared_prompts,
+        for part in rows.split(o.micro_batch_size or len(rows)):
+            tokens = batch.tokens.rows(part).to(self.device)
+            current = logprobs(self.model, tokens, self.logprob_options, with_entropy=old.pending(part))
+            logp_BT, mask_BT = current.logp_BT, tokens.response_mask_BT
+            old_BT = old.take(part, current)
+            loss, part_metrics = self.policy_loss(
+                logp_BT, old_BT, adv_B[part].to(self.device), mask_BT, self.loss_cfg
             )
-            if old_logp_BT is None:
-                assert entropy_BT is not None  # asked for with_entropy
-                old_BT = logp_BT.detach()
-                sampled_logps.append(old_BT.cpu())
-                sampled_entropies.append(entropy_BT.cpu())
-            else:
-                old_BT = old_logp_BT[part].to(self.device)
-            part_adv_B = adv_B[part].to(self.device)
-            loss, part_metrics = self.policy_loss(logp_BT, old_BT, part_adv_B, mask_BT, self.loss_cfg)
             if ref_logp_BT is not None:
                 kl_BT = kl_penalty(logp_BT, ref_logp_BT[part].to(self.device), a.kl_estimator)
                 kl_ref = agg_loss(kl_BT, mask_BT, a.loss_agg_mode, max_len=self.cfg.rollout.max_new_tokens)
@@ -436,8 +332,7 @@ class Trainer:
         else:  # skip the update; the step's metrics say so
             metrics["actor/nonfinite_grad"].append(1.0)
             self.optimizer.zero_grad(set_to_none=True)
-        sampled = (torch.cat(sampled_logps), torch.cat(sampled_entropies)) if sampled_logps else None
-        return metrics, sampled
+        return metrics
 
     # -- validation and checkpoints ----------------------------------------------------------------
 
