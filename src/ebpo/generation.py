@@ -3,10 +3,11 @@
 One call of :func:`sample` turns B prompts into B*n responses:
 
 1. the prompts are tokenized and left-padded to a common length P;
-2. one prefill forward pass runs over the B *unique* prompts (attention mask + position ids that skip the
-   left padding) and its ``DynamicCache`` is repeated n times in the batch dimension, so the prompt is
-   encoded once per group rather than once per response;
-3. incremental decoding feeds one token per step through the cache; each step draws the next token with
+2. one prefill forward pass runs over the B prompts (attention mask + position ids that skip the left
+   padding), so a prompt is encoded once per group rather than once per response;
+3. incremental decoding feeds one token per step through the ``DynamicCache``, which holds one row per
+   distinct prefix (prompt and tokens drawn so far): responses that drew the same tokens share a row and a
+   forward until they differ (topped up to ``MIN_FORWARD_ROWS`` rows); each step draws the next token with
    temperature and nucleus (top-p) sampling from a seeded ``torch.Generator``, or takes the argmax when
    ``temperature == 0``. With one generator for the whole call, the rows are drawn together, so a row's
    draws depend on every other row in its chunk; with ``generators`` (one per prompt, used by ``ebpo
@@ -18,9 +19,10 @@ One call of :func:`sample` turns B prompts into B*n responses:
 
 Log-probabilities (``Rollouts.old_logp``) are those of the *temperature-scaled* distribution
 ``log_softmax(logits / T)`` **before** top-p filtering, as verl's actor computes them: the trainer's PPO
-ratio ``exp(logp - old_logp)`` must compare the same distribution, so the trainer recomputes its policy
-log-probs with the same temperature, and the ratio starts at exactly 1 (up to float error) on the first
-update. With ``temperature == 0`` (greedy) the log-probs are those of the unscaled distribution (T = 1).
+ratio ``exp(logp - old_logp)`` must compare the same distribution, so the trainer's log-probs
+(``ebpo.logprobs``) use the same temperature, and with these as old log-probs (``rollout.old_logp=sampler``)
+the first ratio is 1 within float rounding. With ``temperature == 0`` (greedy) the log-probs are those of the
+unscaled distribution (T = 1).
 ``with_entropy=True`` also records each drawn token's distribution's entropy (``Rollouts.entropy``).
 """
 
@@ -97,13 +99,10 @@ class Rollouts:
 
 
 MIN_FORWARD_ROWS = 16
-"""The fewest rows a forward over the distinct rows of a batch runs on (fewer only when the batch has fewer).
-
-A row's numbers in a forward do not depend on the other rows, so the distinct rows of a batch (a group's
-responses often agree) are computed once, to the bit, on the CPU. That holds only while the matrix products
-keep their algorithm: MKL sums a product of 1 row, of 2-3 rows and of 4 or more rows in three different
-orders, so a forward of few distinct rows is topped up with copies to the rows the whole batch would have
-used, up to this many."""
+"""The fewest rows a forward over the distinct rows of a batch runs on (fewer only when the batch has fewer):
+the sampler's forward per distinct prefix and the log-prob passes' forward per distinct row are topped up with
+copies to this many (:func:`pad_rows`), so that their matrix products are summed as the whole batch's would
+be and the numbers stay those of a forward over every row, to the bit (``ebpo.logprobs`` says why)."""
 
 
 IN_KERNEL_GQA = "ebpo_sdpa_gqa"
@@ -125,9 +124,9 @@ def _sdpa_gqa_without_grad(
     keys and values go to the kernel once per key/value head (``enable_gqa``) instead of copied once per
     query head: Hugging Face makes that copy whenever a padding mask is given, and in decoding it copies the
     whole cache at every layer and step. The kernel reads key/value head ``h // groups`` for query head
-    ``h``, as the copy does, so the numbers are the same to the bit (``tests/test_generation.py``). With
-    gradient, or on another device, it is ``sdpa`` itself: there the backward of the in-kernel version
-    sums the query heads' key and value gradients in another order (float rounding)."""
+    ``h``, as the copy does, so the numbers are the same to the bit (``tests/test_generation.py``,
+    ``tests/test_logprobs.py``). With gradient, or on another device, it is ``sdpa`` itself: there the
+    backward of the in-kernel version would sum the query heads' key and value gradients in another order."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     groups = getattr(module, "num_key_value_groups", 1)
@@ -161,9 +160,8 @@ def _sdpa_gqa_without_grad(
 def in_kernel_gqa(model: Any) -> bool:
     """Switch a Hugging Face model that uses ``sdpa`` attention to :func:`_sdpa_gqa_without_grad` (with
     ``sdpa``'s masks): the same numbers, less copying in sampling and in forward passes without gradient
-    (about a third less time in sampling 16 x 8 x 48 tokens from a random 128-wide, 4-layer model on the
-    CPU, docs/benchmarks.md). Returns whether it switched; a model with another attention is left as it is.
-    The choice is not written by ``save_pretrained``."""
+    (docs/benchmarks.md measures it). Returns whether it switched; a model with another attention is left as
+    it is. The choice is not written by ``save_pretrained``."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
