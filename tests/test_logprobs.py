@@ -29,14 +29,6 @@ VOCAB = 100
 PAD, EOS = 0, 2
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def tiny_llama(kv_heads: int, seed: int = 0, attention: str = "sdpa") -> torch.nn.Module:
     """A random 2-layer Llama (64 wide, 4 query heads, ``kv_heads`` key/value heads); a large init, so that its
     distributions are peaked and vary with the context."""
