@@ -2,7 +2,7 @@
 held as one typed batch (:class:`RolloutBatch`).
 
 Shapes: ``B`` rows (one sampled response each; a group's G responses are consecutive rows), ``P`` prompt
-tokens (left-padded), ``T`` response tokens (right-padded), ``V`` vocabulary.
+tokens (left-padded), ``T`` response tokens (right-padded).
 """
 
 from __future__ import annotations
