@@ -103,10 +103,12 @@ def _sample(
 
 
 def _logp(model: Any, inputs: dict[str, torch.Tensor], temperature: float) -> torch.Tensor:
-    """Token log-probs (B, T) of the responses, with gradient (``ebpo.trainer.rollout.forward_logp``)."""
-    from ebpo.trainer.rollout import forward_logp
+    """Token log-probs (B, T) of the responses, with gradient (``ebpo.logprobs.logprobs``, the trainer's)."""
+    from ebpo.logprobs import LogprobOptions, Tokens, logprobs
 
-    return forward_logp(model, inputs, temperature)[0]
+    names = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+    tokens = Tokens(*(inputs[name] for name in names))
+    return logprobs(model, tokens, LogprobOptions(temperature=temperature)).logp_BT
 
 
 def batch_logp(model: Any, inputs: dict[str, torch.Tensor], temperature: float) -> torch.Tensor:

@@ -22,8 +22,9 @@ One step (``Trainer.train`` -> ``Trainer._train_step``):
 Exact resume: a checkpoint holds the model, optimizer, scheduler, estimator, sampler and every RNG state,
 so N steps, a kill, a resume and N more steps equal 2N steps in one run, bit for bit on CPU. Around the
 loop: ``setup.py`` (prompts, policy, estimator and loss, optimizer), ``rollout.py`` (scored groups, the typed
-batch), ``ebpo.logprobs`` (every log-prob pass, and why its fast paths are exact), ``checkpoint.py``, ``metrics_log.py``, ``validation.py``, ``report.py``, ``plots.py``, and
-the run directory, an ``ebpo.persist.RunDirectory``.
+batch), ``ebpo.logprobs`` (every log-prob pass, and why its fast paths are exact), ``checkpoint.py``,
+``metrics_log.py`` (with the step's clock), ``validation.py``, ``report.py``, ``plots.py``, and the run
+directory, an ``ebpo.persist.RunDirectory``.
 """
 
 from __future__ import annotations
@@ -33,14 +34,14 @@ import json
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from ebpo.data.dynamic import Group
-from ebpo.logprobs import LogprobOptions, OldLogprobs, OldLogpSource, StepKLScope, logprobs, step_kl
+from ebpo.logprobs import LogprobOptions, OldLogprobs, logprobs, step_kl
 from ebpo.losses import agg_loss, kl_penalty, masked_mean
 from ebpo.persist import RunDirectory
 from ebpo.trainer import checkpoint as ckpt
@@ -132,8 +133,8 @@ class Trainer:
             temperature=cfg.rollout.temperature,
             part_size=cfg.optim.micro_batch_size,
             shared_prompts=cfg.optim.shared_prompts,
-            old_logp=cast(OldLogpSource, cfg.rollout.old_logp),  # checked by TrainConfig.validate
-            step_kl=cast(StepKLScope, cfg.run.step_kl),
+            old_logp=cfg.rollout.old_logp,
+            step_kl=cfg.run.step_kl,
         )
 
         # progress, saved in every checkpoint beside the components' own state
