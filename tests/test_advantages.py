@@ -70,7 +70,9 @@ def test_registry_names_and_errors():
 def test_ebpo_options_are_one_dataclass_the_estimator_reads():
     from dataclasses import fields
 
-    from ebpo.advantages import EBPOEstimator, EBPOOptions, OptionError, option_names
+    from ebpo.advantages import EBPOEstimator, EBPOOptions
+    from ebpo.advantages.checks import OptionError
+    from ebpo.advantages.registry import option_names
 
     assert option_names("ebpo") == [f.name for f in fields(EBPOOptions)]
     assert all(len(f.metadata["help"]) > 20 for f in fields(EBPOOptions))  # each option's help, once
@@ -86,7 +88,7 @@ def test_ebpo_options_are_one_dataclass_the_estimator_reads():
 
 def test_register_custom_estimator():
     @ebpo.register_estimator("test_constant_one")
-    class ConstantOne(ebpo.advantages.AdvantageEstimator):
+    class ConstantOne(ebpo.AdvantageEstimator):
         def _advantages(self, batch):
             return torch.ones_like(batch.rewards_N), {}
 
@@ -94,7 +96,7 @@ def test_register_custom_estimator():
         assert "test_constant_one" in ebpo.list_estimators()
         _close(ebpo.get_estimator("test_constant_one")(REWARDS, INDEX), [1.0] * 12)
     finally:
-        ebpo.advantages._ESTIMATORS.unregister("test_constant_one")
+        ebpo.advantages.registry._ESTIMATORS.unregister("test_constant_one")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -44,7 +44,8 @@ import trl
 from trl import GRPOConfig, GRPOTrainer
 
 import ebpo
-from ebpo.advantages import EBPOOptions, OptionError
+from ebpo.advantages import EBPOOptions
+from ebpo.advantages.checks import OptionError
 from ebpo.data.samplers import IndexStream, StreamSampler, get_sampler, list_samplers
 from ebpo.integrations import ESTIMATOR_STATE_FILE
 from ebpo.persist import save_torch_atomic

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 import ebpo
-from ebpo.advantages import check_options
+from ebpo.advantages.registry import check_options
 
 __all__ = [
     "ADAPTER_KEYS",
