@@ -1,0 +1,41 @@
+"""The package's entry points (``ebpo/__init__.py``): what ``import ebpo`` offers, and that it costs no torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import ebpo
+
+
+def test_import_ebpo_imports_no_torch_until_an_entry_point_is_used():
+    code = (
+        "import sys, ebpo\nprint('torch' in sys.modules)\nebpo.EBPOOptions\nprint('torch' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": ":".join(sys.path)},
+    ).stdout
+    assert out.split() == ["False", "True"]
+
+
+def test_every_export_is_its_defining_module_s_object():
+    from ebpo import advantages, losses
+
+    for name in ebpo.__all__:
+        if name == "__version__":
+            continue
+        home = advantages if name in advantages.__all__ else losses
+        assert getattr(ebpo, name) is getattr(home, name), name
+    assert set(ebpo.__all__) <= set(dir(ebpo))
+    # what users build is here: the estimator API and EBPO's options, the policy-loss API and its config
+    assert {"AdvantageEstimator", "EBPOOptions", "register_estimator", "PolicyLossConfig"} <= set(
+        ebpo.__all__
+    )
+    with pytest.raises(AttributeError, match="'get_estimater'"):
+        ebpo.get_estimater  # noqa: B018
