@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ebpo.rewards.pool import TimeoutPool
 
-# This module is also loaded on its own (without the ``ebpo`` package) inside the verifier workers,
-# so its top level imports only the standard library; ``ebpo.rewards.pool`` is imported where used.
+# The verifier workers import this module: its top level imports only the standard library, so a worker
+# holds math-verify and little else; ``ebpo.rewards.pool`` is imported where used.
 
 __all__ = [
     "MathReward",

@@ -8,9 +8,13 @@ waits on all pipes with the nearest deadline as its timeout, and on overrun send
 a replacement and records the task as ``TIMEOUT``. One bad answer therefore costs at most ``timeout_s`` of
 one worker, never the training step.
 
-Start method: ``forkserver`` where the platform has it (POSIX), else ``spawn``. Both are safe next to torch
-(no fork of a process holding CUDA contexts or OpenMP threads). A worker announces itself ready after its
-imports, and only then receives tasks, so start-up time never counts against a task's limit.
+Start method: ``exec`` on POSIX, else ``spawn``. An ``exec`` worker is a fresh interpreter that imports the
+served function's module and nothing else. ``spawn`` and ``forkserver`` re-import the parent's ``__main__`` in
+the worker: a training script's ``import torch`` (and, in a script without an ``if __name__ == "__main__"``
+guard, all of its top level) runs again there; ``fork`` copies a process that holds torch, its threads and
+perhaps CUDA contexts. Each of them kills a hung call and keeps serving; only ``exec`` keeps torch out of the
+workers (measured: docs/benchmarks.md, "The reward pool's start method"). A worker announces itself ready after
+its imports, and only then receives tasks, so start-up time never counts against a task's limit.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ import argparse
 import atexit
 import enum
 import importlib
-import importlib.util
 import logging
 import multiprocessing as mp
 import os
@@ -72,7 +75,7 @@ START_METHODS = ("exec", "spawn", "forkserver")
 
 
 def default_start_method() -> str:
-    """``exec`` (a fresh ``python -m ebpo.rewards.pool`` per worker) on POSIX, else ``spawn``."""
+    """``exec`` (a fresh ``python -P .../ebpo/rewards/pool.py`` per worker) on POSIX, else ``spawn``."""
     return "exec" if os.name == "posix" else "spawn"
 
 
@@ -88,36 +91,11 @@ def _qualified_name(fn: Callable[..., Any]) -> str:
     return f"{module}:{qualname}"
 
 
-def _function_spec(fn: Callable[..., Any]) -> str:
-    """``module:qualname@file`` (``@file`` when the module has a source file) for an exec worker."""
-    name = _qualified_name(fn)
-    file = getattr(sys.modules.get(fn.__module__), "__file__", None)
-    return f"{name}@{file}" if file else name
-
-
-def _load_function(spec: str) -> Callable[..., Any]:
-    """Import ``module:qualname[@file]`` in a worker.
-
-    With a file, the module is first executed from that file alone, without importing its parent packages
-    (``ebpo/__init__`` imports torch, which a verifier does not need: each worker would pay seconds and
-    hundreds of MB for it). If that fails (relative imports, say), the normal package import is used.
-    """
-    name, _, file = spec.partition("@")
+def _load_function(name: str) -> Callable[..., Any]:
+    """Import ``module:qualname`` in an ``exec`` worker (the module's packages too: for the math reward
+    ``ebpo``, ``ebpo.registry`` and ``ebpo.rewards``, none of which imports torch)."""
     module_name, _, qualname = name.partition(":")
-    module = sys.modules.get(module_name)
-    if module is None and file:
-        loader_spec = importlib.util.spec_from_file_location(module_name, file)
-        if loader_spec is not None and loader_spec.loader is not None:
-            module = importlib.util.module_from_spec(loader_spec)
-            sys.modules[module_name] = module
-            try:
-                loader_spec.loader.exec_module(module)
-            except ImportError:
-                del sys.modules[module_name]
-                module = None
-    if module is None:
-        module = importlib.import_module(module_name)
-    obj: Any = module
+    obj: Any = importlib.import_module(module_name)
     for part in qualname.split("."):
         obj = getattr(obj, part)
     return obj
@@ -147,9 +125,9 @@ class _Worker:
     """One worker process and the parent's end of its two-way connection.
 
     ``exec``: ``subprocess.Popen([python, -P, .../ebpo/rewards/pool.py, ...])`` talking over a socket pair.
-    The fresh interpreter imports only the function's own module (see :func:`_load_function`): no
-    re-import of the user's ``__main__`` (scripts without an ``if __name__ == "__main__"`` guard and
-    notebooks work) and no torch.
+    The fresh interpreter imports only the function's module (see :func:`_load_function`): no re-import of
+    the user's ``__main__`` (scripts without an ``if __name__ == "__main__"`` guard and notebooks work) and
+    no torch.
     ``spawn`` / ``forkserver``: a ``multiprocessing`` process of that start method.
     """
 
@@ -160,7 +138,7 @@ class _Worker:
             parent_sock, child_sock = socket.socketpair()
             # -P: do not put this file's folder (ebpo/rewards, which holds math.py) first on sys.path.
             cmd = [sys.executable, "-P", os.path.abspath(__file__), "--fd", str(child_sock.fileno())]
-            cmd += [_function_spec(fn)] + (["--init", _function_spec(init)] if init is not None else [])
+            cmd += [_qualified_name(fn)] + (["--init", _qualified_name(init)] if init is not None else [])
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # what the parent can import
             self.popen = subprocess.Popen(
@@ -477,11 +455,11 @@ atexit.register(shutdown_all_pools)
 
 
 def _main(argv: list[str] | None = None) -> None:
-    """Entry of an ``exec`` worker: ``python -P pool.py --fd N [--init mod:fn@file] mod:fn@file``."""
+    """Entry of an ``exec`` worker: ``python -P pool.py --fd N [--init module:fn] module:fn``."""
     parser = argparse.ArgumentParser(description="TimeoutPool worker (started by the pool, not by hand)")
-    parser.add_argument("function", help="module:qualname[@file] of the function to serve")
+    parser.add_argument("function", help="module:qualname of the function to serve")
     parser.add_argument("--fd", type=int, required=True, help="file descriptor of the socket to the parent")
-    parser.add_argument("--init", default=None, help="module:qualname[@file] of a function to run at start")
+    parser.add_argument("--init", default=None, help="module:qualname of a function to run at start")
     args = parser.parse_args(argv)
     conn = Connection(args.fd)
     init = _load_function(args.init) if args.init else None
