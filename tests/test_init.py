@@ -39,3 +39,20 @@ def test_every_export_is_its_defining_module_s_object():
     )
     with pytest.raises(AttributeError, match="'get_estimater'"):
         ebpo.get_estimater  # noqa: B018
+
+
+def test_import_ebpo_trainer_and_its_config_import_no_torch():
+    code = (
+        "import sys, ebpo.trainer\n"
+        "print('torch' in sys.modules, 'transformers' in sys.modules)\n"
+        "ebpo.trainer.TrainConfig, ebpo.trainer.load_config\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": ":".join(sys.path)},
+    ).stdout
+    assert out.split() == ["False", "False", "False"]
