@@ -19,7 +19,7 @@ plugin cannot silently replace a built-in. An unknown name, here and for every f
 ``unknown <kind> 'x'; valid choices: a, b, c`` with the choices sorted.
 
 Where each registry lives (the public functions around them keep their names): advantage estimators in
-``ebpo.advantages``, policy losses in ``ebpo.losses``, rewards in ``ebpo.rewards``, loader schemas in
+``ebpo.advantages.registry``, policy losses in ``ebpo.losses``, rewards in ``ebpo.rewards``, loader schemas in
 ``ebpo.data.loaders``, prompt samplers in ``ebpo.data.samplers``, task suites in ``ebpo.tasks``, topic backends in ``ebpo.annotate.topic``,
 evaluation benchmarks in ``ebpo.eval.harness``, the learning benchmark's methods in
 ``benchmarks/learning/methods.py``.

@@ -1,7 +1,8 @@
 """Evaluation: metrics (avg@n Pass@1, unbiased pass@k, maj@k, standard errors), the harness, ``ebpo eval``.
 
-See ``docs/evaluation.md``. The trainer's periodic validation uses :mod:`ebpo.eval.metrics` (or
-:func:`evaluate`); ``ebpo eval`` (:mod:`ebpo.eval.cli`) makes the paper-style table.
+See ``docs/evaluation.md``. The trainer's periodic validation (``ebpo.trainer.validation``) scores with
+:mod:`ebpo.eval.metrics`; ``ebpo eval`` (:mod:`ebpo.eval.cli`) runs :func:`evaluate` and makes the paper-style
+table.
 """
 
 from ebpo.eval.harness import EvalResult, SamplingConfig, evaluate, get_benchmark, list_benchmarks

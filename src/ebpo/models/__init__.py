@@ -1,1 +1,3 @@
-"""Models: the tiny locally built model for tests, and the warm-started ``arith`` base model."""
+"""Models: the tiny Llama and character tokenizer built locally (``tiny``: the base model's architecture, and
+random models for tests and benchmarks) and the ``arith`` base model (``recipe``, ``sft``, ``base_model``,
+``grid``, ``cli``)."""

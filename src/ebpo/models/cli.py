@@ -26,7 +26,7 @@ class BaseModelCommand:
     check: bool = field(
         default=False,
         metadata={
-            "help": "rebuild the recipe in full (about 20 minutes on one core) and compare every tensor with the "
+            "help": "rebuild the recipe in full (its whole SFT run on one core: docs/base_model.md gives the time) and compare every tensor with the "
             "shipped model; exit 1 on any difference"
         },
     )
