@@ -49,21 +49,18 @@ def test_registry_names_and_errors():
     assert ebpo.list_estimators() == ["dr_grpo", "ebpo", "grpo", "jspo", "reinforce_pp_baseline", "rloo"]
     with pytest.raises(
         ValueError,
-        match=r"^unknown advantage estimator 'gpro'; valid choices: dr_grpo, ebpo, grpo, jspo, "
-        r"reinforce_pp_baseline, rloo$",
+        match=r"'gpro'.*dr_grpo, ebpo, grpo, jspo, reinforce_pp_baseline, rloo$",
     ):
         ebpo.get_estimator("gpro")
-    with pytest.raises(TypeError, match=r"unknown option\(s\) \['shrink'\].*prior_scope"):
+    with pytest.raises(TypeError, match=r"\['shrink'\].*prior_scope"):
         ebpo.get_estimator("ebpo", shrink=0.5)
     with pytest.raises(TypeError, match="norm_by_std"):
         ebpo.get_estimator("rloo", norm_by_std=False)
-    with pytest.raises(
-        ValueError, match=r"^unknown EBPO normalize 'token'; valid choices: batch, group, none, prior$"
-    ):
+    with pytest.raises(ValueError, match=r"normalize 'token'.*batch, group, none, prior$"):
         ebpo.get_estimator("ebpo", normalize="token")
     with pytest.raises(ValueError, match="prior_memory"):
         ebpo.get_estimator("ebpo", prior_memory="forever")
-    with pytest.raises(ValueError, match=r"cluster_min_groups must be an integer >= 1, got 2.5"):
+    with pytest.raises(ValueError, match=r"cluster_min_groups.*2\.5"):
         ebpo.get_estimator("ebpo", cluster_min_groups=2.5)  # refused, not truncated to 2
 
 
@@ -668,9 +665,9 @@ def test_cluster_scope_falls_back_to_global_below_threshold():
         for i in members:
             assert float(adv[i]) == pytest.approx(-S * prior["mu_glob"], rel=1e-6)
     assert est.metrics()["ebpo/cluster_prior_frac"] == pytest.approx(3 / 5)
-    with pytest.raises(ValueError, match="cluster= keys"):
+    with pytest.raises(ValueError, match=r"prior_scope='cluster'.*cluster="):
         est(rewards, index)
-    with pytest.raises(ValueError, match="constant within a group"):
+    with pytest.raises(ValueError, match=r"\bsample 0\b"):
         est([1.0, 0.0], [0, 0], cluster=["geo", "alg"])
 
 
@@ -698,7 +695,7 @@ def test_bad_and_degenerate_input(name):
         est(torch.tensor([0.0, 1.0, 0.0, float("nan"), float("inf")]), [0, 0, 1, 1, 1])
     with pytest.raises(ValueError, match="position 0"):
         est([float("-inf")], [0])
-    with pytest.raises(ValueError, match="index has 2 entries but rewards has 3"):
+    with pytest.raises(ValueError, match=r"index .*2.*rewards .*3"):
         est([0.0, 1.0, 1.0], [0, 1])
     with pytest.raises(ValueError, match="1-D"):
         est(torch.zeros(2, 2), [0, 1])
@@ -790,7 +787,7 @@ def test_huge_rewards_are_rejected_naming_the_sample_and_leave_state_alone(name,
     ):
         with pytest.raises(
             ValueError,
-            match=re.escape(f"position 2 is {huge:g}: rewards must be finite with |reward| <= 1e+30"),
+            match=re.escape(f"position 2 is {huge:g}"),
         ):
             est(rewards, [0, 0, 1, 1], cluster=["a", "a", "b", "b"])
         with pytest.raises(ValueError, match="position 2"):
@@ -839,7 +836,7 @@ def test_python_list_rewards_keep_float64_precision():
 @pytest.mark.parametrize("name", ["grpo", "jspo", "ebpo"])
 def test_eps_must_be_positive(name):
     # eps = 0 turned an all-equal group into 0 / 0 = NaN (GRPO's std, JSPO's lambda, EBPO's batch std).
-    with pytest.raises(ValueError, match="eps must be > 0"):
+    with pytest.raises(ValueError, match=rf"^{name}: eps .*0\.0"):
         ebpo.get_estimator(name, eps=0.0)
 
 
@@ -849,7 +846,7 @@ def test_output_that_float32_cannot_hold_is_rejected_and_state_restored():
     # -1.4e283, far beyond float32. The call must raise, naming the sample, and keep the prior unchanged.
     est = ebpo.get_estimator("ebpo", normalize="prior", eps=1e-300)
     before = copy.deepcopy(est.state_dict())
-    with pytest.raises(ValueError, match=r"advantage of sample 0 is -1\.\d+e\+283.*float32"):
+    with pytest.raises(ValueError, match=r"sample 0 is -1\.\d+e\+283"):
         est([0.1, 0.1, 0.1], [0, 0, 0])
     assert est.state_dict() == before
 
@@ -860,9 +857,9 @@ def test_a_batch_rejected_midway_leaves_the_prior_unchanged():
     est = ebpo.get_estimator("ebpo", prior_scope="cluster")
     est([1.0, 0.0], [0, 0], cluster=["geo", "geo"])
     before = copy.deepcopy(est.state_dict())
-    with pytest.raises(ValueError, match="constant within a group"):
+    with pytest.raises(ValueError, match=r"\bsample 0\b"):
         est([1.0, 0.0], [0, 0], cluster=["geo", "alg"])
-    with pytest.raises(ValueError, match="constant within a group"):
+    with pytest.raises(ValueError, match=r"\bsample 0\b"):
         est.observe([1.0, 0.0], [0, 0], cluster=["geo", "alg"])
     assert est.state_dict() == before
 
@@ -887,7 +884,7 @@ def test_load_state_dict_rejects_a_non_finite_or_negative_state(path, value):
     node[path[-1]] = value
     target = ebpo.get_estimator("ebpo", prior_scope="cluster")
     target.load_state_dict(copy.deepcopy(good))
-    with pytest.raises(ValueError, match=rf"EBPO checkpoint .*{path[-2]}: .*{path[-1]}={value}"):
+    with pytest.raises(ValueError, match=rf"{path[-2]}: .*{path[-1]}={value}"):
         target.load_state_dict(bad)
     assert target.state_dict() == good  # a rejected checkpoint changes nothing
 
@@ -902,7 +899,5 @@ def test_normalize_prior_flows_through_the_trainer_config():
         cfg = load_config(None, [f"algorithm.{spelling}.normalize=prior"])
         est = ebpo.get_estimator(cfg.algorithm.estimator, **cfg.algorithm.estimator_kwargs())
         assert est.normalize == "prior"
-        with pytest.raises(
-            ConfigError, match=r"algorithm.ebpo.normalize 'priors'; valid choices: batch, group"
-        ):
+        with pytest.raises(ConfigError, match=r"algorithm\.ebpo\.normalize 'priors'.*\bbatch, group\b"):
             load_config(None, [f"algorithm.{spelling}.normalize=priors"])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -46,17 +48,17 @@ def test_sweep_limits_the_g_and_budget_variants_to_some_methods(configs_dir):
 
 
 def test_plan_refuses_unknown_methods_bad_budgets_and_selection_seeds(configs_dir):
-    with pytest.raises(ValueError, match="unknown method 'ppo'"):
+    with pytest.raises(ValueError, match="'ppo'"):
         _plan(configs_dir, methods=("ppo",))
-    with pytest.raises(ValueError, match="unknown method 'published/ebpo-prior'"):
+    with pytest.raises(ValueError, match="'published/ebpo-prior'"):
         _plan(configs_dir, methods=("published/ebpo-prior",))  # arm (a) only
-    with pytest.raises(ValueError, match="not a multiple of G=6"):
+    with pytest.raises(ValueError, match=r"R=\d+ .*G=6\b"):
         _plan(configs_dir, groups=(4, 6))
-    with pytest.raises(ValueError, match="distinct"):
+    with pytest.raises(ValueError, match=r"\[0, 0\]"):
         matrix.Design(seeds=(0, 0))
     budget = Budget(steps=10).resolve(configs_dir)
     selection = Selection("ebpo-prior", "test", (1, 100), "/m", "cmd")
-    with pytest.raises(ValueError, match=r"seeds \[1\] were used to select ebpo-best"):
+    with pytest.raises(ValueError, match=r"seeds \[1\] .*ebpo-best"):
         matrix.plan(
             matrix.Design(seeds=(0, 1)), budget, model_path="/m", configs=configs_dir, selection=selection
         )
@@ -136,7 +138,7 @@ def test_a_second_invocation_on_the_same_runs_directory_is_refused(configs_dir, 
         tmp_path, what="benchmark runs directory", hint=""
     ).acquire()  # the first invocation
     with pytest.raises(
-        DirectoryInUse, match=r"benchmark runs directory .* is in use by pid \d+ .*--runs-dir"
+        DirectoryInUse, match=rf"{re.escape(str(tmp_path))} .*pid {os.getpid()}\b.*--runs-dir"
     ):
         matrix.run_matrix(runs, tmp_path, worker=worker, log=lambda _: None, command="c")
     assert calls == [] and matrix.read_sessions(tmp_path) == []
@@ -176,7 +178,7 @@ def test_estimate_from_cpu_seconds_by_hand(configs_dir):
     assert "2 runs: 0.3 CPU min, projected wall time 0.1 min with --jobs 2" in two.text()
     resumed = fake_result(grpo, 0.5)
     resumed["timing"]["resumed_from_step"] = 5  # its times miss the first part: not used
-    with pytest.raises(ValueError, match="no finished runs trained in one go"):
+    with pytest.raises(ValueError, match="--quick"):
         matrix.fit_costs([resumed])
 
 

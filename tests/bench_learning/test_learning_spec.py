@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -47,9 +48,9 @@ def test_budget_resolves_every_unset_size_from_the_shared_preset(configs_dir):
     given = Budget(steps=3, prompts=6, responses=48, updates=3, eval_every=1, lr=0.5).resolve(configs_dir)
     assert (given.steps, given.prompts, given.responses, given.updates, given.eval_every) == (3, 6, 48, 3, 1)
     assert given.save_every == 1 and given.lr == 0.5  # the checkpoint cadence follows the validations
-    with pytest.raises(ValueError, match="steps must be >= 1"):
+    with pytest.raises(ValueError, match=r"^budget: steps .*\b0$"):
         Budget(steps=0)
-    with pytest.raises(ValueError, match="resolve the budget first"):
+    with pytest.raises(ValueError, match=r"Budget\.resolve"):
         Budget().prompts_per_step(FIXED_PROMPTS, 4)
 
 
@@ -61,9 +62,9 @@ def test_budget_variants_and_mini_batches_by_hand(configs_dir):
     # 4 updates: 16 prompts -> mini-batch 4; 8 -> 2; 4 -> 1; 6 prompts: largest divisor of 6 <= 4 is 3 -> 2
     assert [b.mini_batch_size(p) for p in (16, 8, 4, 6)] == [4, 2, 1, 2]
     assert Budget(updates=8).resolve(configs_dir).mini_batch_size(2) == 1  # updates drop to the 2 prompts
-    with pytest.raises(ValueError, match="R=64 responses per step is not a multiple of G=5"):
+    with pytest.raises(ValueError, match=r"R=64 .*G=5\b"):
         b.prompts_per_step(EQUAL_RESPONSES, 5)
-    with pytest.raises(ValueError, match="unknown budget variant"):
+    with pytest.raises(ValueError, match="'equal-prompts'"):
         b.prompts_per_step("equal-prompts", 4)
 
 
@@ -266,9 +267,7 @@ def test_arm_b_presets_keep_their_own_loss_and_entropymech_selects_the_ratio(con
         assert algorithm["policy_loss"] == loss and algorithm["loss"]["cov_count"] == "stochastic"
     assert configs["entropymech-clip-cov"]["algorithm"]["loss"]["clip_cov_ratio"] == 2e-4  # the paper's
     assert M.get_method(M.PUBLISHED, "ebpo-diff").checkpoint == "last"
-    with pytest.raises(
-        ValueError, match="unknown published method 'ppo'; valid choices: dapo, dr-grpo, ebpo-diff"
-    ):
+    with pytest.raises(ValueError, match="'ppo'.*dapo, dr-grpo, ebpo-diff"):
         M.get_method(M.PUBLISHED, "ppo")
 
 
@@ -286,10 +285,10 @@ def test_best_method_uses_the_selection_or_says_it_was_not_selected(tmp_path):
     assert M.read_selection(path) == chosen
     method, how = M.best_method(M.read_selection(path), "/m")
     assert method.overrides == M.get_method(M.ESTIMATORS, "ebpo-prior").overrides and "[100, 101]" in how
-    with pytest.raises(ValueError, match=r"selected on model /m \(no id\), not on /other \(name:/other\)"):
+    with pytest.raises(ValueError, match=r"/m \(no id\).* /other \(name:/other\)"):
         M.best_method(chosen, "/other")
     path.write_text(json.dumps({"method": "ebpo-topic-cluster", "chosen_by": "old format"}))  # the old file
-    with pytest.raises(ValueError, match="not a selection written by --select-options"):
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: .*--select-options"):
         M.read_selection(path)
 
 
@@ -320,14 +319,14 @@ def test_a_selection_follows_its_model_to_another_checkout_and_refuses_another_m
     first = M.model_identity(str(plain))
     (plain / "model.safetensors").write_bytes(b"weights two")
     assert first.startswith("files:") and M.model_identity(str(plain)) != first
-    with pytest.raises(ValueError, match=r"selected on model .* \(files:[0-9a-f]+\), not on .* \(files:"):
+    with pytest.raises(ValueError, match=rf"{re.escape(str(plain))} \({first}\).* \(files:[0-9a-f]+\)"):
         M.best_method(M.Selection("ebpo-prior", "auc", (100,), str(plain), "cmd", first), str(plain))
     assert M.model_identity("Qwen/Qwen2.5-Math-1.5B") == "name:Qwen/Qwen2.5-Math-1.5B"  # a hub id
 
 
 def test_selection_seeds_must_be_disjoint_from_reported_seeds():
     M.check_disjoint((0, 1, 2, 3, 4), M.SELECTION_SEEDS)  # the defaults are disjoint
-    with pytest.raises(ValueError, match=r"seeds \[1\] were used to select ebpo-best"):
+    with pytest.raises(ValueError, match=r"seeds \[1\] .*ebpo-best"):
         M.check_disjoint((0, 1), (1, 100))
 
 
@@ -337,7 +336,7 @@ def test_select_best_by_validation_auc_ties_to_candidate_order():
     assert winner == "ebpo-prior" and "ebpo-prior 0.3500 (n=2)" in how
     winner, how = M.select_best({"ebpo-ewm": [0.2], "ebpo-latent": [0.2], "ebpo-cluster": [0.1]})
     assert winner == "ebpo-latent" and "a tie between ebpo-ewm, ebpo-latent" in how
-    with pytest.raises(ValueError, match="no finished runs"):
+    with pytest.raises(ValueError, match=r"candidates \[\]"):
         M.select_best({})
 
 
