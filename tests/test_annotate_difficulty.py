@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -127,21 +128,21 @@ def test_row_helpers_and_errors(tmp_path):
     assert row_prompt({"prompt": messages}, 0) == messages
     assert row_answer({"final_answer": ["3", "4"]}, 0) == "3"  # OlympiadBench keeps a list
     assert row_answer({"reward_model": {"ground_truth": "7"}}, 0) == "7"  # DAPO-Math-17k
-    with pytest.raises(ValueError, match=r"data.jsonl, row 3: no answer"):
+    with pytest.raises(ValueError, match=r"^data\.jsonl, row 3:"):
         row_answer({"problem": "p"}, 3, "data.jsonl")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"problem": "a", "answer": "1"}\n{"problem": \n')
-    with pytest.raises(ValueError, match=r"bad.jsonl, line 2: not valid JSON"):
+    with pytest.raises(ValueError, match=r"bad\.jsonl, line 2:"):
         read_rows(bad)
     dup = tmp_path / "dup.jsonl"
     dup.write_text('{"id": 1, "problem": "a", "answer": "1"}\n{"id": 1, "problem": "b", "answer": "2"}\n')
-    with pytest.raises(ValueError, match="id '1' appears more than once"):
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(dup))}: id '1'"):
         annotate_difficulty(
             dup, tmp_path / "o.jsonl", DifficultyConfig(model="unused"), reward=CountingReward()
         )
-    with pytest.raises(ValueError, match="would overwrite the input"):
+    with pytest.raises(ValueError, match=rf"output {re.escape(str(dup))} "):
         annotate_difficulty(dup, dup, DifficultyConfig(model="unused"))
-    with pytest.raises(ValueError, match="k must be >= 1"):
+    with pytest.raises(ValueError, match=r"\bk .*\b0$"):
         DifficultyConfig(model="m", k=0)
 
 

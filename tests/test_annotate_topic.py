@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -224,9 +225,9 @@ def test_judge_gives_up_on_4xx_and_after_retries(judge_server, tmp_path):
 
 def test_judge_config_rejects_bad_timeouts_and_urls():
     for timeout in (0.0, -1.0, float("inf"), float("nan")):
-        with pytest.raises(ValueError, match="--timeout must be a finite number > 0"):
+        with pytest.raises(ValueError, match=rf"--timeout .*got {re.escape(str(timeout))} "):
             JudgeTopicClassifier(base_url="http://127.0.0.1:9", model="m", timeout_s=timeout)
-    with pytest.raises(ValueError, match="--base-url 'ftp://x' is not an http"):
+    with pytest.raises(ValueError, match="--base-url 'ftp://x'"):
         JudgeTopicClassifier(base_url="ftp://x", model="m")
 
 
@@ -484,7 +485,7 @@ def test_cli_topic_errors_are_one_line(tmp_path, monkeypatch, capsys):
 def test_judge_url_without_a_host_is_one_line(tmp_path, capsys):
     """``--base-url http:///v1`` has a scheme but no host: refused at once with one line giving an example,
     before any request or output."""
-    with pytest.raises(ValueError, match=r"--base-url 'https:///v1' is not an http\(s\) URL with a host"):
+    with pytest.raises(ValueError, match="--base-url 'https:///v1'"):
         JudgeTopicClassifier(base_url="https:///v1", model="m")
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps({"problem": "p", "answer": "1"}) + "\n")

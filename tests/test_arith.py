@@ -39,7 +39,7 @@ def test_registry_returns_arith_and_lists_valid_names_on_error():
         r.to_dict() for r in arith.generate("test", 3, 1)
     ]
     assert "arith" in list_tasks()
-    with pytest.raises(ValueError, match=r"unknown task 'arithm'; valid choices: arith"):
+    with pytest.raises(ValueError, match=r"'arithm'.*\barith$"):
         get_task("arithm")
 
 
@@ -89,13 +89,13 @@ def test_records_are_complete_and_cells_balanced():
 def test_topic_and_level_filters_and_bad_arguments():
     records = arith.generate("train", 20, seed=0, topics=["dot", "units"], levels=[5])
     assert {(r.topic, r.level) for r in records} == {("dot", 5), ("units", 5)}
-    with pytest.raises(ValueError, match=r"unknown arith split 'dev'; valid: sft, train, validation, test"):
+    with pytest.raises(ValueError, match=r"'dev'.*sft, train, validation, test"):
         arith.generate("dev", 1)
-    with pytest.raises(ValueError, match=r"unknown arith topics \['calculus'\]; valid: mod, sequence"):
+    with pytest.raises(ValueError, match=r"\['calculus'\].*mod, sequence"):
         arith.generate("train", 1, topics=["calculus"])
-    with pytest.raises(ValueError, match=r"unknown arith levels \[6\]"):
+    with pytest.raises(ValueError, match=r"levels \[6\]"):
         arith.generate("train", 1, levels=[6])
-    with pytest.raises(ValueError, match="n must be >= 0"):
+    with pytest.raises(ValueError, match=r"^n .*-1$"):
         arith.generate("train", -1)
     assert (
         arith.generate("val", 2, seed=3)[0].to_dict() == arith.generate("validation", 2, seed=3)[0].to_dict()
@@ -270,7 +270,7 @@ def test_verify(completion, answer, expected):
 
 
 def test_verify_rejects_non_numeric_gold():
-    with pytest.raises(ValueError, match="arith gold answer must be a number, got 'x'"):
+    with pytest.raises(ValueError, match="'x'"):
         arith.verify("1", "x")
 
 

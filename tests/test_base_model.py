@@ -321,17 +321,17 @@ def test_evaluate_grid_scores_pass_at_1_majority_and_greedy(monkeypatch):
 
 
 def test_config_validation_and_key():
-    with pytest.raises(ValueError, match="hidden_size .* divisible by num_heads"):
+    with pytest.raises(ValueError, match=r"hidden_size \(30\).*num_heads \(4\)"):
         recipe.BaseModelConfig(hidden_size=30, num_heads=4)
-    with pytest.raises(ValueError, match="BaseModelConfig.batch_size must be >= 1"):
+    with pytest.raises(ValueError, match=r"BaseModelConfig\.batch_size .*\b0$"):
         recipe.BaseModelConfig(batch_size=0)
-    with pytest.raises(ValueError, match="teacher_topic_accuracy needs 9 probabilities"):
+    with pytest.raises(ValueError, match=r"^teacher_topic_accuracy .*\(0\.5, 0\.5"):
         recipe.BaseModelConfig(teacher_topic_accuracy=(0.5,) * 8)
-    with pytest.raises(ValueError, match="near_miss_offsets needs non-zero offsets"):
+    with pytest.raises(ValueError, match=r"^near_miss_offsets .*\(0, 1\)$"):
         recipe.BaseModelConfig(near_miss_offsets=(0, 1))
-    with pytest.raises(ValueError, match="run_on_digits needs digit counts >= 1"):
+    with pytest.raises(ValueError, match=r"^run_on_digits .*\(0, 1\)$"):
         recipe.BaseModelConfig(run_on_digits=(0, 1))
-    with pytest.raises(ValueError, match="the teacher needs wrong labels"):
+    with pytest.raises(ValueError, match="near_miss_offsets, near_miss_digit_slips or run_on_digits"):
         recipe.BaseModelConfig(near_miss_offsets=(), near_miss_digit_slips=False, run_on_digits=())
     assert recipe.BaseModelConfig().key() == recipe.BaseModelConfig().key()
     assert len({recipe.BaseModelConfig(seed=s).key() for s in range(5)}) == 5
@@ -388,7 +388,7 @@ def test_one_recipe_has_one_key_whatever_the_number_types():
     assert mixed == floats and mixed.key() == floats.key()
     assert mixed.teacher_level_factor == (1.0, 0.9, 0.8, 0.7, 0.6) and isinstance(mixed.lr, float)
     assert replace(TINY, run_on_digits=[1, 2]).run_on_digits == (1, 2)
-    with pytest.raises(ValueError, match="run_on_digits needs whole numbers"):
+    with pytest.raises(ValueError, match=r"BaseModelConfig\.run_on_digits .*1\.5"):
         replace(TINY, run_on_digits=(1.5,))
 
 
@@ -580,7 +580,7 @@ def test_a_diverging_sft_stops_with_a_clear_error():
     model, tok = _new_model(cfg)
     with torch.no_grad():
         model.model.embed_tokens.weight.fill_(float("nan"))  # the loss is NaN from the first step
-    with pytest.raises(FloatingPointError, match="loss is nan at step 0; lower --lr"):
+    with pytest.raises(FloatingPointError, match=r"\bnan\b.*\bstep 0\b.*--lr"):
         sft.train_sft(model, tok, cfg, progress=False)
 
 

@@ -133,7 +133,7 @@ def test_no_cluster_passes_none_and_duplicate_uid_is_an_error():
     groups = [Group(uid="a", rewards=[0, 0]), Group(uid="b", rewards=[1, 0])]
     collect_groups(lambda: [0], lambda _: groups, DynamicSamplingConfig(1, 1), est)
     assert est.calls == [([0.0, 0.0], ["a", "a"], None)]
-    with pytest.raises(ValueError, match="uid 'a' was sampled twice"):
+    with pytest.raises(ValueError, match="uid 'a'"):
         collect_groups(lambda: [0], lambda _: [Group("a", [0, 0])], DynamicSamplingConfig(2, 3))
 
 

@@ -352,11 +352,11 @@ def test_training_mode_restored_and_bad_input(spiky):
         sample(model, tok, PROMPTS, top_p=0.0)
     with pytest.raises(ValueError, match="temperature"):
         sample(model, tok, PROMPTS, temperature=-1)
-    with pytest.raises(ValueError, match="n must be"):
+    with pytest.raises(ValueError, match=r"^n .*\b0$"):
         sample(model, tok, PROMPTS, n=0)
-    with pytest.raises(TypeError, match="list of strings"):
+    with pytest.raises(TypeError, match=r"^prompts\b"):
         sample(model, tok, "1+1=")
-    with pytest.raises(ValueError, match="prompt 1 is empty"):
+    with pytest.raises(ValueError, match=r"^prompt 1 "):
         sample(model, tok, ["1", ""])
 
 
@@ -399,9 +399,9 @@ def test_per_prompt_generators_make_rows_independent_of_the_batch(spiky, tempera
 
 def test_generators_argument_errors(spiky):
     model, tok = spiky
-    with pytest.raises(ValueError, match="one generator per prompt: 3 prompts, 2 generators"):
+    with pytest.raises(ValueError, match="3 prompts, 2 generators"):
         sample(model, tok, PROMPTS, generators=[1, 2])
-    with pytest.raises(ValueError, match=r"either generator= \(one for the call\) or generators="):
+    with pytest.raises(ValueError, match=r"generator= .*generators="):
         sample(model, tok, PROMPTS, generator=0, generators=[1, 2, 3])
 
 
@@ -409,7 +409,7 @@ def test_non_text_prompt_names_the_prompt(spiky):
     """A prompt that is neither a string nor token ids (a number from a data file) fails with its index,
     not inside the tokenizer."""
     model, tok = spiky
-    with pytest.raises(TypeError, match="prompt 1 is a int, not a string or a list of token ids"):
+    with pytest.raises(TypeError, match=r"^prompt 1 .*\bint\b"):
         sample(model, tok, ["1+1=", 7], max_new_tokens=2)
 
 
