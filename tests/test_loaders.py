@@ -320,7 +320,7 @@ def test_jsonl_bad_row_names_file_line_and_field(tmp_path):
 
 def test_jsonl_invalid_json_and_wrong_types(tmp_path):
     path = _write_lines(tmp_path / "x.jsonl", ['{"problem": "a", "answer": "1"}', "{not json", "[1, 2]"])
-    with pytest.raises(RowError, match=r"x\.jsonl, line 2: invalid JSON"):
+    with pytest.raises(RowError, match=r"x\.jsonl, line 2:"):
         load_jsonl(path)
     result = load_jsonl(path, skip_invalid=True)
     assert len(result.records) == 1
@@ -328,18 +328,18 @@ def test_jsonl_invalid_json_and_wrong_types(tmp_path):
     assert "expected an object, got list" in str(result.skipped[1])
 
     typed = _write_lines(tmp_path / "t.jsonl", [json.dumps({"problem": ["a"], "answer": "1"})])
-    with pytest.raises(RowError, match="field 'problem': expected a string, got list"):
+    with pytest.raises(RowError, match=r"t\.jsonl, line 1, field 'problem': .*\blist$"):
         load_jsonl(typed)
     empty = _write_lines(tmp_path / "e.jsonl", [json.dumps({"problem": "  ", "answer": "1"})])
-    with pytest.raises(RowError, match="field 'problem': empty"):
+    with pytest.raises(RowError, match=r"e\.jsonl, line 1, field 'problem':"):
         load_jsonl(empty)
 
 
 def test_missing_file_and_unknown_format(tmp_path):
-    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+    with pytest.raises(FileNotFoundError, match=r"nope\.jsonl"):
         load_jsonl(tmp_path / "nope.jsonl")
     (tmp_path / "data.csv").write_text("problem,answer\n")
-    with pytest.raises(ValueError, match=r"unknown file type '\.csv'; valid: \.jsonl, \.json, \.parquet"):
+    with pytest.raises(ValueError, match=r"data\.csv: .*'\.csv'.*\.jsonl, \.json, \.parquet"):
         read_records(tmp_path / "data.csv")
 
 
@@ -354,9 +354,7 @@ def test_schema_registry():
         "dapo_math_17k",
         "records",
     } <= set(list_schemas())
-    with pytest.raises(
-        ValueError, match="unknown schema 'gsm8k'; valid choices: aime24, aime25, amc23, dapo_math_17k"
-    ):
+    with pytest.raises(ValueError, match="'gsm8k'.*aime24, aime25, amc23, dapo_math_17k"):
         get_schema("gsm8k")
 
 
@@ -414,7 +412,7 @@ def test_math500_olympiad_aime_rows_from_an_in_memory_dataset():
     assert (record.id, record.answer) == ("2024-I-1", "204")
 
     bad = [{"question": "q", "final_answer": []}]
-    with pytest.raises(RowError, match="hub:ob, row 0, field 'final_answer': expected a non-empty list"):
+    with pytest.raises(RowError, match="hub:ob, row 0, field 'final_answer':"):
         records_from_rows(bad, "olympiadbench", source="ob", file="hub:ob")
 
 
@@ -446,7 +444,7 @@ def test_dapo_math_17k_dedupes_by_prompt_and_keeps_messages(tmp_path):
     assert result.records[0].extra["messages"] == [{"role": "user", "content": "Solve A."}]
 
     broken = dict(_dapo_rows()[0], reward_model={"style": "rule"})
-    with pytest.raises(RowError, match="field 'reward_model.ground_truth': missing"):
+    with pytest.raises(RowError, match=r"row 0, field 'reward_model\.ground_truth':"):
         records_from_rows([broken], "dapo_math_17k", source="dapo")
 
     # the same rows saved with save_to_disk load through load_hub / read_records
@@ -499,10 +497,10 @@ def test_parquet_bad_row_names_row(tmp_path):
     pq.write_table(
         pa.Table.from_pylist([{"problem": "a", "answer": "1"}, {"problem": "b", "answer": None}]), path
     )
-    with pytest.raises(RowError, match=r"bad\.parquet, row 1, field 'answer': missing"):
+    with pytest.raises(RowError, match=r"bad\.parquet, row 1, field 'answer':"):
         load_parquet(path)
     assert [r.prompt for r in load_parquet(path, skip_invalid=True).records] == ["a"]
-    with pytest.raises(ValueError, match=r"cannot write '\.csv'"):
+    with pytest.raises(ValueError, match=r"x\.csv: .*'\.csv'"):
         write_records(tmp_path / "x.csv", _sample_records())
 
 
@@ -510,10 +508,10 @@ def test_records_schema_rejects_bad_types(tmp_path):
     path = _write_lines(
         tmp_path / "r.jsonl", [json.dumps({"id": "a", "prompt": "p", "answer": "1", "level": "hard"})]
     )
-    with pytest.raises(RowError, match="line 1, field 'level': expected an integer level"):
+    with pytest.raises(RowError, match=r"r\.jsonl, line 1, field 'level': .*'hard'"):
         load_jsonl(path, "records")
     path = _write_lines(tmp_path / "s.jsonl", [json.dumps({"id": "a", "answer": "1"})])
-    with pytest.raises(RowError, match="line 1, field 'prompt': missing"):
+    with pytest.raises(RowError, match=r"s\.jsonl, line 1, field 'prompt':"):
         load_jsonl(path, "records")
 
 
@@ -585,13 +583,13 @@ def test_duplicate_ids_in_parquet_and_rows_name_both_rows(tmp_path):
     rows = [{"problem": f"q{i}", "answer": "1", "unique_id": uid} for i, uid in enumerate("abca")]
     path = tmp_path / "m.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
-    with pytest.raises(RowError, match=r"m\.parquet, row 3, field 'id': duplicate id 'a'.*m\.parquet, row 0"):
+    with pytest.raises(RowError, match=r"m\.parquet, row 3, field 'id': .*'a'.*m\.parquet, row 0"):
         load_parquet(path, "math500")
-    with pytest.raises(RowError, match=r"hub:x, row 3, field 'id': duplicate id 'a'.*hub:x, row 0"):
+    with pytest.raises(RowError, match=r"hub:x, row 3, field 'id': .*'a'.*hub:x, row 0"):
         records_from_rows(rows, "math500", source="x", file="hub:x")
     # an explicit id equal to another row's default id collides too
     mixed = [{"problem": "a", "answer": "1"}, {"problem": "b", "answer": "2", "id": "set-0000"}]
-    with pytest.raises(RowError, match="row 1, field 'id': duplicate id 'set-0000'"):
+    with pytest.raises(RowError, match="row 1, field 'id': .*'set-0000'"):
         records_from_rows(mixed, "shared", source="set")
 
 
@@ -636,7 +634,7 @@ def test_numeric_prompt_is_rejected_at_load(tmp_path, schema, row):
     later inside the tokenizer with no file, line or record). Numbers stay fine as answers (AIME)."""
     path = _write_lines(tmp_path / "n.jsonl", [json.dumps(row)])
     field = {"records": "prompt", "olympiadbench": "question"}.get(schema, "problem")
-    with pytest.raises(RowError, match=rf"n\.jsonl, line 1, field '{field}': expected a string"):
+    with pytest.raises(RowError, match=rf"n\.jsonl, line 1, field '{field}':"):
         load_jsonl(path, schema)
 
 
@@ -644,7 +642,7 @@ def test_records_schema_checks_text_fields(tmp_path):
     path = _write_lines(
         tmp_path / "r.jsonl", [json.dumps({"id": "a", "prompt": "p", "answer": 3, "topic": 4})]
     )
-    with pytest.raises(RowError, match="line 1, field 'topic': expected a string, got int"):
+    with pytest.raises(RowError, match=r"r\.jsonl, line 1, field 'topic': .*\bint$"):
         load_jsonl(path, "records")
     ok = _write_lines(tmp_path / "ok.jsonl", [json.dumps({"id": 5, "prompt": "p", "answer": 3})])
     (record,) = load_records(ok, "records")

@@ -32,7 +32,7 @@ def _cfg(**overrides) -> PolicyLossConfig:
 
 def test_registry_lists_the_three_losses_and_rejects_unknown_names():
     assert list_policy_losses() == ["clip_cov", "kl_cov", "vanilla"]
-    with pytest.raises(ValueError, match=r"unknown policy loss 'ppo'.*clip_cov.*kl_cov.*vanilla"):
+    with pytest.raises(ValueError, match=r"'ppo'.*clip_cov, kl_cov, vanilla$"):
         get_policy_loss("ppo")
 
 
@@ -41,12 +41,15 @@ def test_registry_lists_the_three_losses_and_rejects_unknown_names():
     [
         (
             {"loss_agg_mode": "mean"},
-            "^unknown loss aggregation mode 'mean'; valid choices: seq-mean-token-mean, ",
+            "'mean'.*seq-mean-token-mean, ",
         ),
-        ({"dual_clip_c": 1.0}, "dual_clip_c must be > 1"),
-        ({"loss_agg_mode": "seq-mean-token-sum-norm", "max_response_len": None}, "set max_response_len"),
-        ({"clip_cov_lb": 5.0, "clip_cov_ub": 1.0}, "clip_cov_lb < clip_cov_ub"),
-        ({"kl_cov_ratio": 0.0}, r"\(0, 1\]"),
+        ({"dual_clip_c": 1.0}, r"^dual_clip_c .*1\.0$"),
+        (
+            {"loss_agg_mode": "seq-mean-token-sum-norm", "max_response_len": None},
+            "^loss_agg_mode='seq-mean-token-sum-norm'.*max_response_len",
+        ),
+        ({"clip_cov_lb": 5.0, "clip_cov_ub": 1.0}, r"clip_cov_lb < clip_cov_ub, got 5\.0 >= 1\.0"),
+        ({"kl_cov_ratio": 0.0}, r"kl_cov_ratio .*\(0, 1\].*, 0\.0$"),
     ],
 )
 def test_config_rejects_bad_settings(bad, match):
@@ -57,9 +60,9 @@ def test_config_rejects_bad_settings(bad, match):
 def test_bad_shapes_raise():
     loss_fn = get_policy_loss("vanilla")
     logp_BT = torch.zeros(2, 3)
-    with pytest.raises(ValueError, match="adv must be"):
+    with pytest.raises(ValueError, match=r"^adv .*\(2, 3\), got \(3,\)$"):
         loss_fn(logp_BT, logp_BT, torch.zeros(3), torch.ones(2, 3), _cfg())
-    with pytest.raises(ValueError, match="same"):
+    with pytest.raises(ValueError, match=r"^logp \(2, 3\), old_logp \(2, 4\) and mask \(2, 3\)"):
         loss_fn(logp_BT, torch.zeros(2, 4), torch.zeros(2), torch.ones(2, 3), _cfg())
 
 
@@ -151,10 +154,10 @@ def test_agg_loss_errors_and_empty_mask():
     loss_BT = torch.ones(2, 3)
     with pytest.raises(
         ValueError,
-        match=r"^unknown loss aggregation mode .*; valid choices: seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm, token-mean$",
+        match=r"'sum'; .*seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm, token-mean$",
     ):
         agg_loss(loss_BT, torch.ones(2, 3), "sum")
-    with pytest.raises(ValueError, match="needs max_len"):
+    with pytest.raises(ValueError, match=r"'seq-mean-token-sum-norm'.*max_len"):
         agg_loss(loss_BT, torch.ones(2, 3), "seq-mean-token-sum-norm")
     for mode in AGG_MODES:
         assert agg_loss(loss_BT, torch.zeros(2, 3), mode, max_len=4).item() == 0.0
@@ -498,9 +501,7 @@ def test_default_cov_count_is_verls_and_kl_cov_draws_no_randomness():
     cfg = _cfg(generator=gen, kl_cov_ratio=2e-3)
     _, metrics = get_policy_loss("kl_cov")(logp_BT, logp_BT.clone(), adv_BT, mask_BT, cfg)
     assert metrics["actor/kl_cov_frac"] == pytest.approx(1 / 100) and torch.equal(gen.get_state(), state)
-    with pytest.raises(
-        ValueError, match=r"^unknown cov_count rule 'floor'; valid choices: stochastic, verl$"
-    ):
+    with pytest.raises(ValueError, match=r"'floor'.*stochastic, verl$"):
         PolicyLossConfig(cov_count="floor")
 
 
@@ -519,7 +520,7 @@ def test_kl_estimators_hand_values():
     # d = 30 is clamped to 20, e^20 - 21 is then clamped to 10; d = -30 -> -20: e^-20 + 19 -> 10
     far_BT = kl_penalty(torch.tensor([[-30.0, 0.0]]), torch.tensor([[0.0, -30.0]]), "k3")
     assert far_BT.tolist() == [[10.0, 10.0]]
-    with pytest.raises(ValueError, match=r"^unknown KL estimator .*; valid choices: k1, k2, k3$"):
+    with pytest.raises(ValueError, match=r"'k4'.*k1, k2, k3$"):
         kl_penalty(logp_BT, ref_BT, "k4")
 
 
