@@ -115,9 +115,9 @@ def test_extract_matches_reference_on_random_strings(seed):
 
 def test_registry_names_and_errors():
     assert {"math", "math_dapo", "arith"} <= set(list_rewards())
-    with pytest.raises(ValueError, match="unknown reward 'gsm8k'; valid choices: .*arith.*math.*math_dapo"):
+    with pytest.raises(ValueError, match="'gsm8k'.*arith.*math.*math_dapo"):
         get_reward("gsm8k")
-    with pytest.raises(ValueError, match="already registered"):
+    with pytest.raises(ValueError, match="^reward 'math' "):
         register_reward("math")(lambda **kw: None)
     assert isinstance(get_reward("math", num_workers=0), MathReward)
 
@@ -138,7 +138,7 @@ def test_math_and_dapo_values_in_process():
     assert math_reward("The answer is $x^2+2x+1$.", "(x+1)^2") == 1.0
     assert math_reward.metrics()["reward/no_answer"] == 1.0
     assert math_reward.metrics()["reward/verified"] == 5.0  # 4 boxed + 1 phrase answer went to math-verify
-    with pytest.raises(ValueError, match="2 completions but 1 answers"):
+    with pytest.raises(ValueError, match=r"\b2 completions\b.*\b1 answers\b"):
         math_reward.batch(["a", "b"], ["1"])
 
 

@@ -114,14 +114,14 @@ def test_topic_leftover_drop_keeps_every_batch_pure():
     assert s.batches_per_epoch == 3  # a:2 + b:1, c never fills a batch
     for batch in _draw(s, 9):
         assert len({records[i].topic for i in batch}) == 1
-    with pytest.raises(ValueError, match="leftover must be one of"):
+    with pytest.raises(ValueError, match=r"\bleftover .*'pad'$"):
         get_sampler("topic", records, 3, leftover="pad")
 
 
 def test_topic_sampler_names_the_unlabelled_record():
     records = _topic_records({"a": 3})
     records[1].topic = None
-    with pytest.raises(ValueError, match=r"record 1 \(id 'a-1'\) has no topic"):
+    with pytest.raises(ValueError, match=r"record 1 \(id 'a-1'\)"):
         get_sampler("topic", records, 2)
 
 
@@ -150,7 +150,7 @@ def test_difficulty_rejects_missing_or_out_of_range():
 
 
 def test_batch_size_larger_than_data_is_a_clear_error():
-    with pytest.raises(ValueError, match="larger than the number of records"):
+    with pytest.raises(ValueError, match=r"batch_size 3 .*\(2\)"):
         get_sampler("random", [1, 2], 3)
 
 
@@ -199,5 +199,5 @@ def test_cluster_key_and_difficulty_bucket():
     assert cluster_key(r) == "Geometry & Trigonometry"
     assert cluster_key(r, by="difficulty") == "pass_rate[0.00,0.25)"
     assert cluster_key({"topic": "t"}) == "t"
-    with pytest.raises(ValueError, match="by must be one of"):
+    with pytest.raises(ValueError, match=r"\bby .*'level'$"):
         cluster_key(r, by="level")

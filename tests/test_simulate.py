@@ -160,7 +160,7 @@ def test_make_stream_structure():
     # harder topic (index 0) has the lower mean latent rate
     means = [shuffled.theta_SM[shuffled.topic_SM == k].mean() for k in range(3)]
     assert means[0] < means[1] < means[2]
-    with pytest.raises(ValueError, match="order must be one of"):
+    with pytest.raises(ValueError, match=r"'sorted', 'stationary'$"):
         make_stream(cfg, "sorted", "stationary", seed=0)
 
 

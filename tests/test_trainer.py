@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -211,16 +212,16 @@ def test_dapo_preset_runs_with_dynamic_sampling(tiny_model_dir, tmp_path):
 
 
 def test_bad_input_is_reported_before_training(tiny_model_dir, tmp_path):
-    with pytest.raises(ConfigError, match="model.path: /no/such/model does not exist"):
+    with pytest.raises(ConfigError, match="^model.path: /no/such/model "):
         Trainer(tiny_config("/no/such/model"), run_dir=tmp_path / "a")
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    with pytest.raises(ConfigError, match=r"training set from .*empty.jsonl is empty"):
+    with pytest.raises(ConfigError, match=rf"\btraining\b.*{re.escape(str(empty))}"):
         Trainer(tiny_config(tiny_model_dir, f"data.train_file={empty}"), run_dir=tmp_path / "b")
     long_prompt = tmp_path / "long.jsonl"
     long_prompt.write_text(json.dumps({"id": "p0", "prompt": "1+" * 300 + "1=", "answer": "301"}) + "\n")
     with pytest.raises(
-        ConfigError, match=r"validation record 0 \(id 'p0'\) has a prompt of 602 tokens.*context of 512"
+        ConfigError, match=r"validation record 0 \(id 'p0'\).*\b602\b.*rollout\.max_new_tokens=6\b.*\b512\b"
     ):
         Trainer(tiny_config(tiny_model_dir, f"data.val_file={long_prompt}"), run_dir=tmp_path / "c")
     bad_row = tmp_path / "bad.jsonl"
