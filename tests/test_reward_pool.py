@@ -150,15 +150,15 @@ def test_spawn_start_method_works():
 
 
 def test_bad_arguments_are_rejected():
-    with pytest.raises(ValueError, match="num_workers must be >= 1"):
+    with pytest.raises(ValueError, match=r"^num_workers .*\b0$"):
         TimeoutPool(eval, num_workers=0)
-    with pytest.raises(ValueError, match="timeout_s must be > 0"):
+    with pytest.raises(ValueError, match=r"^timeout_s .*\b0$"):
         TimeoutPool(eval, timeout_s=0)
-    with pytest.raises(ValueError, match="start_method 'fork' is not available here; valid choices: exec"):
+    with pytest.raises(ValueError, match=r"^start_method 'fork'.*\bexec, spawn, forkserver$"):
         TimeoutPool(eval, start_method="fork")
-    with pytest.raises(ValueError, match="module-level function"):
+    with pytest.raises(ValueError, match=r"<lambda>.*start_method='exec'"):
         TimeoutPool(lambda x: x, start_method="exec")
-    with pytest.raises(ValueError, match="num_workers must be >= 0"):
+    with pytest.raises(ValueError, match=r"^num_workers .*-1$"):
         get_reward("math", num_workers=-1)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -207,7 +208,9 @@ def test_fresh_run_into_an_existing_run_directory_is_refused(tiny_model_dir, tmp
     Trainer(tiny_config(tiny_model_dir, "run.steps=1"), run_dir=run).train()
     before = (run / "metrics.jsonl").read_text()
 
-    with pytest.raises(ConfigError, match=r"already holds a run.*--resume.*--overwrite") as err:
+    with pytest.raises(
+        ConfigError, match=rf"{re.escape(str(run))} .*metrics\.jsonl.*--resume.*--overwrite"
+    ) as err:
         Trainer(tiny_config(tiny_model_dir, "run.steps=2"), run_dir=run)
     assert "\n" not in str(err.value)
     assert (run / "metrics.jsonl").read_text() == before  # nothing touched
@@ -228,10 +231,10 @@ def test_fresh_run_into_an_existing_run_directory_is_refused(tiny_model_dir, tmp
 def test_resume_and_overwrite_do_not_mix(tiny_model_dir, tmp_path):
     Trainer(tiny_config(tiny_model_dir, "run.steps=2"), run_dir=tmp_path / "a").train()
     Trainer(tiny_config(tiny_model_dir, "run.steps=1"), run_dir=tmp_path / "b").train()
-    with pytest.raises(ConfigError, match=r"--resume and --overwrite .* contradict each other"):
+    with pytest.raises(ConfigError, match=rf"--resume and --overwrite .*{re.escape(str(tmp_path / 'a'))}"):
         Trainer(tiny_config(tiny_model_dir, "run.steps=3"), resume=tmp_path / "a", overwrite=True)
     # continuing run a in directory b, which holds another run: refused like a fresh run there
-    with pytest.raises(ConfigError, match=r"already holds a run"):
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(tmp_path / 'b'))} .*metrics\.jsonl"):
         Trainer(tiny_config(tiny_model_dir, "run.steps=3"), resume=tmp_path / "a", run_dir=tmp_path / "b")
     Trainer(
         tiny_config(tiny_model_dir, "run.steps=3"),
@@ -275,7 +278,7 @@ def test_a_second_process_in_a_running_run_directory_is_one_line(tiny_model_dir,
     child = _hold_lock_in_a_child(run)  # another process training in it
     try:
         for kwargs in ({"resume": run}, {"run_dir": run, "overwrite": True}):
-            with pytest.raises(DirectoryInUse, match=rf"run directory {run} is in use by pid "):
+            with pytest.raises(DirectoryInUse, match=rf"{re.escape(str(run))} .*pid {child.pid}\b"):
                 Trainer(tiny_config(tiny_model_dir, "run.steps=2"), **kwargs)
         assert (run / "metrics.jsonl").read_text() == before  # --overwrite removed nothing
 
@@ -296,7 +299,9 @@ def test_a_second_process_in_a_running_run_directory_is_one_line(tiny_model_dir,
 def test_a_failed_setup_releases_the_run_directory(tiny_model_dir, tmp_path, monkeypatch):
     run = tmp_path / "run"
     Trainer(tiny_config(tiny_model_dir, "run.steps=1"), run_dir=run).train()
-    with pytest.raises(ConfigError, match="already holds a run"):  # refused after the lock was taken
+    with pytest.raises(
+        ConfigError, match=rf"{re.escape(str(run))} .*metrics\.jsonl"
+    ):  # after the lock was taken
         Trainer(tiny_config(tiny_model_dir, "run.steps=2"), run_dir=run)
     trainer = Trainer(tiny_config(tiny_model_dir, "run.steps=2"), resume=run)  # so this one gets it
     with pytest.raises(DirectoryInUse):  # and holds it until train() ends
@@ -305,14 +310,17 @@ def test_a_failed_setup_releases_the_run_directory(tiny_model_dir, tmp_path, mon
     assert not (run / DirectoryLock.FILE).exists()  # removed at the end: nothing left behind
     DirectoryLock(run, what="run directory", hint="").acquire().release()
     # a fresh run refused at setup (no such model) leaves no directory; a mistyped --resume no lock file
-    with pytest.raises(ConfigError, match="model.path: .* does not exist"):
+    with pytest.raises(ConfigError, match=rf"^model\.path: {re.escape(str(tmp_path / 'nowhere'))} "):
         Trainer(
             tiny_config(tiny_model_dir, "run.steps=1", f"model.path={tmp_path / 'nowhere'}"),
             run_dir=tmp_path / "new",
         )
     assert not (tmp_path / "new").exists()
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ConfigError, match="no checkpoint there"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^--resume {re.escape(str(tmp_path / 'typo'))}: .*checkpoints/last/trainer_state\.pt",
+    ):
         Trainer(tiny_config(tiny_model_dir, "run.steps=1"), resume=tmp_path / "typo")
     assert not (tmp_path / DirectoryLock.FILE).exists()
 
@@ -352,7 +360,7 @@ def test_a_damaged_metrics_line_in_the_middle_is_reported(tiny_model_dir, tmp_pa
     lines = (run / "metrics.jsonl").read_text().splitlines()
     lines[1] = lines[1][:20]
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    with pytest.raises(ValueError, match=r"metrics.jsonl, line 2: not valid JSON") as err:
+    with pytest.raises(ValueError, match=r"metrics\.jsonl, line 2:") as err:
         Trainer(tiny_config(tiny_model_dir, "run.steps=3"), resume=run)
     assert "\n" not in str(err.value)
 
@@ -366,7 +374,7 @@ def test_truncated_trainer_state_is_one_clear_line(tiny_model_dir, tmp_path, cap
     Trainer(tiny_config(tiny_model_dir, "run.steps=2"), run_dir=run).train()
     state = run / "checkpoints" / "last" / "trainer_state.pt"
     state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
-    with pytest.raises(ConfigError, match=r"trainer_state.pt.*damaged") as err:
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(state))} ") as err:
         Trainer(tiny_config(tiny_model_dir, "run.steps=3"), resume=run)
     assert "\n" not in str(err.value)
 
@@ -380,7 +388,7 @@ def test_truncated_trainer_state_is_one_clear_line(tiny_model_dir, tmp_path, cap
 def test_trainer_validates_the_config_itself(tiny_model_dir, tmp_path):
     cfg = load_config(None, [f"model.path={tiny_model_dir}"])
     cfg.run.threads = -1  # set by hand after the config was checked
-    with pytest.raises(ConfigError, match=r"run.threads must be >= 1"):
+    with pytest.raises(ConfigError, match=r"run\.threads\b.*-1\b"):
         Trainer(cfg, run_dir=tmp_path / "run")
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
