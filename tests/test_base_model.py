@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import re
 from collections import Counter
 from dataclasses import replace
 
@@ -200,7 +201,7 @@ def test_sft_pool_comes_from_the_sft_split_and_follows_the_level_weights():
     # 10 * 2/4 = 5, 10 * 1/4 = 2.5 -> 2, 2.5 -> 2, 0, 0: 9 problems, the remaining one goes to level 1.
     assert Counter(r.level for r in records) == {1: 6, 2: 2, 3: 2}
     assert all(arith.split_of(r.prompt) == "sft" for r in records)  # never a prompt RL or evaluation sees
-    with pytest.raises(ValueError, match="level_weights needs 5 non-negative weights"):
+    with pytest.raises(ValueError, match=r"^level_weights .*\(1\.0, 1\.0\)$"):
         replace(TINY, level_weights=(1.0, 1.0))
 
 
@@ -442,7 +443,7 @@ def test_build_info_holds_recipe_hashes_and_a_full_grid(tiny_cache):
     assert all(
         sum(cell["kinds"].values()) == pytest.approx(1.0) for row in grid.values() for cell in row.values()
     )
-    with pytest.raises(FileNotFoundError, match="not a finished base-model build"):
+    with pytest.raises(FileNotFoundError, match=rf"{re.escape(str(path.parent / bm.BUILD_INFO))} "):
         bm.load_build_info(path.parent)
 
 

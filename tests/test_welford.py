@@ -178,7 +178,7 @@ def test_non_finite_and_overflowing_values_are_rejected_and_state_kept(make):
     with pytest.raises(ValueError, match="position 1 is nan"):
         acc.update([0.0, float("nan")])
     # 1e200 is finite, but its square is not: M2 would be inf and every later variance inf or NaN
-    with pytest.raises(ValueError, match="position 2 is 1e\\+200.*overflow"):
+    with pytest.raises(ValueError, match=r"position 2 is 1e\+200\b"):
         acc.update(torch.tensor([0.0, 1.0, 1e200], dtype=torch.float64))
     assert acc.state_dict() == before
 
@@ -187,7 +187,7 @@ def test_merge_that_would_overflow_is_rejected_and_state_kept():
     # two finite accumulators whose means differ by 2e300: delta^2 * n_a * n_b / n = 4e600 overflows
     left, right = Welford().update([1e300, 1e300]), Welford().update([-1e300, -1e300])
     before = copy.deepcopy(left.state_dict())
-    with pytest.raises(ValueError, match="overflow"):
+    with pytest.raises(ValueError, match=r"means 1e\+300 and -1e\+300\b"):
         left.merge(right)
     assert left.state_dict() == before
 
