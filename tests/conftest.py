@@ -1,4 +1,5 @@
-"""Fixtures for every test: seeded randomness, our benchmark files, a tiny local model, GPU skipping."""
+"""Fixtures for every test: one torch thread, seeded randomness, our benchmark files, a tiny local model, GPU
+skipping. Helpers that several test modules share live in ``tests/helpers/``."""
 
 from __future__ import annotations
 
@@ -18,6 +19,16 @@ BENCHMARK_DIR = SHARED / "data" / "benchmarks"
 
 # Tiny models gain nothing from intra-op threads, and a shared machine loses a lot to them.
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Every test starts on one intra-op thread and gets the count back afterwards, whatever it (or a trainer's
+    ``run.threads``) set meanwhile."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 if str(BENCHMARKS) not in sys.path:
@@ -18,13 +17,6 @@ if str(BENCHMARKS) not in sys.path:
 import bench_advantages  # noqa: E402
 import gpu_check  # noqa: E402
 import throughput  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_gpu_check_cpu_fallback_writes_every_check(tmp_path):

@@ -16,16 +16,6 @@ from ebpo.eval.harness import SamplingConfig, cache_file, evaluate, get_benchmar
 PAPER_SETS = ["aime24", "aime25", "amc23", "math500", "olympiadbench"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from a second intra-op thread, and on a busy 2-core machine the two threads'
-    spin-waits make each matmul tens of times slower; restore the setting afterwards."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def parse_eval_args(argv: list[str]) -> argparse.Namespace:
     return eval_cli.build_parser().parse_args(argv)
 

@@ -20,16 +20,6 @@ from ebpo.generation import (
 PROMPTS = ["1+2=", "What is 33*4?", "7"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from a second intra-op thread, and on a busy 2-core machine the two threads'
-    spin-waits make each matmul tens of times slower; restore the setting afterwards."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope="module")
 def spiky(tmp_path_factory):
     """A tiny model with large initial weights, so its next-token distributions are peaked and vary with

@@ -27,15 +27,7 @@ from ebpo.trainer import setup as trainer_setup
 from ebpo.trainer.config import load_config
 from ebpo.trainer.metrics_log import read_metrics
 from ebpo.trainer.trainer import Trainer
-from test_trainer import final_params, tiny_config, training_rows
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from helpers.trainer import final_params, tiny_config, training_rows
 
 
 class CountingReward:

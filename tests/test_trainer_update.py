@@ -9,15 +9,7 @@ import torch
 
 from ebpo.trainer.rollout import RolloutBatch
 from ebpo.trainer.trainer import Trainer
-from test_trainer import final_params, tiny_config
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from helpers.trainer import final_params, tiny_config
 
 
 def _batch(prompt_ids, response_ids, score):
@@ -117,7 +109,7 @@ def test_first_update_serves_its_rows_old_logprobs_to_the_bit(tiny_model_dir, tm
 def test_step_kl_scope_changes_that_metric_and_nothing_else(tiny_model_dir, tmp_path):
     """run.step_kl=subset estimates actor/step_kl from every U-th row, none skips it; training is the same to
     the bit (the pass after the updates reads the model and draws nothing)."""
-    from test_trainer import training_rows
+    from helpers.trainer import training_rows
 
     runs = {}
     for scope in ("all", "subset", "none"):
@@ -142,7 +134,7 @@ def test_step_kl_scope_changes_that_metric_and_nothing_else(tiny_model_dir, tmp_
 def _one_step_within_rounding(model_dir, tmp_path, setting):
     """One step with the defaults and with ``setting`` (an opt-in that changes float rounding only): the same
     responses, the update within rounding, the entropy within 1e-5; returns both runs' metric rows."""
-    from test_trainer import training_rows
+    from helpers.trainer import training_rows
 
     default = _one_step(model_dir, tmp_path / "default")
     changed = _one_step(model_dir, tmp_path / "changed", setting)
