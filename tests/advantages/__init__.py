@@ -1,0 +1,1 @@
+"""Tests of ``ebpo.advantages``, one module per module of the package."""
