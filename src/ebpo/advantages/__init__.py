@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from ebpo.advantages import baselines  # noqa: F401  (importing it registers the baselines)
 from ebpo.advantages.base import ZERO_ADV_TOL, AdvantageEstimator  # noqa: F401  (ZERO_ADV_TOL: plumbing, below)
-from ebpo.advantages.checks import OptionError, group_ids  # noqa: F401  (OptionError: plumbing, below)
+from ebpo.advantages.checks import Batch, OptionError, group_ids  # noqa: F401  (Batch, OptionError: below)
 from ebpo.advantages.core import (
     GroupStats,
     batch_normalize,
@@ -69,6 +69,6 @@ __all__ = [
     "rloo_advantage",
     "shrinkage_baseline",
 ]
-# Importable from here but left out of __all__, for the code that reads estimator options from its own config
-# (``ebpo train``, the verl and TRL adapters), not for users: check_options, option_names, OptionError,
-# ZERO_ADV_TOL.
+# Importable from here but left out of __all__: for the code that reads estimator options from its own config
+# (``ebpo train``, the verl and TRL adapters) check_options, option_names, OptionError and ZERO_ADV_TOL; for an
+# AdvantageEstimator subclass, the Batch its ``_advantages`` receives.
