@@ -1,4 +1,5 @@
-"""The package's entry points (``ebpo/__init__.py``): what ``import ebpo`` offers, and that it costs no torch."""
+"""The packages' entry points (``ebpo/__init__.py``, ``ebpo/trainer/__init__.py``): what ``import ebpo``
+offers, and that importing them costs no torch."""
 
 from __future__ import annotations
 
@@ -10,18 +11,28 @@ import pytest
 import ebpo
 
 
+def _fresh_python(code: str) -> list[str]:
+    """The words ``code`` prints in a fresh interpreter that imports what this one does."""
+    env = {"PYTHONPATH": ":".join(sys.path)}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    return run.stdout.split()
+
+
 def test_import_ebpo_imports_no_torch_until_an_entry_point_is_used():
     code = (
         "import sys, ebpo\nprint('torch' in sys.modules)\nebpo.EBPOOptions\nprint('torch' in sys.modules)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"PYTHONPATH": ":".join(sys.path)},
-    ).stdout
-    assert out.split() == ["False", "True"]
+    assert _fresh_python(code) == ["False", "True"]
+
+
+def test_import_ebpo_trainer_and_its_config_import_no_torch():
+    code = (
+        "import sys, ebpo.trainer\n"
+        "print('torch' in sys.modules, 'transformers' in sys.modules)\n"
+        "ebpo.trainer.TrainConfig, ebpo.trainer.load_config\n"
+        "print('torch' in sys.modules)\n"
+    )
+    assert _fresh_python(code) == ["False", "False", "False"]
 
 
 def test_every_export_is_its_defining_module_s_object():
@@ -39,20 +50,3 @@ def test_every_export_is_its_defining_module_s_object():
     )
     with pytest.raises(AttributeError, match="'get_estimater'"):
         ebpo.get_estimater  # noqa: B018
-
-
-def test_import_ebpo_trainer_and_its_config_import_no_torch():
-    code = (
-        "import sys, ebpo.trainer\n"
-        "print('torch' in sys.modules, 'transformers' in sys.modules)\n"
-        "ebpo.trainer.TrainConfig, ebpo.trainer.load_config\n"
-        "print('torch' in sys.modules)\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"PYTHONPATH": ":".join(sys.path)},
-    ).stdout
-    assert out.split() == ["False", "False", "False"]
