@@ -203,7 +203,7 @@ def shifted_estimator():
             ) + 0.5, {}
 
     yield "test_shifted"
-    ebpo.advantages._ESTIMATORS.unregister("test_shifted")
+    ebpo.advantages.registry._ESTIMATORS.unregister("test_shifted")
 
 
 def test_a_constant_shift_of_every_advantage_leaves_the_expected_gradient_unchanged(
