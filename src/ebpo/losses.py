@@ -1,7 +1,8 @@
 """Policy losses, loss aggregation, KL estimators, entropy and DAPO's overlong penalty.
 
 Pure tensor functions, no trainer or framework imports; ``ebpo train`` calls them (the verl and TRL adapters
-replace only the advantages and keep their framework's own policy loss). Shapes: ``B`` sequences (responses), ``T`` response tokens, ``V`` vocabulary.
+replace only the advantages and keep their framework's own policy loss). Shapes: ``B`` sequences (responses),
+``T`` response tokens, ``V`` vocabulary.
 
 Policy losses are found through a registry (``get_policy_loss(name)``) and share one signature::
 
