@@ -405,9 +405,9 @@ def test_bad_settings_fail_with_one_line():
         study.estimator_specs(DiagnoseConfig(estimators=["grpo", "ebpo:normalise=prior"]))
     with pytest.raises(ConfigError, match="--compare-to"):
         DiagnoseConfig(estimators=["ebpo"])
-    with pytest.raises(ConfigError, match="reference_samples even"):
+    with pytest.raises(ConfigError, match=r"\breference_samples\b"):
         DiagnoseConfig(reference_samples=7)
-    with pytest.raises(ConfigError, match="unknown diagnose setting"):
+    with pytest.raises(ConfigError, match=r"\['groups'\]"):
         ebpo.diagnose(groups=[4])
 
 
