@@ -17,9 +17,7 @@ STAMP := $(VENV)/.ebpo-installed
 VERL_VENV ?= .venv-verl
 VERL_PY := $(VERL_VENV)/bin/python
 VERL_STAMP := $(VERL_VENV)/.ebpo-installed
-VERL_TESTS := tests/test_integration_verl.py tests/test_integration_verl_e2e.py tests/test_integration_verl_update.py \
-	tests/test_integration_verl_ranks.py tests/test_integration_verl_v1.py tests/test_integration_verl_v1_e2e.py \
-	tests/test_integration_verl_v1_ranks.py
+VERL_TESTS := tests/integrations/verl
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX ?=
 export TORCH_INDEX  # the wheel test (tests/test_package.py) installs torch from the same index

@@ -541,7 +541,7 @@ def test_resume_from_a_checkpoint_without_the_estimator_state_warns_once(tiny_mo
 # ---------------------------------------------------------------------------------------------------
 # examples/trl/train_ebpo.py
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "examples" / "trl" / "train_ebpo.py"
 
 

@@ -22,7 +22,7 @@ import pytest
 
 pytest.importorskip("verl")
 pytest.importorskip("transfer_queue")
-from test_integration_verl_e2e import (  # noqa: E402  (the legacy trainer's end-to-end helpers)
+from test_verl_e2e import (  # noqa: E402  (the legacy trainer's end-to-end helpers)
     CPU_SECONDS,
     assert_prior_equal,
     quickstart,
@@ -30,7 +30,7 @@ from test_integration_verl_e2e import (  # noqa: E402  (the legacy trainer's end
     step_metrics,
     step_rewards,
 )
-from test_integration_verl_v1_e2e import replay, saved_prior  # noqa: E402
+from test_verl_v1_e2e import replay, saved_prior  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -1,7 +1,7 @@
 """EBPOTrainer over 2 processes (``torchrun --nproc_per_node 2``, gloo on CPU), as TRL users launch it.
 
 One 2-process run of 3 generation blocks with every structure that spreads a block over processes and steps
-(``tests/trl_multiprocess_worker.py``: ``steps_per_generation=6``, ``num_iterations=2``, 2 gradient-accumulation
+(``tests/integrations/trl/trl_multiprocess_worker.py``: ``steps_per_generation=6``, ``num_iterations=2``, 2 gradient-accumulation
 micro-steps, 1 completion per process and micro-step so that a group of G = 4 straddles the processes, the
 topic stream, ``prior_scope="cluster"``), a 2-process resume from a mid-block checkpoint, and the same run in
 1 process. Rewards depend only on the prompt and the completion's place in its group, so every run scores
@@ -21,7 +21,7 @@ import torch
 pytest.importorskip("trl")
 pytest.importorskip("datasets")
 
-import trl_multiprocess_worker as worker  # noqa: E402  (tests/ is on sys.path under pytest)
+import trl_multiprocess_worker as worker  # noqa: E402  (this folder is on sys.path under pytest)
 from ebpo.integrations.trl import ESTIMATOR_STATE_FILE  # noqa: E402
 
 WORKER = Path(worker.__file__)

@@ -1,7 +1,7 @@
 """One actor update through verl's own code (driver ``_update_actor``, worker ``train_mini_batch``, FSDP2
 engine, ``ppo_loss`` / ``agg_loss``) on 1 and 2 CPU ranks: a step whose groups ``filter_groups`` dropped
 trains exactly as if they had been removed, for every ``loss_agg_mode`` verl has, and the update does not
-depend on the number of ranks. ``tests/verl_update_harness.py`` runs the cases under ``torch.distributed.run``
+depend on the number of ranks. ``tests/integrations/verl/verl_update_harness.py`` runs the cases under ``torch.distributed.run``
 (gloo); with SGD (no momentum, no weight decay, no clipping) the parameter change of an update is
 -lr x the sum of its mini-batches' gradients, so comparing parameters compares gradients.
 

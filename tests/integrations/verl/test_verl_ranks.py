@@ -8,7 +8,7 @@ the ones below), 8 prompts x 4 samples per step, 2 mini-batches per step:
 - ``ranks2_b``: the same, resumed from step 2, steps 3..4;
 - ``rank1``: 1 rank, ``balance_batch=False``, steps 1..4 in one go.
 
-The rewards come from ``tests/verl_positional_reward.py``: each prompt's group has a fixed number of
+The rewards come from ``verl_positional_reward.py`` (beside this file): each prompt's group has a fixed number of
 successes every step (prompts 0, 4 and 5 saturated, so filtered), whatever the rollout samples, so the three
 runs see the same rewards per group and their priors must agree. verl dumps every step's rollouts with each
 row's uid, reward and advantage (``trainer.rollout_data_dir``, in the order the batch had when it was
@@ -32,7 +32,7 @@ if trl_conflict():
 
 import ebpo  # noqa: E402
 from ebpo.integrations import ESTIMATOR_STATE_FILE  # noqa: E402
-from test_integration_verl_e2e import (  # noqa: E402  (the end-to-end helpers: one session per run)
+from test_verl_e2e import (  # noqa: E402  (the end-to-end helpers: one session per run)
     CPU_SECONDS,
     assert_prior_equal,
     quickstart,

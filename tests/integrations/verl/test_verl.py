@@ -313,7 +313,7 @@ def test_topic_sampler_drives_verl_dataloader(verl_parquet, tmp_path, tiny_model
 def test_topic_stream_goes_on_after_a_resume_at_an_epoch_boundary(verl_parquet, tmp_path, tiny_model_dir):
     """verl does not restore data.pt when a checkpoint ends an epoch ("next epoch will iterate from scratch"):
     without ebpo_sampler.pt a resumed run would replay the stream's first epoch. EBPORayPPOTrainer saves the
-    cursor at every checkpoint and restores it at an epoch boundary (tests/test_integration_verl_e2e.py sees
+    cursor at every checkpoint and restores it at an epoch boundary (tests/integrations/verl/test_verl_e2e.py sees
     it through verl's own trainer)."""
     path, records = verl_parquet
     cfg = data_config(tmp_path, "TopicSampler", batch_size=4)
@@ -389,7 +389,7 @@ def test_paper_launch_overrides_compose_with_verls_config(tmp_path):
 
     from ebpo.integrations.verl.main import _config_dir
 
-    script = Path(__file__).resolve().parents[1] / "examples" / "verl" / "run_paper.sh"
+    script = Path(__file__).resolve().parents[3] / "examples" / "verl" / "run_paper.sh"
     env = {"PATH": "/usr/bin:/bin", "DRY_RUN": "1", "DATA": str(tmp_path), "HOME": str(tmp_path)}
     composed = {}
     with initialize_config_dir(config_dir=_config_dir(), version_base=None):
@@ -466,7 +466,7 @@ def test_prepare_data_script_writes_verl_parquet(tmp_path, benchmark_dir, monkey
 
     from ebpo.data.loaders import write_records
 
-    script = Path(__file__).resolve().parents[1] / "examples" / "verl" / "prepare_data.py"
+    script = Path(__file__).resolve().parents[3] / "examples" / "verl" / "prepare_data.py"
     spec = importlib.util.spec_from_file_location("prepare_data", script)
     prepare = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(prepare)
@@ -838,7 +838,7 @@ def test_public_names_stay_importable():
 
 
 # ----------------------------------------------------------------------------------------------------------
-# the CPU mode's pieces (the end-to-end run is tests/test_integration_verl_e2e.py)
+# the CPU mode's pieces (the end-to-end run is tests/integrations/verl/test_verl_e2e.py)
 # ----------------------------------------------------------------------------------------------------------
 def test_cpu_platform_is_opt_in(monkeypatch):
     from verl.plugin.platform import PlatformRegistry

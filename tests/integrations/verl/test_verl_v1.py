@@ -1,6 +1,6 @@
 """ebpo on verl's v1 trainer, piece by piece, against verl 0.9.1's own classes (no Ray): the replay buffer's
 observation of cleared groups, checkpoint ordering and restore, cluster keys, the async-mode refusal, the
-settings handed to the buffer. The end-to-end runs are in ``test_integration_verl_v1_e2e.py``."""
+settings handed to the buffer. The end-to-end runs are in ``test_verl_v1_e2e.py``."""
 
 from __future__ import annotations
 
@@ -333,7 +333,7 @@ def test_entry_point_routes_the_replay_buffer_and_names_bad_settings():
     }
     assert cfg.trainer.v1.sampler.sampler_kwargs.ebpo.estimator == "ebpo"
     own = verl_config(
-        "trainer.v1.sampler.custom_sampler.path=pkg://test_integration_verl_v1",
+        "trainer.v1.sampler.custom_sampler.path=pkg://test_verl_v1",
         "trainer.v1.sampler.custom_sampler.name=MyReplayBuffer",
     )
     _configure_v1(own)

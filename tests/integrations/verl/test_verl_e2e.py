@@ -1,5 +1,5 @@
 """EBPO through verl's legacy Ray trainer on the CPU: ``python -m ebpo.integrations.verl trainer.device=cpu
-trainer.use_v1=false`` (verl's v1 trainer: ``test_integration_verl_v1_e2e.py``).
+trainer.use_v1=false`` (verl's v1 trainer: ``test_verl_v1_e2e.py``).
 
 Two real runs of the entry point with the overrides of ``examples/verl/cpu_quickstart.py`` (Ray on this
 machine, FSDP2 actor on gloo, the ``ebpo_cpu`` rollout sampling with the actor's current weights), on the tiny
@@ -40,7 +40,7 @@ from ebpo.integrations import ESTIMATOR_STATE_FILE  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-QUICKSTART = Path(__file__).resolve().parents[1] / "examples" / "verl" / "cpu_quickstart.py"
+QUICKSTART = Path(__file__).resolve().parents[3] / "examples" / "verl" / "cpu_quickstart.py"
 
 
 def load_quickstart():

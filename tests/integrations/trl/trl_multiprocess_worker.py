@@ -1,4 +1,4 @@
-"""One EBPOTrainer run for tests/test_integration_trl_multiprocess.py, launched once per process by
+"""One EBPOTrainer run for tests/integrations/trl/test_trl_multiprocess.py, launched once per process by
 ``torchrun --nproc_per_node N`` (or called in-process for a 1-process run).
 
 Each process writes ``<out>/states-rank<R>.pt``: the estimator state after every training generation block

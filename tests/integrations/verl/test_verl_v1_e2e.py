@@ -28,7 +28,7 @@ pytest.importorskip("verl")
 pytest.importorskip("transfer_queue")
 import ebpo  # noqa: E402
 from ebpo.integrations import ESTIMATOR_STATE_FILE  # noqa: E402
-from test_integration_verl_e2e import (  # noqa: E402  (the legacy trainer's end-to-end helpers)
+from test_verl_e2e import (  # noqa: E402  (the legacy trainer's end-to-end helpers)
     CPU_SECONDS,
     assert_prior_equal,
     quickstart,

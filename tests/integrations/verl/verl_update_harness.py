@@ -1,6 +1,6 @@
-"""One actor update through verl's own code on CPU ranks (gloo), for tests/test_integration_verl_update.py.
+"""One actor update through verl's own code on CPU ranks (gloo), for tests/integrations/verl/test_verl_update.py.
 
-    python -m torch.distributed.run --nproc_per_node R tests/verl_update_harness.py MODEL_DIR OUT.pt CASE...
+    python -m torch.distributed.run --nproc_per_node R tests/integrations/verl/verl_update_harness.py MODEL_DIR OUT.pt CASE...
 
 Each CASE (``name:worker:filter:prompts_per_update:loss_agg_mode``) builds verl's actor worker (role
 ``actor``: FSDP2 on ``cpu``, SGD, no gradient clipping) from verl's ``ppo_trainer.yaml`` with the CPU
