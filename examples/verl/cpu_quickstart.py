@@ -1,8 +1,9 @@
-"""EBPO through verl's own Ray trainer (its default v1 trainer) on a laptop CPU, in about two minutes (no GPU,
-no download).
+"""EBPO through verl's own Ray trainer (its default v1 trainer) on a laptop CPU, in a few minutes (no GPU, no
+download).
 
     python examples/verl/cpu_quickstart.py --out runs/verl-cpu            # prepare + train 16 steps
     python examples/verl/cpu_quickstart.py --out runs/verl-cpu --dry-run  # print the verl command only
+    VERBOSE=1 python examples/verl/cpu_quickstart.py ...                  # verl's whole output on the console
 
 Run it in the ``ebpo[verl]`` environment (``make verl-env``; ``.venv-verl/bin/python``). It builds a tiny
 ``arith`` model fine-tuned for a few seconds on ``max`` problems (it answers about a third of them right, so RL
@@ -11,11 +12,14 @@ has something to improve), writes 16 training prompts in verl's parquet format, 
     python -m ebpo.integrations.verl trainer.device=cpu algorithm.adv_estimator=ebpo ...
 
 (:func:`verl_overrides` lists every override), on verl's v1 trainer in ``trainer.v1.trainer_mode=sync``
-(add ``trainer.use_v1=false`` for verl's legacy trainer). At the end it prints the mean training reward of the
-first and the last step and the checkpoint directory. The same command trains on a cluster without
+(add ``trainer.use_v1=false`` for verl's legacy trainer). The console shows one line per training step (mean
+reward, EBPO's prior mean and shrinkage, seconds) and ebpo's own messages; verl's whole output goes to
+``<out>/train.log`` (``--verbose`` or ``VERBOSE=1``: to the console as well, every framework message included).
+At the end it prints the mean training reward of the first and the last step and the checkpoint directory.
+Two runs of the same command train alike: the same rewards at every step, the same final weights. The same command trains on a cluster without
 ``trainer.device=cpu`` and with a real model and data (``examples/verl/run_paper.sh``).
-``tests/test_integration_verl_v1_e2e.py`` (v1) and ``tests/test_integration_verl_e2e.py`` (legacy trainer) run
-it in two halves with a resume in between.
+``tests/integrations/verl/test_verl_v1_e2e.py`` (v1) and ``tests/integrations/verl/test_verl_e2e.py`` (legacy
+trainer) run it, with resumes.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +42,7 @@ def sft_arith_model(out_dir: Path, *, steps: int = 40, seed: int = 0) -> Path:
     temperature 1."""
     import torch
     from transformers import LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
 
     from ebpo.models.sft import encode_sft_example
     from ebpo.models.tiny import build_char_tokenizer, tiny_config
@@ -65,6 +71,7 @@ def sft_arith_model(out_dir: Path, *, steps: int = 40, seed: int = 0) -> Path:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+    hf_logging.disable_progress_bar()  # one tiny shard: no bar on the console
     model.save_pretrained(out_dir)
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(out_dir)
@@ -160,22 +167,88 @@ def summary(root: Path) -> str:
     return "\n".join(lines) or f"no rollouts or checkpoint under {root}"
 
 
+STEP_LINE = re.compile(r"step:(\d+) - (.*)")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def progress_line(line: str, steps: int) -> str | None:
+    """The console line for one line of verl's output, or None to keep it for the log only: verl's per-step
+    metrics line (``step:N - key:value - ...``) becomes ``step N/steps: ...``; ebpo's own lines
+    (``[ebpo] ...``, ``ebpo.integrations.verl: ...``) and Python's error lines are shown as they are."""
+    text = ANSI.sub("", line).rstrip()
+    text = re.sub(r"^\((?:[^)]*pid=\d+[^)]*)\) ", "", text)  # Ray's "(Actor pid=N) " prefix
+    match = STEP_LINE.match(text)
+    if match:
+        values = {}
+        for item in match.group(2).split(" - "):
+            key, _, value = item.partition(":")
+            values[key] = value
+        shown = [
+            f"reward {float(values.get('critic/score/mean', 'nan')):.3f}",
+            f"prior mean {float(values.get('ebpo/mu_glob', 'nan')):.3f}",
+            f"shrinkage {float(values.get('ebpo/shrinkage', 'nan')):.3f}",
+            f"{float(values.get('timing_s/step', 'nan')):.1f} s",
+        ]
+        return f"step {match.group(1)}/{steps}: " + ", ".join(shown)
+    if (
+        "[ebpo]" in text
+        or text.startswith("ebpo.integrations.verl")
+        or re.match(r"\w*(Error|Exception):", text)
+    ):
+        return text
+    return None
+
+
+def train(command: list[str], root: Path, steps: int, verbose: bool) -> int:
+    """Run the verl command in ``root``; its whole output goes to ``root/train.log``, the console gets
+    :func:`progress_line` of it (everything with ``verbose``). On failure, the end of the log."""
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1"}
+    log_path = root / "train.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        assert process.stdout is not None
+        for line in process.stdout:
+            log.write(line)
+            shown = line.rstrip("\n") if verbose else progress_line(line, steps)
+            if shown is not None:
+                print(shown, flush=True)
+        code = process.wait()
+    if code != 0 and not verbose:
+        tail = log_path.read_text().splitlines()[-30:]
+        print(f"verl exited with status {code}; the end of {log_path}:", *tail, sep="\n")
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/verl-cpu"), help="working directory")
     parser.add_argument("--steps", type=int, default=16, help="training steps (default 16)")
     parser.add_argument("--dry-run", action="store_true", help="print the verl command and stop")
+    parser.add_argument(
+        "--verbose", action="store_true", help="verl's whole output on the console (also: VERBOSE=1)"
+    )
     parser.add_argument("overrides", nargs="*", help="extra verl Hydra overrides (key=value)")
     args = parser.parse_args(argv)
+    verbose = args.verbose or os.environ.get("VERBOSE", "").strip().lower() in ("1", "true", "yes")
     root = args.out.resolve()
     command = [sys.executable, "-m", "ebpo.integrations.verl", *verl_overrides(root, steps=args.steps)]
     command += args.overrides
-    print(" \\\n    ".join([" ".join(command[:3]), *command[3:]]))
-    if args.dry_run:
-        return 0
+    if args.dry_run or verbose:
+        print(" \\\n    ".join([" ".join(command[:3]), *command[3:]]))
+        if args.dry_run:
+            return 0
+    print(f"preparing {root}: a tiny arith model fine-tuned for a second, {PROMPTS} prompts in verl's format")
     prepare(root)
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    code = subprocess.call(command, cwd=root, env=env)
+    print(
+        f"training {args.steps} steps: python -m ebpo.integrations.verl trainer.device=cpu "
+        f"algorithm.adv_estimator=ebpo ... (--dry-run prints the whole command; verl's output: {root / 'train.log'})",
+        flush=True,
+    )
+    if verbose:
+        os.environ["VERBOSE"] = "1"
+    code = train(command, root, args.steps, verbose)
     print(summary(root))
     return code
 

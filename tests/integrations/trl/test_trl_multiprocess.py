@@ -22,6 +22,7 @@ pytest.importorskip("trl")
 pytest.importorskip("datasets")
 
 import trl_multiprocess_worker as worker  # noqa: E402  (this folder is on sys.path under pytest)
+
 from ebpo.integrations.trl import ESTIMATOR_STATE_FILE  # noqa: E402
 
 WORKER = Path(worker.__file__)

@@ -20,6 +20,7 @@ if trl_conflict():
 from verl import DataProto  # noqa: E402
 from verl.trainer.ppo import core_algos  # noqa: E402
 from verl.trainer.ppo.ray_trainer import compute_advantage  # noqa: E402
+from verl_helpers import LoopEBPO, loop_advantages, random_uneven_step  # noqa: E402
 
 import ebpo  # noqa: E402
 import ebpo.integrations.verl as ev  # noqa: E402
@@ -517,6 +518,55 @@ def test_rejected_rows_stay_out_of_the_prior_and_get_zero_advantage():
     assert adv_BT[kept, 0].mean().item() == pytest.approx(0.0, abs=1e-6)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_uneven_groups_after_rejection_equal_a_loop_reference(seed):
+    # random steps of interleaved groups with responses rejected at random (whole mask zeroed: 0..G rows of a
+    # group left) or partly (some tokens masked: the row keeps its reward), through verl's compute_advantage
+    # (the legacy trainer's call), against EBPO written as loops over the rows left; the prior carries over
+    gen = torch.Generator().manual_seed(seed)
+    reference = LoopEBPO()
+    sizes = set()
+    for step in range(4):
+        rewards_N, mask_BT, uids, token_BT = random_uneven_step(gen, step)
+        data = DataProto.from_dict(
+            tensors={"token_level_rewards": token_BT, "response_mask": mask_BT},
+            non_tensors={"uid": np.array(uids, dtype=object)},
+        )
+        out = compute_advantage(data, adv_estimator="ebpo", config=algo_config("ebpo"))
+        expected_N = loop_advantages(reference, rewards_N, mask_BT, uids)
+        torch.testing.assert_close(
+            out.batch["advantages"], (expected_N.unsqueeze(1) * mask_BT).float(), rtol=1e-5, atol=1e-5
+        )
+        valid = (mask_BT.sum(-1) > 0).tolist()
+        sizes |= {sum(v for v, u in zip(valid, uids) if u == uid) for uid in set(uids)}
+    if reference.rewards:
+        prior = ev.HOLDER.get("ebpo").state_dict()["prior"]
+        assert int(prior["W_glob"]["count"]) == len(reference.rewards)  # the rejected rows never got in
+        assert float(prior["W_glob"]["mean"]) == pytest.approx(
+            sum(reference.rewards) / len(reference.rewards)
+        )
+    assert len(sizes) >= 3  # groups of several sizes (uneven) did occur
+
+
+def test_rejection_inside_the_loss_is_refused():
+    # bypass_mode=true: verl rejects in the actor's loss, after the advantage; decoupled mode is fine
+    config = algo_config("ebpo")
+    config.rollout_correction = {"bypass_mode": True, "rollout_rs": "seq_max_k2", "rollout_rs_threshold": 2.0}
+    data = make_batch([1.0, 0.0], [1, 1], ["a", "a"], width=1)
+    with pytest.raises(
+        ValueError, match="algorithm.rollout_correction.bypass_mode=true with rollout_rs=seq_max_k2"
+    ):
+        compute_advantage(data, adv_estimator="ebpo", config=config)
+    config.rollout_correction.rollout_rs = None  # bypass with IS weights only: nothing is rejected
+    compute_advantage(data, adv_estimator="ebpo", config=config)
+    config.rollout_correction = {
+        "bypass_mode": False,
+        "rollout_rs": "seq_max_k2",
+        "rollout_rs_threshold": 2.0,
+    }
+    compute_advantage(data, adv_estimator="ebpo", config=config)
+
+
 def test_filter_groups_feed_the_prior_and_leave_the_loss():
     # algorithm.filter_groups (DAPO): groups s (all 1) and f (all 0) are saturated; they go to est.observe,
     # get advantage 0 and are recorded for the trainer, which zeroes their response mask before the update
@@ -633,21 +683,6 @@ def test_observe_groups_is_the_hook_for_custom_filters():
     reference = ebpo.get_estimator("ebpo")
     reference.observe(torch.tensor([1.0, 1.0, 0.0, 0.0]), ["x", "x", "y", "y"])
     assert ev.HOLDER.get("ebpo").state_dict() == reference.state_dict()
-
-
-def test_outside_our_trainer_the_estimator_warns_once(capsys):
-    # verl's v1 trainer, its async modes and the experimental trainers call the registered function
-    # without EBPORayPPOTrainer: no checkpoint of the prior, possibly partial batches -> one loud warning
-    r, n, u = random_step(torch.Generator().manual_seed(0), 2, 4, 3, 0)
-    for _ in range(2):
-        compute_advantage(make_batch(r, n, u, 3), adv_estimator="ebpo", config=algo_config("ebpo"))
-    err = capsys.readouterr().err
-    assert err.count("running outside ebpo's verl trainer") == 1
-    assert "NOT checkpointed" in err and "python -m ebpo.integrations.verl" in err
-    ev.HOLDER.reset()
-    ev.HOLDER.managed = True  # what EBPORayPPOTrainer.__init__ sets
-    compute_advantage(make_batch(r, n, u, 3), adv_estimator="ebpo", config=algo_config("ebpo"))
-    assert "outside" not in capsys.readouterr().err
 
 
 def test_ignored_settings_are_named():
@@ -929,6 +964,50 @@ def test_cpu_rollout_server_samples_with_the_weights_it_was_sent(tmp_path):
         asyncio.run(server.generate("x", prompt_ids=prompts[0], sampling_params={"top_k": 5}))
     with pytest.raises(ValueError, match="does not have"):
         server.update_weights({"no.such.weight": torch.zeros(1)})
+
+
+def test_cpu_rollout_draws_depend_on_seed_weights_prompt_and_draw_not_on_arrival(tmp_path):
+    # a group's requests are identical and arrive in any order, mixed with other prompts' in batches of any
+    # size: the k-th request of a prompt for one weight version always gets the same response (its own seed),
+    # and says which draw it was
+    import asyncio
+
+    from ebpo.integrations.verl.cpu.rollout import CPURolloutServer, request_seed
+    from ebpo.models.tiny import build_tiny_model
+
+    path = build_tiny_model(tmp_path / "m", seed=1)
+    server = CPURolloutServer(str(path), response_length=5, seed=3)
+    settings = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+    prompts = {"a": [5, 6, 7], "b": [8, 9], "c": [10, 11, 12, 13]}
+
+    def run(order: list[str], version: int) -> dict[str, list[list[int]]]:
+        server.update_weights({}, global_steps=version)  # a new weight version restarts the draw count
+
+        async def ask():
+            return await asyncio.gather(
+                *[
+                    server.generate(str(i), prompt_ids=prompts[p], sampling_params=settings)
+                    for i, p in enumerate(order)
+                ]
+            )
+
+        drawn: dict[str, list[list[int]]] = {p: [[]] * order.count(p) for p in prompts}
+        for name, output in zip(order, asyncio.run(ask())):
+            assert output.extra_fields["global_steps"] == version
+            drawn[name][output.extra_fields["ebpo_draw"]] = output.token_ids
+        return drawn
+
+    order = ["a"] * 4 + ["b"] * 4 + ["c"] * 4
+    first = run(order, version=1)
+    shuffled = [order[i] for i in torch.randperm(len(order), generator=torch.Generator().manual_seed(0))]
+    assert run(shuffled, version=1) == first  # another arrival order and batch: the same draws
+    assert run(order[:6], version=1) == {p: v[: order[:6].count(p)] for p, v in first.items()}
+    assert run(order, version=2) != first  # the next weight version samples anew
+    assert len({tuple(t) for t in first["a"]}) > 1  # a group's draws differ from each other
+    # the seed of a request: a hash of the five, different for each draw
+    seeds = {request_seed(3, 1, {"t": 1}, [5, 6], k) for k in range(4)}
+    assert len(seeds) == 4 and all(0 <= s < 2**63 for s in seeds)
+    assert request_seed(3, 1, {"t": 1}, [5, 6], 0) == request_seed(3, 1, {"t": 1}, [5, 6], 0)
 
 
 @pytest.mark.parametrize("seed", range(5))

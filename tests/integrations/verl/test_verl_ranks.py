@@ -30,8 +30,6 @@ from ebpo.integrations.compat import trl_conflict  # noqa: E402
 if trl_conflict():
     pytest.skip(trl_conflict(), allow_module_level=True)
 
-import ebpo  # noqa: E402
-from ebpo.integrations import ESTIMATOR_STATE_FILE  # noqa: E402
 from test_verl_e2e import (  # noqa: E402  (the end-to-end helpers: one session per run)
     CPU_SECONDS,
     assert_prior_equal,
@@ -40,6 +38,9 @@ from test_verl_e2e import (  # noqa: E402  (the end-to-end helpers: one session 
     step_metrics,
 )
 from verl_positional_reward import successes  # noqa: E402
+
+import ebpo  # noqa: E402
+from ebpo.integrations import ESTIMATOR_STATE_FILE  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -22,6 +22,7 @@ if trl_conflict():
 from omegaconf import OmegaConf  # noqa: E402
 from verl.trainer.ppo.v1 import replay_buffer as verl_buffer  # noqa: E402
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync  # noqa: E402
+from verl_helpers import LoopEBPO, loop_advantages, random_uneven_step  # noqa: E402
 
 import ebpo  # noqa: E402
 import ebpo.integrations.verl as ev  # noqa: E402
@@ -117,29 +118,41 @@ def test_replay_buffer_settings_mirror_verls_own_buffer(tmp_path):
 # the replay buffer: cleared groups feed the prior once
 # ----------------------------------------------------------------------------------------------------------
 class FakeTransferQueue:
-    """The TransferQueue calls verl's replay buffer makes, in memory: prompt tags and trajectories' rm_scores."""
+    """The TransferQueue calls verl's replay buffer makes, in memory: prompt tags, trajectories' rm_scores and
+    extra_fields (the rollout's draw number of each response)."""
 
     def __init__(self) -> None:
         self.tags: dict[str, dict] = {}
         self.scores: dict[str, torch.Tensor] = {}
+        self.extra: dict[str, dict] = {}
 
-    def add_group(self, uid: str, rewards: list[float], status: str = "finished", step: int = 1) -> None:
+    def add_group(
+        self,
+        uid: str,
+        rewards: list[float],
+        status: str = "finished",
+        step: int = 1,
+        draws: list | None = None,
+    ) -> None:
         self.tags[uid] = {"is_prompt": True, "status": status, "global_steps": step}
         for session, reward in enumerate(rewards):
             key = f"{uid}_{session}_0"
             self.tags[key] = {"status": "success", "global_steps": step}
             self.scores[key] = torch.tensor([0.0, reward])  # verl puts the score on the last token
+            self.extra[key] = {"global_steps": step - 1} | ({"ebpo_draw": draws[session]} if draws else {})
 
     def kv_list(self, partition_id: str | None = None):
         return {"train": dict(self.tags)}
 
     def kv_batch_get(self, keys, partition_id, select_fields=None):
-        return {"rm_scores": [self.scores[key] for key in keys]}
+        columns = {"rm_scores": self.scores, "extra_fields": self.extra}
+        return {field: [columns[field][key] for key in keys] for field in select_fields}
 
     def kv_clear(self, keys, partition_id):
         for key in keys:
             self.tags.pop(key, None)
             self.scores.pop(key, None)
+            self.extra.pop(key, None)
 
 
 def make_buffer(monkeypatch, fake: FakeTransferQueue, observed_dir=None, **settings) -> v1.EBPOReplayBuffer:
@@ -209,6 +222,64 @@ def test_dapo_evicted_and_surplus_groups_reach_the_prior_once(monkeypatch, tmp_p
     _, metrics = buffer.sample(global_steps=4, partition_id="train", batch_size=2)
     assert "ebpo/observed_groups" not in metrics
     assert int(est.state_dict()["prior"]["W_glob"]["count"]) == 8
+
+
+def test_a_batch_lists_each_groups_rows_in_the_order_they_were_drawn(monkeypatch):
+    # verl lists finished trajectories as they finished and numbers a group's sessions as its requests were
+    # tokenized (in a thread pool): both vary from run to run. Our buffer lists groups by uid and a group's
+    # rows by the rollout's draw number (the seed each response was sampled from), so a repeated run trains
+    # on the same rows in the same order
+    fake = FakeTransferQueue()
+    fake.add_group("s2-r1", [1.0, 0.0, 1.0], draws=[2, 0, 1])
+    fake.add_group("s2-r0", [0.0, 1.0, 1.0], draws=[1, 2, 0])
+    fake.add_group("s2-r2", [0.0, 1.0], draws=None)  # a rollout without draw numbers (vLLM): by session
+    buffer = make_buffer(monkeypatch, fake)
+    batch, _ = buffer.sample(global_steps=2, partition_id="train", batch_size=3)
+    assert batch.keys == [
+        "s2-r0_2_0",  # draw 0
+        "s2-r0_0_0",  # draw 1
+        "s2-r0_1_0",  # draw 2
+        "s2-r1_1_0",
+        "s2-r1_2_0",
+        "s2-r1_0_0",
+        "s2-r2_0_0",
+        "s2-r2_1_0",
+    ]
+    assert len(batch.tags) == 8 and all(tag["status"] == "success" for tag in batch.tags)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_uneven_groups_after_rejection_equal_a_loop_reference(seed):
+    # v1's advantage call (compute_advantage_for_multi_trajectories, keys {uid}_{session}_{index}) on steps
+    # whose responses were rejected at random (0..G rows of a group left, some partly masked), with the
+    # all-zero padding rows v1 adds to divide the batch over the ranks, against EBPO written as loops
+    from verl import DataProto
+    from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
+
+    gen = torch.Generator().manual_seed(seed)
+    reference = LoopEBPO()
+    for step in range(4):
+        rewards_N, mask_BT, uids, token_BT = random_uneven_step(gen, step)
+        pad = 2
+        token_BT = torch.cat([token_BT, torch.zeros(pad, token_BT.shape[1])])
+        mask_BT = torch.cat([mask_BT, torch.zeros(pad, mask_BT.shape[1])])
+        keys = [f"{uid}_{i}_0" for i, uid in enumerate(uids)] + [f"pad{i}_0_0" for i in range(pad)]
+        all_uids = uids + [f"pad{i}" for i in range(pad)]
+        data = DataProto.from_dict(
+            tensors={"token_level_rewards": token_BT, "response_mask": mask_BT},
+            non_tensors={"uid": np.array(all_uids, dtype=object)},
+        )
+        algorithm = OmegaConf.create({"adv_estimator": "ebpo", "gamma": 1.0, "lam": 1.0})
+        out = compute_advantage_for_multi_trajectories(
+            data, batch_keys=keys, adv_estimator="ebpo", num_repeat=4, config=algorithm
+        )
+        expected_N = loop_advantages(reference, torch.cat([rewards_N, torch.zeros(pad)]), mask_BT, all_uids)
+        torch.testing.assert_close(
+            out.batch["advantages"], (expected_N.unsqueeze(1) * mask_BT).float(), rtol=1e-5, atol=1e-5
+        )
+    if reference.rewards:
+        prior = ev.HOLDER.get("ebpo").state_dict()["prior"]
+        assert int(prior["W_glob"]["count"]) == len(reference.rewards)
 
 
 def test_validation_and_failed_groups_never_reach_the_prior(monkeypatch):
@@ -292,11 +363,22 @@ def test_cluster_keys_are_recorded_when_prompts_are_fetched(monkeypatch, tmp_pat
         )
 
     monkeypatch.setattr(PPOTrainerSync, "_fetch_one_gen_batch", verl_fetch)
-    bare_trainer(tmp_path)._fetch_one_gen_batch()
-    assert ev.HOLDER.clusters_for(["r", "p", "q"]) == ["max", "max", "mod"]
+    trainer = bare_trainer(tmp_path)
+    trainer.global_steps = 5
+    batch = trainer._fetch_one_gen_batch()
+    # verl's random uuid4 uids are replaced by the prompts' places in the run: step 5, first fetch, rows 0-2
+    p, q, r = (v1.prompt_uid(5, 0, row) for row in range(3))
+    assert list(batch["uid"]) == [p, q, r] and p < q < r
+    assert ev.HOLDER.clusters_for([r, p, q]) == ["max", "max", "mod"]
+    assert [trainer._fetch_one_gen_batch()["uid"][0] for _ in range(2)] == [
+        v1.prompt_uid(5, f, 0) for f in (1, 2)
+    ]
+    trainer.global_steps = 6
+    assert trainer._fetch_one_gen_batch()["uid"][0] == v1.prompt_uid(6, 0, 0) > v1.prompt_uid(5, 2, 0)
+    assert "_" not in p  # verl splits its keys {uid}_{session}_{index} at "_"
     # a padding row (all-zero mask, uid unknown) does not hide the others' clusters
-    assert ev.HOLDER.clusters_for(["p", "pad0"], [True, False]) == ["max", None]
-    assert ev.HOLDER.clusters_for(["p", "pad0"]) is None
+    assert ev.HOLDER.clusters_for([p, "pad0"], [True, False]) == ["max", None]
+    assert ev.HOLDER.clusters_for([p, "pad0"]) is None
 
 
 def test_estimator_does_not_filter_again_when_the_buffer_does():

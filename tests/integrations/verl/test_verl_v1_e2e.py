@@ -26,8 +26,6 @@ import torch
 
 pytest.importorskip("verl")
 pytest.importorskip("transfer_queue")
-import ebpo  # noqa: E402
-from ebpo.integrations import ESTIMATOR_STATE_FILE  # noqa: E402
 from test_verl_e2e import (  # noqa: E402  (the legacy trainer's end-to-end helpers)
     CPU_SECONDS,
     assert_prior_equal,
@@ -37,6 +35,9 @@ from test_verl_e2e import (  # noqa: E402  (the legacy trainer's end-to-end help
     step_prompts,
     step_rewards,
 )
+
+import ebpo  # noqa: E402
+from ebpo.integrations import ESTIMATOR_STATE_FILE  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -1,9 +1,10 @@
-"""EBPO inside verl (0.9.1, pinned): estimators, checkpointed state, metrics, clustered samplers, CPU mode.
+"""EBPO inside verl 0.9: estimators, checkpointed state, metrics, clustered samplers, CPU mode.
 
-Importing this package (what ``VERL_USE_EXTERNAL_MODULES=ebpo.integrations.verl`` does in every verl
-process) runs :mod:`.registration`: it checks the environment (TRL 1.x breaks verl's workers), registers
-the opt-in CPU platform and our estimators in verl's advantage registry. That imports verl's
-``core_algos`` only; the Ray trainer, workers and engines load when one of their names is first used.
+Importing this package runs :mod:`.registration`: it checks the environment (TRL 1.x breaks verl's workers),
+registers the opt-in CPU platform and our estimators in verl's advantage registry. verl imports it in every
+process through its plugin group (``verl.plugins``, our package's entry point; also
+``VERL_USE_EXTERNAL_MODULES=ebpo.integrations.verl``). That imports verl's ``core_algos`` only; the Ray trainer,
+workers and engines load when one of their names is first used.
 
 Modules, one concern each:
 
@@ -12,6 +13,7 @@ Modules, one concern each:
 | :mod:`.estimators` | registered advantage functions, :class:`EstimatorHolder` / :data:`HOLDER`, ``observe_groups`` |
 | :mod:`.registration` | what importing this package does (:data:`REGISTERED`) |
 | :mod:`.checkpoint` | ``global_step_N/ebpo_estimator.pt`` save / load / resume folder |
+| :mod:`.callback` | verl's own launcher: :class:`EBPOCheckpointCallback`, the one warning about what it lacks |
 | :mod:`.samplers` | :class:`TopicSampler`, :class:`DifficultySampler` for ``data.sampler`` |
 | :mod:`.data` | our records -> verl's parquet rows |
 | :mod:`.rewards` | ``compute_score`` for ``reward.custom_reward_function`` over ``ebpo.rewards`` |
@@ -44,10 +46,13 @@ _LAZY = {
     # checkpoints
     "save_estimator_state": "checkpoint",
     "load_estimator_state": "checkpoint",
+    "restore_estimator_state": "checkpoint",
     "resolve_resume_folder": "checkpoint",
     "SAMPLER_STATE_FILE": "checkpoint",
     "save_sampler_state": "checkpoint",
     "load_sampler_state": "checkpoint",
+    # verl's own launcher
+    "EBPOCheckpointCallback": "callback",
     # samplers
     "ClusteredSampler": "samplers",
     "TopicSampler": "samplers",

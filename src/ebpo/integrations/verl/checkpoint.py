@@ -1,9 +1,19 @@
 """ebpo's state in verl's checkpoints, beside ``actor/`` and ``data.pt``: ``global_step_N/ebpo_estimator.pt``
-(the estimator) and ``global_step_N/ebpo_sampler.pt`` (a clustered sampler's stream cursor)."""
+(the estimator) and ``global_step_N/ebpo_sampler.pt`` (a clustered sampler's stream cursor).
+
+A checkpoint verl marks complete (``latest_checkpointed_iteration.txt``) without ``ebpo_estimator.pt``
+(:func:`restore_estimator_state`): when another ``global_step_*`` folder of the same run holds the file, this
+run wrote priors and lost this one (a kill between verl's save and ours, possible under verl's own launcher,
+whose checkpoint callback runs after the mark), so the resume stops with one line naming the last checkpoint
+that has it; otherwise the checkpoint comes from another trainer (a GRPO run, say) and the estimator starts
+from an empty prior, with one warning line.
+"""
 
 from __future__ import annotations
 
 import os
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +28,7 @@ __all__ = [
     "SAMPLER_STATE_FILE",
     "save_estimator_state",
     "load_estimator_state",
+    "restore_estimator_state",
     "save_sampler_state",
     "load_sampler_state",
     "resolve_resume_folder",
@@ -40,6 +51,47 @@ def load_estimator_state(folder: str | os.PathLike, holder: EstimatorHolder | No
         return False
     owner.load_state_dict(torch.load(path, weights_only=False))
     return True
+
+
+def restore_estimator_state(folder: str | os.PathLike, holder: EstimatorHolder | None = None) -> bool:
+    """Restore ``folder/ebpo_estimator.pt`` (the checkpoint a resume starts from); True if it was there.
+
+    Without it: ``ValueError`` (one line naming the folder and the last checkpoint that has the file) when
+    another ``global_step_*`` folder beside it holds one, else one warning line on stderr and False (the
+    estimator starts from an empty prior). See the module docstring.
+    """
+    if load_estimator_state(folder, holder):
+        return True
+    folder = Path(folder)
+    step = _step_of(folder)
+    others = sorted(
+        (_step_of(path.parent), path.parent)
+        for path in folder.parent.glob(f"global_step_*/{ESTIMATOR_STATE_FILE}")
+    )
+    if others:
+        earlier = [path for number, path in others if number < step]
+        fix = (
+            f"resume from {earlier[-1]} (trainer.resume_mode=resume_path trainer.resume_from_path={earlier[-1]})"
+            if earlier
+            else "start again without it"
+        )
+        raise ValueError(
+            f"{folder} has no {ESTIMATOR_STATE_FILE} although this run saved one in other checkpoints (the run "
+            f"stopped after verl marked the checkpoint complete and before the prior was written): {fix}, or "
+            f"delete {folder}"
+        )
+    print(
+        f"[ebpo] WARNING: {folder / ESTIMATOR_STATE_FILE} does not exist (a checkpoint written by another "
+        "trainer): the estimator resumes with an empty prior",
+        file=sys.stderr,
+        flush=True,
+    )
+    return False
+
+
+def _step_of(folder: Path) -> int:
+    match = re.fullmatch(r"global_step_(\d+)", folder.name)
+    return int(match.group(1)) if match else -1
 
 
 def save_sampler_state(folder: str | os.PathLike, sampler: Any) -> Path | None:

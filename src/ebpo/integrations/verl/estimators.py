@@ -8,10 +8,12 @@ Registered function (verl's contract, ``core_algos.compute_*_outcome_advantage``
 - Sequence reward r_i = sum_t token_level_rewards[i, t], as verl's own outcome estimators read it (verl writes
   the score on the last response token and zeros elsewhere; an in-reward KL penalty is already per token).
 - Rows whose ``response_mask`` is all zero carry no trainable token: verl's rollout-correction rejection
-  sampling (``algorithm.rollout_correction``, decoupled mode) zeroes the mask of the sequences it rejects
-  before the advantage. They are left out of the estimator entirely (not in the prior, not in the batch
-  normalisation) and get advantage 0. In ``bypass_mode`` verl rejects inside the actor's loss, after the
-  advantage: those rows have reached the prior and the batch normalisation like any other.
+  sampling (``algorithm.rollout_correction.rollout_rs``, decoupled mode) zeroes the mask of the sequences it
+  rejects before the advantage, and v1 pads its batch with such rows. They are left out of the estimator
+  entirely (not in the group statistics, the prior or the batch normalisation; a group keeps its other
+  rows, so groups of 1..G rows are normal) and get advantage 0. With ``bypass_mode=true`` verl rejects inside
+  the actor's loss, after the advantage, where no estimator can leave the rejected rows out: that
+  combination is refused (:func:`refuse_rejection_after_advantage`).
 - With ``algorithm.filter_groups.enable=True`` (DAPO, metric ``reward``), groups whose kept rewards are all
   equal are dropped the way DAPO drops them, but the prior still sees them (``est.observe``, as the
   reference trainer's dynamic sampling does); they get advantage 0 and :class:`EBPORayPPOTrainer` trains
@@ -27,16 +29,15 @@ adapter's own key ``cluster_key`` (default ``extra_info.topic``): the ``non_tens
 verl keeps no estimator state and its registered functions do not see ``non_tensor_batch``, so one
 :class:`EstimatorHolder` per process (:data:`HOLDER`) keeps the estimator across steps, the uid -> cluster
 map that our trainers (``EBPOTrainerSync`` on verl's v1, ``EBPORayPPOTrainer`` on its legacy trainer) fill when
-prompts are loaded, and the uids of filtered groups. Outside them (verl's own ``main_ppo``, its async modes, the
-experimental trainers) the prior is not checkpointed and may see partial batches: the first call warns once,
-loudly (see :data:`UNMANAGED_WARNING`).
+prompts are loaded, and the uids of filtered groups. Outside them (verl's own launcher) the first call prints
+the one warning of :func:`ebpo.integrations.verl.callback.warn_about_launcher` unless
+:class:`~ebpo.integrations.verl.callback.EBPOCheckpointCallback` printed it when the trainer started.
 
 This module imports verl's ``core_algos`` only: no Ray trainer, no workers.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -51,12 +52,12 @@ __all__ = [
     "DEFAULT_CLUSTER_KEY",
     "EstimatorHolder",
     "HOLDER",
-    "UNMANAGED_WARNING",
     "column_values",
     "estimator_options",
     "filter_groups_enabled",
     "make_verl_estimator",
     "observe_groups",
+    "refuse_rejection_after_advantage",
     "register_with_verl",
     "saturated_rows",
     "to_plain",
@@ -64,16 +65,6 @@ __all__ = [
 
 DEFAULT_CLUSTER_KEY = "extra_info.topic"
 ADAPTER_KEYS = ("cluster_key",)  # options read by this adapter, not passed to get_estimator
-
-UNMANAGED_WARNING = (
-    "[ebpo] WARNING: advantage estimator {name!r} is running outside ebpo's verl trainers "
-    "(`python -m ebpo.integrations.verl`: EBPOTrainerSync, EBPORayPPOTrainer). Here its prior is NOT "
-    "checkpointed (a resume restarts it empty), no cluster keys or ebpo/* metrics are recorded, groups "
-    "verl's v1 replay buffer filters out never reach the prior, and under verl's async modes and the "
-    "experimental trainers each call may see a partial batch (the prior then steps, and batch "
-    "normalisation runs, per sub-batch). Train with `python -m ebpo.integrations.verl` for the paper's "
-    "semantics."
-)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -150,6 +141,29 @@ def column_values(non_tensor_batch: Mapping[str, Any], key: str) -> list[Any] | 
     return out
 
 
+def refuse_rejection_after_advantage(config: Any) -> None:
+    """``ValueError`` (one line) for ``algorithm.rollout_correction.bypass_mode=true`` with ``rollout_rs`` set.
+
+    In bypass mode verl rejects responses inside the actor's policy loss (``compute_policy_loss_bypass_mode``,
+    per micro-batch, against the policy being trained), after the advantages exist: the rejected responses
+    would have shaped the group statistics, the prior and the batch normalisation. In decoupled mode
+    (``bypass_mode=false``) the rejection runs before the advantage and they are left out.
+    """
+    section = to_plain(_section(config, "rollout_correction"))
+    if section is not None and not isinstance(section, Mapping):  # verl's RolloutCorrectionConfig dataclass
+        section = {
+            "bypass_mode": getattr(section, "bypass_mode", False),
+            "rollout_rs": getattr(section, "rollout_rs", None),
+        }
+    if section and section.get("bypass_mode") and section.get("rollout_rs"):
+        raise ValueError(
+            f"algorithm.rollout_correction.bypass_mode=true with rollout_rs={section['rollout_rs']}: verl rejects "
+            "those responses inside the actor's loss, after the advantage, so they would shape ebpo's group "
+            "statistics and prior; set algorithm.rollout_correction.bypass_mode=false (rejection before the "
+            "advantage) or drop rollout_rs"
+        )
+
+
 def saturated_rows(rewards_B: torch.Tensor, index: Sequence[Any], keep_B: torch.Tensor) -> torch.Tensor:
     """Rows (among ``keep_B``) of groups with at least two kept members whose kept rewards are all equal.
 
@@ -180,7 +194,8 @@ class EstimatorHolder:
     ``get(name, options)`` builds ``ebpo.get_estimator(name, **options)`` on first use and returns the same
     object afterwards (a later call with different options raises: the prior would silently mix). State
     loaded before an estimator exists (resume happens before the first step) is kept and applied when the
-    estimator is built. ``managed`` is set by ``EBPORayPPOTrainer``: unmanaged use warns once.
+    estimator is built. ``managed`` is set by our trainers (``EBPOTrainerSync``, ``EBPORayPPOTrainer``); elsewhere
+    (verl's own launcher) the first advantage call warns once.
     """
 
     def __init__(self) -> None:
@@ -196,7 +211,8 @@ class EstimatorHolder:
         self.managed = False
         #: False where the trainer filters groups itself before the advantage (verl's v1 replay buffer)
         self.filter_in_estimator = True
-        self._warned = False
+        #: set once the warning about verl's own launcher was printed in this process
+        self.warned = False
 
     def get(self, name: str, options: Mapping[str, Any] | None = None) -> Any:
         options = dict(options or {})
@@ -213,13 +229,14 @@ class EstimatorHolder:
         self._estimators[name], self._options[name] = est, options
         return est
 
-    def warn_if_unmanaged(self, name: str) -> None:
-        """Print :data:`UNMANAGED_WARNING` once per process when no ``EBPORayPPOTrainer`` owns this holder."""
-        if self.managed or self._warned:
+    def warn_if_unmanaged(self, config: Any) -> None:
+        """Outside our trainers (verl's own launcher), print its one warning from the algorithm config
+        (:func:`ebpo.integrations.verl.callback.warn_about_launcher`) unless it was printed already."""
+        if self.managed or self.warned:
             return
-        self._warned = True
-        line = "=" * 110
-        print(f"{line}\n{UNMANAGED_WARNING.format(name=name)}\n{line}", file=sys.stderr, flush=True)
+        from ebpo.integrations.verl.callback import warn_about_launcher
+
+        warn_about_launcher({"algorithm": config}, callback=False, holder=self)
 
     # uid -> cluster ------------------------------------------------------------------------------------
     def note_clusters(self, uids: Sequence[Any], keys: Sequence[Any]) -> None:
@@ -314,7 +331,8 @@ def make_verl_estimator(
             raise ValueError(
                 f"advantage estimator {name!r} needs the prompt uids (non_tensor_batch['uid']) to form groups"
             )
-        owner.warn_if_unmanaged(name)
+        refuse_rejection_after_advantage(config)
+        owner.warn_if_unmanaged(config)
         options, _ = estimator_options(config, name)
         est = owner.get(name, options)
         uids = list(index)
@@ -326,8 +344,8 @@ def make_verl_estimator(
             if cluster_B is None and options.get("prior_scope") == "cluster":
                 raise ValueError(
                     f"algorithm.{name}.prior_scope=cluster needs each prompt's cluster, but no cluster keys "
-                    f"were recorded for this batch: train with ebpo.integrations.verl.EBPORayPPOTrainer "
-                    f"(python -m ebpo.integrations.verl) and a dataset column named by "
+                    f"were recorded for this batch: train with python -m ebpo.integrations.verl and a dataset "
+                    f"column named by "
                     f"algorithm.{name}.cluster_key (default {DEFAULT_CLUSTER_KEY!r})"
                 )
             owner.filtered_uids = set()

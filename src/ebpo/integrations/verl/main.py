@@ -12,7 +12,8 @@ Takes the same Hydra overrides as ``python -m verl.trainer.main_ppo`` (verl's ``
 :class:`EBPORayPPOTrainer`. Both add: the EBPO estimator state in every checkpoint, the estimator's metrics in
 the logs, ``+data.sampler.class_path`` / ``class_name`` honoured (``ebpo.integrations.verl.TopicSampler`` /
 ``DifficultySampler``), ``algorithm.filter_groups`` with the dropped groups folded into the prior, and
-``trainer.device=cpu`` (:mod:`ebpo.integrations.verl.cpu`). Ray is shut down when the run ends, also on failure.
+``trainer.device=cpu`` (:mod:`ebpo.integrations.verl.cpu`), a quiet log (:mod:`ebpo.integrations.verl.quiet`;
+``VERBOSE=1`` shows every message). Ray is shut down when the run ends, also on failure.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import sys
 from typing import Any
 
 from ebpo.integrations.verl.estimators import to_plain
+from ebpo.integrations.verl.quiet import QUIET_ENV, verbose_requested
+from ebpo.integrations.verl.quiet import install as quiet_log
 
 
 def _task_runner_class():
@@ -227,6 +230,19 @@ def _user_override_keys() -> set[str]:
         return set()
 
 
+def _set_process_env(config: Any, env: dict[str, str]) -> None:
+    """``env`` in this process and in every Ray process of the run (``ray_kwargs.ray_init.runtime_env``)."""
+    from omegaconf import open_dict
+
+    os.environ.update(env)
+    with open_dict(config):
+        init = config.ray_kwargs.ray_init
+        if init.get("runtime_env", None) is None:
+            init.runtime_env = {}
+        env_vars = dict(to_plain(init.runtime_env.get("env_vars", None)) or {})
+        init.runtime_env.env_vars = {**env, **env_vars}
+
+
 def run(config: Any) -> None:
     """Start Ray (verl's ``run_ppo``) with our task runner for ``trainer.use_v1`` (v1 sync by default, the
     legacy trainer with ``false``); shut Ray down afterwards. ``trainer.device=cpu`` switches the CPU mode on
@@ -236,6 +252,15 @@ def run(config: Any) -> None:
     from verl.trainer.main_ppo import run_ppo
     from verl.utils.device import auto_set_device
 
+    from ebpo.integrations.verl.estimators import refuse_rejection_after_advantage
+
+    try:
+        refuse_rejection_after_advantage(config.algorithm)
+    except ValueError as error:
+        raise SystemExit(f"ebpo.integrations.verl: {error}") from None
+    if not verbose_requested():
+        quiet_log()
+        _set_process_env(config, {QUIET_ENV: "1"})
     if str(config.trainer.device) == "cpu":
         from ebpo.integrations.verl.cpu.config import apply_cpu_mode
 

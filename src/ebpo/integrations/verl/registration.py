@@ -1,19 +1,36 @@
-"""What ``import ebpo.integrations.verl`` does in every verl process (``VERL_USE_EXTERNAL_MODULES``).
+"""What ``import ebpo.integrations.verl`` does in every verl process: our package's ``verl.plugins`` entry
+point names this module, which verl imports at ``import verl`` (``VERL_USE_EXTERNAL_PLUGINS``, default ``auto``);
+``VERL_USE_EXTERNAL_MODULES=ebpo.integrations.verl`` does the same without the package metadata.
 
 1. Fails with one line if this environment cannot run verl's workers (TRL 1.x installed: see
-   :mod:`ebpo.integrations.compat`).
+   :mod:`ebpo.integrations.compat`). verl's plugin loader swallows import errors (it logs them at debug
+   level), so the line is printed on stderr before the error is raised.
 2. Registers verl platform ``cpu`` (opt-in: used only under ``VERL_PLATFORM=cpu``), before anything asks verl
    for its platform; under ``VERL_PLATFORM=cpu`` also the ``ebpo_cpu`` rollout backend.
 3. Registers our estimators in verl's advantage registry (:data:`REGISTERED`).
+4. In a process of ``python -m ebpo.integrations.verl`` (``EBPO_VERL_QUIET=1``): the log filters of :mod:`.quiet`.
 
-Cheap by design: verl's ``core_algos`` and platform registry, no Ray trainer, no workers, no engines.
+Steps 2 and 4 act only in runs of our launcher that ask for them. Cheap by design: verl's ``core_algos`` and platform registry, no Ray trainer, no workers, no engines; nothing
+of verl's is patched.
 """
 
 from __future__ import annotations
 
+import sys
+
 from ebpo.integrations.compat import check_environment
 
-check_environment()
+try:
+    check_environment()
+except ImportError as error:
+    print(f"ebpo.integrations.verl: {error}", file=sys.stderr, flush=True)
+    raise
+
+from ebpo.integrations.verl.quiet import install as quiet_log  # noqa: E402
+from ebpo.integrations.verl.quiet import quiet_requested
+
+if quiet_requested():  # a run of python -m ebpo.integrations.verl (not VERBOSE=1): repeated messages once
+    quiet_log()
 
 from ebpo.integrations.verl.cpu.platform import cpu_mode_enabled, register_platform  # noqa: E402
 

@@ -10,7 +10,8 @@ Everything else is verl's own ``fit``. What the subclass adds, hook by hook:
   ``trainer.resume_mode`` rules as verl); the prior saved at step N holds the rewards of steps 1..N. It is
   written before verl's own ``_save_checkpoint``, which writes ``latest_checkpointed_iteration.txt`` last:
   a kill in between leaves step N unmarked, so a resume takes the previous checkpoint, never one without
-  its prior. A resumed checkpoint without the file (written by another trainer) warns in one line. With a
+  its prior. A resumed checkpoint without the file warns in one line (written by another trainer) or stops
+  (another checkpoint of the run has one: :func:`~ebpo.integrations.verl.checkpoint.restore_estimator_state`). With a
   clustered sampler also ``global_step_N/ebpo_sampler.pt``, its stream cursor: verl skips restoring
   ``data.pt`` when N ends an epoch ("next epoch will iterate from scratch"), which would restart the topic or
   curriculum stream at its first epoch; the cursor is restored then, so the stream goes on with epoch
@@ -32,15 +33,19 @@ import numpy as np
 from verl import DataProto
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-from ebpo.integrations import ESTIMATOR_STATE_FILE
 from ebpo.integrations.verl.checkpoint import (
-    load_estimator_state,
     load_sampler_state,
     resolve_resume_folder,
+    restore_estimator_state,
     save_estimator_state,
     save_sampler_state,
 )
-from ebpo.integrations.verl.estimators import HOLDER, column_values, estimator_options
+from ebpo.integrations.verl.estimators import (
+    HOLDER,
+    column_values,
+    estimator_options,
+    refuse_rejection_after_advantage,
+)
 from ebpo.integrations.verl.filtering import layout_filtered_update
 from ebpo.integrations.verl.registration import REGISTERED
 
@@ -98,6 +103,7 @@ class EBPORayPPOTrainer(RayPPOTrainer):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         refuse_unsupported(self.config)
+        refuse_rejection_after_advantage(self.config.algorithm)
         HOLDER.managed = True
         for line in ignored_settings(self.config):
             print(f"[ebpo] WARNING: {line}", file=sys.stderr, flush=True)
@@ -124,13 +130,8 @@ class EBPORayPPOTrainer(RayPPOTrainer):
     def _load_checkpoint(self):
         result = super()._load_checkpoint()
         folder = resolve_resume_folder(self.config.trainer)
-        if folder is not None and not load_estimator_state(folder) and self._estimator_name() in REGISTERED:
-            print(
-                f"[ebpo] WARNING: {os.path.join(folder, ESTIMATOR_STATE_FILE)} does not exist (a checkpoint "
-                f"written by another trainer): {self._estimator_name()} resumes with an empty prior",
-                file=sys.stderr,
-                flush=True,
-            )
+        if folder is not None and self._estimator_name() in REGISTERED:
+            restore_estimator_state(folder)
         steps_per_epoch = len(self.train_dataloader)
         if folder is not None and steps_per_epoch and self.global_steps % steps_per_epoch == 0:
             # verl left data.pt alone here (an epoch boundary); our stream's cursor sits at that epoch's end

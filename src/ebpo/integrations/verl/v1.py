@@ -20,8 +20,10 @@ piece by piece:
     callback's ``on_save``, so a state file written from the callback could be missing from a checkpoint
     verl already calls complete (a kill between the two); written first, it cannot.
   * ``_load_checkpoint``: restores the state (verl's v1 offers no load hook; same ``resume_mode`` rules).
-  * ``_fetch_one_gen_batch``: records each prompt's cluster (``extra_info.topic``) under its uid; the
-    advantage call sees only uids.
+  * ``_fetch_one_gen_batch``: names each prompt by its place in the run (:func:`prompt_uid`: the step, the
+    fetch within it, the row) instead of verl's random ``uuid4``, so that a run and its repetition order the
+    batch alike; records each prompt's cluster (``extra_info.topic``) under its uid (the advantage call sees
+    only uids).
   * ``_compute_advantage``: adds ``est.metrics()`` (``ebpo/*``) to the step's metrics.
   * ``_init_dataloader``: ``+data.sampler.class_path`` / ``class_name`` (verl 0.9's ``create_rl_sampler``
     ignores them).
@@ -38,14 +40,14 @@ from collections.abc import Iterable
 from typing import Any
 
 import transfer_queue as tq
+from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-from ebpo.integrations import ESTIMATOR_STATE_FILE
 from ebpo.integrations.verl.checkpoint import (
-    load_estimator_state,
     load_sampler_state,
     resolve_resume_folder,
+    restore_estimator_state,
     save_estimator_state,
     save_sampler_state,
 )
@@ -54,6 +56,7 @@ from ebpo.integrations.verl.estimators import (
     column_values,
     estimator_options,
     observe_groups,
+    refuse_rejection_after_advantage,
     to_plain,
 )
 from ebpo.integrations.verl.registration import REGISTERED
@@ -63,6 +66,7 @@ __all__ = [
     "SUPPORTED_MODE",
     "EBPOReplayBuffer",
     "EBPOTrainerSync",
+    "prompt_uid",
     "replay_buffer_settings",
     "unsupported_mode",
 ]
@@ -87,6 +91,15 @@ def unsupported_mode(config: Any) -> str | None:
         f"partially regenerated groups{', per mini-batch' if mode == 'separate_async' else ''}); use "
         f"trainer.v1.trainer_mode={SUPPORTED_MODE}"
     )
+
+
+def prompt_uid(global_steps: int, fetch: int, row: int) -> str:
+    """A prompt's uid from its place in the run: step, dataloader fetch within the step, row of the fetch.
+
+    Sorting uids as strings sorts prompts in the order they were fetched. verl keys every response
+    ``{uid}_{session}_{index}``, so a uid holds no ``_``.
+    """
+    return f"s{global_steps:08d}-f{fetch:05d}-r{row:05d}"
 
 
 def replay_buffer_settings(config: Any) -> dict[str, Any]:
@@ -142,8 +155,13 @@ class EBPOReplayBuffer(ReplayBuffer):
     ``ebpo/observed_reward_sum``; with ``observed_dir`` set (``trainer.rollout_data_dir``/observed) the
     observed groups are written to ``<step>.jsonl`` there, one ``{"uid", "rewards"}`` line per group.
 
+    The batch it hands the trainer lists each group's rows in the order the rollout drew them
+    (``extra_fields["ebpo_draw"]`` of the CPU rollout, else verl's session number), groups in uid order:
+    verl lists them as they finished, which differs from run to run.
+
     verl constructs a custom buffer with its generic arguments only; the rest comes from
-    ``sampler_kwargs["ebpo"]`` (:func:`replay_buffer_settings`, set by ``python -m ebpo.integrations.verl``).
+    ``sampler_kwargs["ebpo"]`` (:func:`replay_buffer_settings`, set by ``python -m ebpo.integrations.verl``),
+    or, under verl's own launcher, from the config of the trainer that builds it (the owner of ``refill_fn``).
     """
 
     def __init__(self, *, trainer_mode: str, sampler_kwargs: Any = None, **kwargs: Any) -> None:
@@ -154,6 +172,24 @@ class EBPOReplayBuffer(ReplayBuffer):
             )
         extra = dict(to_plain(sampler_kwargs) or {})
         settings = dict(extra.pop("ebpo", None) or {})
+        if not settings:  # verl's own launcher: the trainer that passes its refill method holds the config
+            trainer_config = getattr(getattr(kwargs.get("refill_fn"), "__self__", None), "config", None)
+            if trainer_config is None:
+                raise ValueError(
+                    "EBPOReplayBuffer: no settings (trainer.v1.sampler.sampler_kwargs.ebpo) and no trainer config; "
+                    "build it through verl's trainer.v1.sampler.custom_sampler keys"
+                )
+            settings = replay_buffer_settings(trainer_config)
+            refuse_rejection_after_advantage(trainer_config.algorithm)
+            HOLDER.filter_in_estimator = False
+            from ebpo.integrations.verl.callback import warn_about_launcher
+
+            warn_about_launcher(
+                trainer_config,
+                callback=str(trainer_config.trainer.get("checkpoint_callback_class", None) or "").endswith(
+                    "EBPOCheckpointCallback"
+                ),
+            )
         self.estimator = settings.pop("estimator", None)
         self.estimator_options = settings.pop("estimator_options", {})
         self.observed_dir = settings.pop("observed_dir", None)
@@ -174,6 +210,31 @@ class EBPOReplayBuffer(ReplayBuffer):
             if self.observed_dir:
                 self._dump(global_steps)
         return batch, metrics
+
+    def _materialize_batch(
+        self, partition_id: str, selected_prompt_uids: list[str], partition_snapshot: dict
+    ):
+        batch = super()._materialize_batch(partition_id, selected_prompt_uids, partition_snapshot)
+        if not batch.keys:
+            return batch
+        extra = tq.kv_batch_get(keys=batch.keys, partition_id=partition_id, select_fields=["extra_fields"])
+        values = extra["extra_fields"]  # one dict per row (a NonTensorStack, or a list-like of dicts)
+        draws = [
+            fields.get("ebpo_draw") if isinstance(fields, dict) else None
+            for fields in (values.tolist() if hasattr(values, "tolist") else list(values))
+        ]
+
+        def place(i: int) -> tuple[str, int, int]:
+            uid, session, index = batch.keys[i].rsplit("_", 2)
+            draw = draws[i]
+            return (uid, int(session) if draw is None else int(draw), int(index))
+
+        order = sorted(range(len(batch.keys)), key=place)
+        return KVBatchMeta(
+            partition_id=batch.partition_id,
+            keys=[batch.keys[i] for i in order],
+            tags=[batch.tags[i] for i in order],
+        )
 
     def _clear_groups(self, partition_id: str, uids: set[str]) -> None:
         if partition_id != "val" and self.estimator in REGISTERED:
@@ -217,11 +278,16 @@ class EBPOTrainerSync(PPOTrainerSync):
     # set by verl's PPOTrainer (declared for type checkers, where verl is not installed)
     train_dataloader: Any
     resource_pool_manager: Any
+    #: (global_steps, dataloader fetches in that step so far): the fetch number in :func:`prompt_uid`
+    _fetches: tuple[int, int] = (-1, 0)
 
     def __init__(self, config: Any) -> None:
         message = unsupported_mode(config)
         if message is not None:
             raise ValueError(message)
+        refuse_rejection_after_advantage(config.algorithm)
+        # before verl's __init__ builds the checkpoint callback and the replay buffer: ours do nothing then
+        HOLDER.managed = True
         super().__init__(config)
         if config.actor_rollout_ref.rollout.get("multi_turn", {}).get("enable", False):
             print(
@@ -231,7 +297,6 @@ class EBPOTrainerSync(PPOTrainerSync):
                 file=sys.stderr,
                 flush=True,
             )
-        HOLDER.managed = True
         # DAPO filtering happens in the replay buffer here; the estimator must not filter a second time
         HOLDER.filter_in_estimator = False
 
@@ -265,7 +330,15 @@ class EBPOTrainerSync(PPOTrainerSync):
         )
 
     def _fetch_one_gen_batch(self):
+        from verl.utils import tensordict_utils as tu
+
         batch = super()._fetch_one_gen_batch()
+        step, fetches = self._fetches
+        fetch = fetches if step == self.global_steps else 0
+        self._fetches = (self.global_steps, fetch + 1)
+        tu.assign_non_tensor_stack(
+            batch, "uid", [prompt_uid(self.global_steps, fetch, row) for row in range(len(batch))]
+        )
         name = str(self.config.algorithm.adv_estimator)
         if name in REGISTERED:
             _, cluster_key = estimator_options(self.config.algorithm, name)
@@ -319,12 +392,8 @@ class EBPOTrainerSync(PPOTrainerSync):
         folder = resolve_resume_folder(self.config.trainer)
         if folder is None:
             return
-        if not load_estimator_state(folder):
-            print(
-                f"[ebpo] WARNING: no {ESTIMATOR_STATE_FILE} in {folder}: the estimator starts from an empty prior",
-                file=sys.stderr,
-                flush=True,
-            )
+        if str(self.config.algorithm.adv_estimator) in REGISTERED:
+            restore_estimator_state(folder)
         steps_per_epoch = self.steps_per_epoch
         if steps_per_epoch and self.global_steps % steps_per_epoch == 0:
             load_sampler_state(folder, getattr(self.train_dataloader, "sampler", None))

@@ -20,11 +20,24 @@ every step (``CheckpointEngineManager.update_weights`` -> worker ``update_weight
 So every step samples with the weights the actor has after the previous update: the same contract as
 verl's colocated vLLM. The returned ``TokenOutput.extra_fields["global_steps"]`` records which weights
 produced each sample.
+
+Reproducible: a response depends on the run's seed, the weights' version (the trainer's ``global_steps``), the
+prompt, the sampling settings and its draw ``k`` (the k-th request with that prompt and those settings for
+this version), never on when it arrived or which requests shared its batch: each request is sampled from a
+generator seeded from those five (:func:`request_seed`; ``ebpo.generation.sample(generators=...)`` draws each
+row from its own). verl's agent loop sends a group's ``n`` requests without saying which session each is
+(tokenization runs in a thread pool, so they arrive in any order); ``extra_fields["ebpo_draw"] = k`` lets the
+replay buffer (:class:`ebpo.integrations.verl.v1.EBPOReplayBuffer`) order a group's rows by draw. Two groups
+of one prompt in one step share draws 0..2n-1, split between them in arrival order; with several rollout
+replicas (ranks > 1) the split of a group's requests between them is verl's, so only a single-replica run is
+reproducible. Batching changes the log-probs in their last bits (the shapes of the matrix products), not the
+tokens drawn in our runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 from typing import Any, cast
 
@@ -38,6 +51,7 @@ from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry,
 __all__ = [
     "ROLLOUT_NAME",
     "CPURolloutServer",
+    "request_seed",
     "CPURolloutReplica",
     "CPURolloutAdapter",
     "register_rollout",
@@ -52,13 +66,22 @@ def server_actor_name(replica_rank: int) -> str:
     return f"ebpo_cpu_rollout_server_{replica_rank}"
 
 
+def request_seed(
+    seed: int, version: int | None, settings: dict[str, Any], prompt_ids: list[int], draw: int
+) -> int:
+    """The sampling seed of one request: a hash of the run's seed, the weights' version, the sampling settings,
+    the prompt's token ids and the request's draw number among its identical requests (63 bits)."""
+    key = repr((int(seed), version, sorted(settings.items()), list(prompt_ids), int(draw))).encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") >> 1
+
+
 class CPURolloutServer:
     """Token-in/token-out sampling server over a Hugging Face causal LM on the CPU (a Ray actor).
 
     Args:
         model_path: directory the model and tokenizer load from (``actor_rollout_ref.model.path``).
         response_length: default ``max_tokens`` (verl's agent loop sends none: vLLM uses this too).
-        seed: seed of the sampling generator (advanced by every batch).
+        seed: the run's sampling seed (:func:`request_seed`).
         trust_remote_code: passed to ``from_pretrained``.
     """
 
@@ -73,10 +96,11 @@ class CPURolloutServer:
             model_path, torch_dtype=torch.float32, trust_remote_code=trust_remote_code
         ).eval()
         self.response_length = int(response_length)
-        self.generator = torch.Generator().manual_seed(int(seed))
+        self.seed = int(seed)
         self.global_steps: int | None = None
+        self._draws: dict[tuple, int] = {}  # (settings, prompt) -> requests seen for this weight version
         self.weight_updates = 0
-        self._pending: list[tuple[list[int], dict[str, Any], asyncio.Future]] = []
+        self._pending: list[tuple[list[int], dict[str, Any], int, asyncio.Future]] = []
         self._batcher: asyncio.Task | None = None
 
     # -- weights -----------------------------------------------------------------------------------------
@@ -92,6 +116,7 @@ class CPURolloutServer:
             for name, tensor in state.items():
                 own[name].copy_(tensor.to(own[name].dtype))
         self.global_steps = global_steps
+        self._draws.clear()
         self.weight_updates += 1
         return len(state)
 
@@ -129,8 +154,13 @@ class CPURolloutServer:
             if unused.get(key) is not None:
                 raise ValueError(f"rollout.name={ROLLOUT_NAME} is text-only; got {key}")
         settings = self._settings(sampling_params, self.response_length)
+        prompt = [int(t) for t in prompt_ids]
+        identity = (tuple(sorted(settings.items())), tuple(prompt))
+        draw = self._draws.get(identity, 0)
+        self._draws[identity] = draw + 1
+        seed = request_seed(self.seed, self.global_steps, settings, prompt, draw)
         future = asyncio.get_running_loop().create_future()
-        self._pending.append((list(int(t) for t in prompt_ids), settings, future))
+        self._pending.append((prompt, settings, seed, future))
         if self._batcher is None or self._batcher.done():
             self._batcher = asyncio.create_task(self._run_batches())
         token_ids, log_probs = await future
@@ -139,7 +169,7 @@ class CPURolloutServer:
             log_probs=log_probs if settings["logprobs"] else None,
             stop_reason="completed",
             num_preempted=0,
-            extra_fields={"global_steps": self.global_steps},
+            extra_fields={"global_steps": self.global_steps, "ebpo_draw": draw},
         )
 
     async def _run_batches(self) -> None:
@@ -152,17 +182,21 @@ class CPURolloutServer:
             for key, items in groups.items():
                 try:
                     results = await asyncio.get_running_loop().run_in_executor(
-                        None, self._sample, [p for p, _, _ in items], dict(key)
+                        None,
+                        self._sample,
+                        [p for p, _, _, _ in items],
+                        dict(key),
+                        [s for _, _, s, _ in items],
                     )
                 except Exception as error:  # hand the error to every waiting request
-                    for _, _, future in items:
+                    for _, _, _, future in items:
                         future.set_exception(error)
                     continue
-                for (_, _, future), result in zip(items, results):
+                for (_, _, _, future), result in zip(items, results):
                     future.set_result(result)
 
     def _sample(
-        self, prompts: list[list[int]], settings: dict[str, Any]
+        self, prompts: list[list[int]], settings: dict[str, Any], seeds: list[int]
     ) -> list[tuple[list[int], list[float]]]:
         from ebpo.generation import sample
 
@@ -174,7 +208,7 @@ class CPURolloutServer:
             temperature=settings["temperature"],
             top_p=settings["top_p"],
             max_new_tokens=settings["max_new_tokens"],
-            generator=self.generator,
+            generators=seeds,  # each request from its own seed: independent of the batch it shares
         )
         out = []
         for row in range(len(prompts)):

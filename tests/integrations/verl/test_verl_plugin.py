@@ -1,0 +1,300 @@
+"""ebpo under verl's own launcher (``python -m verl.trainer.main_ppo algorithm.adv_estimator=ebpo ...``).
+
+The package's ``verl.plugins`` entry point registers our estimators in every process that imports verl; verl's
+v1 trainer takes our checkpoint callback and replay buffer through its own keys; one warning names the rest.
+The CPU mode cannot run there (verl's trainer builds verl's worker, whose process group torch refuses on the
+CPU), so what is tested is registration in a fresh interpreter, verl's own ``_save_checkpoint`` and
+``_build_replay_buffer`` with our classes, the restore and the refusals, and verl's real launcher up to the
+point where our callback stops a resume.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("verl")
+pytest.importorskip("transfer_queue")
+from ebpo.integrations.compat import trl_conflict  # noqa: E402
+
+if trl_conflict():
+    pytest.skip(trl_conflict(), allow_module_level=True)
+
+from omegaconf import OmegaConf  # noqa: E402
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync  # noqa: E402
+
+import ebpo.integrations.verl as ev  # noqa: E402
+from ebpo.integrations import ESTIMATOR_STATE_FILE  # noqa: E402
+from ebpo.integrations.verl import callback, v1  # noqa: E402
+from ebpo.integrations.verl.main import _config_dir  # noqa: E402
+
+CALLBACK = "trainer.checkpoint_callback_class=ebpo.integrations.verl.EBPOCheckpointCallback"
+BUFFER = (
+    "trainer.v1.sampler.custom_sampler.path=pkg://ebpo.integrations.verl.v1",
+    "trainer.v1.sampler.custom_sampler.name=EBPOReplayBuffer",
+)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_holder():
+    ev.HOLDER.reset()
+    yield
+    ev.HOLDER.reset()
+
+
+def verl_config(*overrides: str):
+    """verl's ``ppo_trainer.yaml`` composed with ``overrides``, as verl's launcher hands it to its trainer."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=_config_dir(), version_base=None):
+        return compose(config_name="ppo_trainer", overrides=list(overrides))
+
+
+def entry_point_installed() -> bool:
+    return any(ep.name == "ebpo" for ep in metadata.entry_points(group="verl.plugins"))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# registration through the plugin group
+# ----------------------------------------------------------------------------------------------------------
+def test_importing_verl_registers_our_estimators_through_the_entry_point():
+    if not entry_point_installed():
+        pytest.skip(
+            "ebpo's verl.plugins entry point is not installed here (pip install -e .[verl] installs it)"
+        )
+    code = (
+        "import sys, verl; from verl.trainer.ppo import core_algos; "
+        "print(sorted(n for n, f in core_algos.ADV_ESTIMATOR_REGISTRY.items() if hasattr(f, '__ebpo_estimator__')), "
+        "[m for m in ('verl.trainer.ppo.ray_trainer', 'verl.workers.engine_workers') if m in sys.modules])"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_PLATFORM")}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    # every name verl lacks, nothing heavy imported (no Ray trainer, no workers)
+    assert result.stdout.strip() == "['dr_grpo', 'ebpo', 'jspo', 'reinforce_pp_baseline'] []"
+    off = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**env, "VERL_USE_EXTERNAL_PLUGINS": "none"},  # verl's switch: no plugins, so none of ours
+        timeout=300,
+    )
+    assert off.returncode == 0 and off.stdout.strip() == "[] []", off.stderr
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the one warning
+# ----------------------------------------------------------------------------------------------------------
+def test_the_first_advantage_call_outside_our_trainers_warns_once(capsys):
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+
+    rewards_N = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    data = ev_batch(rewards_N, ["a", "a", "b", "b"])
+    config = OmegaConf.create({"adv_estimator": "ebpo", "gamma": 1.0, "lam": 1.0})
+    for _ in range(2):
+        compute_advantage(data, adv_estimator="ebpo", config=config)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "[ebpo]" in line]
+    assert len(lines) == 1
+    assert "verl's launcher runs 'ebpo' without: ebpo/* metrics" in lines[0]
+    assert f"add {CALLBACK}" in lines[0] and lines[0].endswith(callback.SWITCH)
+    ev.HOLDER.reset()
+    ev.HOLDER.managed = True  # what our trainers set: python -m ebpo.integrations.verl
+    compute_advantage(data, adv_estimator="ebpo", config=config)
+    assert "[ebpo]" not in capsys.readouterr().err
+
+
+def ev_batch(rewards_N: torch.Tensor, uids: list[str]):
+    from verl import DataProto
+
+    return DataProto.from_dict(
+        tensors={"token_level_rewards": rewards_N.unsqueeze(1), "response_mask": torch.ones(len(uids), 1)},
+        non_tensors={"uid": np.array(uids, dtype=object)},
+    )
+
+
+def test_the_warning_names_what_this_config_lacks_under_verls_launcher():
+    plain = callback.launcher_gaps(verl_config("algorithm.adv_estimator=ebpo", CALLBACK), callback=True)
+    assert len(plain) == 2 and plain[0].startswith("ebpo/* metrics") and "before verl marks" in plain[1]
+    lacking = callback.launcher_gaps(
+        verl_config(
+            "algorithm.adv_estimator=ebpo",
+            "+algorithm.ebpo.prior_scope=cluster",
+            "+data.sampler.class_path=pkg://ebpo.integrations.verl",
+            "+data.sampler.class_name=TopicSampler",
+            "algorithm.filter_groups.enable=True",
+            "algorithm.filter_groups.metric=acc",
+        ),
+        callback=False,
+    )
+    joined = " | ".join(lacking)
+    assert f"add {CALLBACK}" in joined
+    assert "data.sampler.class_name=TopicSampler" in joined
+    assert "algorithm.ebpo.prior_scope=cluster" in joined
+    assert "trainer.v1.sampler.custom_sampler.name=EBPOReplayBuffer" in joined
+    # with our buffer named, the evicted groups are covered
+    with_buffer = callback.launcher_gaps(
+        verl_config("algorithm.adv_estimator=ebpo", "algorithm.filter_groups.enable=True", *BUFFER),
+        callback=True,
+    )
+    assert not any("custom_sampler" in gap for gap in with_buffer)
+    # verl's legacy trainer calls no checkpoint callback
+    legacy = callback.launcher_gaps(verl_config("trainer.use_v1=false", CALLBACK), callback=True)
+    assert any("legacy trainer calls no checkpoint callback" in gap for gap in legacy)
+
+
+def test_the_callback_refuses_what_cannot_run_under_verls_launcher():
+    with pytest.raises(ValueError, match="trainer.device=cpu") as refused:
+        ev.EBPOCheckpointCallback(verl_config("algorithm.adv_estimator=ebpo", "trainer.device=cpu"))
+    assert callback.SWITCH in str(refused.value)
+    with pytest.raises(ValueError, match="bypass_mode=true with rollout_rs=seq_max_k2"):
+        ev.EBPOCheckpointCallback(
+            verl_config(
+                "algorithm.adv_estimator=ebpo",
+                "algorithm.rollout_correction.bypass_mode=true",
+                "algorithm.rollout_correction.rollout_rs=seq_max_k2",
+                "algorithm.rollout_correction.rollout_rs_threshold=2.0",
+            )
+        )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the prior in verl's own checkpoints
+# ----------------------------------------------------------------------------------------------------------
+def verl_trainer(tmp_path: Path, *overrides: str) -> PPOTrainerSync:
+    """verl's own ``PPOTrainerSync`` without workers: what its ``_save_checkpoint`` reads, the callback verl's
+    ``__init__`` builds from ``trainer.checkpoint_callback_class``."""
+    from verl.trainer.ppo.checkpoint_callback import build_checkpoint_callback
+
+    config = verl_config(
+        "algorithm.adv_estimator=ebpo", CALLBACK, f"trainer.default_local_dir={tmp_path / 'ckpt'}", *overrides
+    )
+
+    class Actor:
+        def save_checkpoint(self, path, *args, **kwargs):
+            Path(path).mkdir(parents=True, exist_ok=True)
+
+    trainer = object.__new__(PPOTrainerSync)
+    trainer.config, trainer.trainer_mode, trainer.use_critic = config, "sync", False
+    trainer.actor_rollout_wg = Actor()
+    trainer.train_dataloader = SimpleNamespace(state_dict=lambda: {"cursor": 3})
+    trainer.checkpoint_callback = build_checkpoint_callback(config)
+    return trainer
+
+
+def test_verls_save_writes_the_prior_and_a_resume_restores_it(tmp_path, capsys):
+    trainer = verl_trainer(tmp_path)
+    assert isinstance(trainer.checkpoint_callback, ev.EBPOCheckpointCallback)
+    ev.HOLDER.get("ebpo")(torch.tensor([1.0, 0.0, 1.0, 1.0]), ["a", "a", "b", "b"])
+    expected = ev.HOLDER.state_dict()
+    trainer.global_steps = 3
+    trainer._save_checkpoint()  # verl's own: actor, data.pt, the mark, then the callback's on_save
+    ckpt = tmp_path / "ckpt"
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "3"
+    assert torch.load(ckpt / "global_step_3" / ESTIMATOR_STATE_FILE, weights_only=False) == expected
+
+    # a resume: verl builds the callback before it loads the checkpoint; the callback restores the prior of
+    # the checkpoint resume_mode=auto picks
+    ev.HOLDER.reset()
+    verl_trainer(tmp_path)
+    ev.HOLDER.get("ebpo")
+    assert ev.HOLDER.state_dict() == expected
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "[ebpo]" in line]
+    assert len(warnings) == 2 and all("verl's launcher runs 'ebpo'" in line for line in warnings)  # one each
+
+
+def test_a_marked_checkpoint_without_the_prior_stops_the_resume(tmp_path, capsys):
+    # verl marks step 4 complete before it calls on_save; a kill in between leaves the mark without the prior
+    ckpt = tmp_path / "ckpt"
+    for step in (2, 4):
+        (ckpt / f"global_step_{step}").mkdir(parents=True)
+    ev.HOLDER.get("ebpo")(torch.tensor([1.0, 0.0]), ["a", "a"])
+    ev.save_estimator_state(ckpt / "global_step_2")
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("4")
+    ev.HOLDER.reset()
+    with pytest.raises(ValueError) as stopped:
+        verl_trainer(tmp_path)
+    message = str(stopped.value)
+    assert "\n" not in message and f"{ckpt / 'global_step_4'} has no {ESTIMATOR_STATE_FILE}" in message
+    assert f"trainer.resume_from_path={ckpt / 'global_step_2'}" in message
+    # a checkpoint of another trainer (no prior anywhere): one warning line, an empty prior
+    (ckpt / "global_step_2" / ESTIMATOR_STATE_FILE).unlink()
+    capsys.readouterr()
+    ev.HOLDER.reset()
+    verl_trainer(tmp_path)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "empty prior" in line]
+    assert len(lines) == 1 and str(ckpt / "global_step_4" / ESTIMATOR_STATE_FILE) in lines[0]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the replay buffer through verl's custom-sampler keys
+# ----------------------------------------------------------------------------------------------------------
+def test_verls_custom_sampler_keys_build_our_buffer_with_the_trainers_settings(tmp_path):
+    trainer = verl_trainer(
+        tmp_path,
+        *BUFFER,
+        "data.train_batch_size=8",
+        "+algorithm.ebpo.prior_memory=50",
+        "algorithm.filter_groups.enable=True",
+        "algorithm.filter_groups.metric=acc",
+    )
+    buffer = trainer._build_replay_buffer()  # verl's own: custom buffers get its generic arguments only
+    assert isinstance(buffer, v1.EBPOReplayBuffer)
+    expected = v1.replay_buffer_settings(trainer.config)
+    assert buffer.estimator == "ebpo" and buffer.estimator_options == {"prior_memory": 50}
+    assert buffer.filter_groups_metric == "acc" == expected["filter_groups_metric"]
+    assert buffer.train_batch_size == 8 and buffer.gen_batch_size == expected["gen_batch_size"] == 1
+    assert not ev.HOLDER.filter_in_estimator  # v1's buffer filters; the estimator must not filter again
+
+
+def test_verls_launcher_builds_our_callback_which_stops_a_resume_without_the_prior(tmp_path):
+    # verl's real launcher on this CPU machine: Hydra, Ray, verl's task runner and trainer; our callback is
+    # built in the trainer (the plugin registered it there), finds the marked checkpoint without a prior and
+    # stops the run, before verl would look for GPUs
+    if not entry_point_installed():
+        pytest.skip(
+            "ebpo's verl.plugins entry point is not installed here (pip install -e .[verl] installs it)"
+        )
+    ckpt = tmp_path / "ckpt"
+    for step in (2, 4):
+        (ckpt / f"global_step_{step}").mkdir(parents=True)
+    ev.HOLDER.get("ebpo")(torch.tensor([1.0, 0.0]), ["a", "a"])
+    ev.save_estimator_state(ckpt / "global_step_2")
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("4")
+    env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_PLATFORM")}
+    env.update({"OMP_NUM_THREADS": "1", "RAY_TMPDIR": "/tmp", "HYDRA_FULL_ERROR": "0"})
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "verl.trainer.main_ppo",
+            "algorithm.adv_estimator=ebpo",
+            CALLBACK,
+            f"trainer.default_local_dir={ckpt}",
+            "trainer.resume_mode=auto",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",  # what verl's config checks ask for
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+            "ray_kwargs.ray_init.num_cpus=4",  # the task runner and TransferQueue's two actors
+            "+ray_kwargs.ray_init.include_dashboard=False",
+            "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=400,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert output.count("[ebpo] WARNING: verl's launcher runs 'ebpo' without: ebpo/* metrics") == 1
+    assert f"{ckpt / 'global_step_4'} has no {ESTIMATOR_STATE_FILE}" in output
+    assert f"trainer.resume_from_path={ckpt / 'global_step_2'}" in output
