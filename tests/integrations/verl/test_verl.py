@@ -5,6 +5,7 @@ rollout-correction rejection, group filtering, the CPU mode's pieces. Runs in th
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -336,6 +337,51 @@ def test_topic_stream_goes_on_after_a_resume_at_an_epoch_boundary(verl_parquet, 
     # not a clustered sampler (verl's own RandomSampler): nothing written, nothing loaded
     assert ev.save_sampler_state(tmp_path / "other", object()) is None
     assert not ev.load_sampler_state(folder, object())
+
+
+@pytest.mark.parametrize("taken", [6, 25])  # in the middle of a stream batch; in the second epoch
+def test_a_resume_goes_on_with_the_first_prompt_not_handed_out(verl_parquet, tmp_path, tiny_model_dir, taken):
+    """verl's v1 trainer under algorithm.filter_groups fetches prompts one at a time (gen_batch_size=1) and
+    stops anywhere in a stream batch; the cursor it saves in data.pt (and ebpo_sampler.pt) is the first prompt
+    not handed out, so the resumed run fetches exactly the prompts the uninterrupted one would."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    path, records = verl_parquet
+    cfg = data_config(tmp_path, "TopicSampler", batch_size=4)  # stream batches of 4, fetched one by one
+
+    def one_at_a_time():
+        dataset, sampler, _ = build_loader(path, cfg, tiny_model_dir)
+        loader = StatefulDataLoader(
+            dataset, batch_size=1, sampler=sampler, collate_fn=collate_fn, num_workers=0
+        )
+        return sampler, loader
+
+    def fetch(loader, count: int, iterator=None) -> tuple[list[int], Any]:
+        out = []
+        while len(out) < count:
+            try:
+                out += batch_ids(next(iterator))
+            except (StopIteration, TypeError):  # an epoch ends (or no iterator yet): verl starts the next
+                iterator = iter(loader)
+        return out, iterator
+
+    _, loader = one_at_a_time()
+    uninterrupted, _ = fetch(loader, taken + 10)
+    stream = get_sampler("topic", [r.topic for r in records], 4, seed=5)
+    assert uninterrupted == [i for _ in range(9) for i in stream.next_batch()][: taken + 10]
+
+    sampler, loader = one_at_a_time()
+    before, iterator = fetch(loader, taken)
+    state = loader.state_dict()  # what verl writes to data.pt
+    ev.save_sampler_state(tmp_path / "ckpt", sampler)  # and we to ebpo_sampler.pt
+    resumed_sampler, resumed = one_at_a_time()
+    resumed.load_state_dict(state)
+    after, _ = fetch(resumed, 10, iterator=None if taken % 24 == 0 else iter(resumed))
+    assert before + after == uninterrupted
+    # ebpo_sampler.pt holds the same cursor (verl's v1 restores it at an epoch boundary)
+    _, other = one_at_a_time()
+    assert torch.load(tmp_path / "ckpt" / ev.SAMPLER_STATE_FILE, weights_only=False) == sampler.state_dict()
 
 
 def test_sampler_class_name_that_is_no_class_is_named(tmp_path):

@@ -2,12 +2,15 @@
 ``cls(data_source, data_config)``).
 
 Their cursor is saved in verl's own ``data.pt`` (torchdata's ``StatefulDataLoader`` stores the sampler's
-``state_dict``), so a resumed run continues the same order, also after the first epoch.
+``state_dict``), so a resumed run continues the same order, also after the first epoch. The cursor is the
+prompts handed out, not the stream's look-ahead: the stream takes a whole batch at a time, while verl's v1
+trainer under ``algorithm.filter_groups`` fetches prompts one by one and stops anywhere in a batch; a resume
+goes on with the first prompt not yet handed out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ebpo.data.samplers import StreamSampler, get_sampler
@@ -59,6 +62,28 @@ class ClusteredSampler(StreamSampler):
         )
         super().__init__(stream)
         self.data_source = data_source
+        self._handed_out: tuple[int, int] | None = None  # (epoch, position) after the last index yielded
+
+    def __iter__(self) -> Iterator[int]:
+        # StreamSampler advances the stream by whole batches (position += batch size) before yielding their
+        # indices: the first batch of this pass started at position - batch_size
+        start = None
+        for count, index in enumerate(super().__iter__(), start=1):
+            if start is None:
+                start = self.stream.position - self.stream.batch_size
+            self._handed_out = (self.stream.epoch, start + count)
+            yield index
+
+    def state_dict(self) -> dict[str, Any]:
+        """The stream's state with its cursor at the first prompt not yet handed out."""
+        state = super().state_dict()
+        if self._handed_out is not None and self._handed_out[0] == state["epoch"]:
+            state["position"] = self._handed_out[1]
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._handed_out = None
 
 
 class TopicSampler(ClusteredSampler):
