@@ -1,254 +1,92 @@
-"""EBPO through verl's legacy Ray trainer on the CPU: ``python -m ebpo.integrations.verl trainer.device=cpu
-trainer.use_v1=false`` (verl's v1 trainer: ``test_verl_v1_e2e.py``).
+"""EBPO through verl's own trainers on the CPU, end to end: the runs of ``conftest.py`` (``python -m
+ebpo.integrations.verl trainer.device=cpu`` with the quickstart's overrides), read back from what verl wrote:
+its file logger's metrics, its rollout dumps (``trainer.rollout_data_dir``) and the checkpoints.
 
-Two real runs of the entry point with the overrides of ``examples/verl/cpu_quickstart.py`` (Ray on this
-machine, FSDP2 actor on gloo, the ``ebpo_cpu`` rollout sampling with the actor's current weights), on the tiny
-``arith`` model the quickstart fine-tunes for a second so that it answers ``max`` problems about a third of the
-time:
-
-- run A: steps 1..8 from scratch (checkpoints at steps 4 and 8);
-- run B: ``trainer.resume_mode=auto`` on A's checkpoints, steps 9..16.
-
-verl dumps every step's scored rollouts (``trainer.rollout_data_dir``; ``balance_batch=False`` keeps each
-prompt's n responses contiguous), which is the ground truth the prior is compared with.
+v1 dumps each step's rows sorted by key ``{uid}_{session}_{index}``: a group's rows together, groups in uid
+order, which is the order the prompts were fetched (``ebpo.integrations.verl.v1.prompt_uid``). The legacy
+trainer dumps the batch in the order it was trained (``balance_batch`` reorders it across ranks).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
-import threading
-import time
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
 import torch
 
 pytest.importorskip("verl")
+pytest.importorskip("transfer_queue")
 from ebpo.integrations.compat import trl_conflict  # noqa: E402
 
 if trl_conflict():
     pytest.skip(trl_conflict(), allow_module_level=True)
 
+from verl_helpers import (  # noqa: E402
+    CPU_SECONDS,
+    WALL_SECONDS,
+    actor_weights,
+    assert_prior_equal,
+    dumped_rows,
+    replay,
+    saved_prior,
+    slope,
+    step_groups,
+    step_metrics,
+    step_prompts,
+    step_rewards,
+    stream_prompts,
+)
+from verl_positional_reward import successes  # noqa: E402
+
 import ebpo  # noqa: E402
 from ebpo.integrations import ESTIMATOR_STATE_FILE  # noqa: E402
+from ebpo.integrations.verl.checkpoint import SAMPLER_STATE_FILE  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# the runs start with the session (conftest.py); a test waits for the ones it reads
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-QUICKSTART = Path(__file__).resolve().parents[3] / "examples" / "verl" / "cpu_quickstart.py"
-
-
-def load_quickstart():
-    """``examples/verl/cpu_quickstart.py``, the laptop command docs/integrations.md gives: tested as shipped."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("cpu_quickstart", QUICKSTART)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+N = 16  # the quickstart's responses per prompt
+RANKS_N = 4
 
 
-quickstart = load_quickstart()
-PROMPTS, N = quickstart.PROMPTS, quickstart.N
+def timing(*names: str) -> str:
+    return ", ".join(
+        f"{name} {WALL_SECONDS[name]:.0f} s wall / {CPU_SECONDS[name]:.0f} s CPU" for name in names
+    )
 
 
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
-    return quickstart.prepare(tmp_path_factory.mktemp("verl-e2e"))
-
-
-def session_pids(sid: int) -> list[int]:
-    """Processes of session ``sid`` (the launched entry point and everything Ray started under it)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.getsid(int(entry)) == sid:
-                    pids.append(int(entry))
-            except OSError:
-                pass
-    return pids
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of one process so far (0 if it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-class SessionCPU:
-    """Samples the CPU time of every process of a session (Ray's workers are not our children, so
-    ``os.times()`` misses them); the total loses at most the last sampling interval of each process."""
-
-    def __init__(self, sid: int, interval: float = 0.25) -> None:
-        self.sid, self.interval, self.seen = sid, interval, {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            for pid in session_pids(self.sid):
-                self.seen[pid] = max(self.seen.get(pid, 0.0), _cpu_seconds(pid))
-
-    def stop(self) -> float:
-        self._stop.set()
-        self._thread.join()
-        return sum(self.seen.values())
-
-
-CPU_SECONDS: dict[str, float] = {}
-
-
-def run_entry_point(
-    root: Path, name: str, steps: int, *overrides: str, timeout: float = 280
-) -> tuple[int, str]:
-    """``python -m ebpo.integrations.verl`` in its own session; every process of the session is gone after.
-    verl's file logger writes each step's metrics to ``<name>.metrics.jsonl``."""
-    log = root / f"{name}.log"
-    args = [
-        sys.executable,
-        "-m",
-        "ebpo.integrations.verl",
-        *quickstart.verl_overrides(
-            root, steps=steps, save_freq=4, experiment=name, rollouts=f"{name}-rollouts"
-        ),
-        "trainer.logger=[console,file]",
-        *overrides,
-    ]
-    ray_tmp = tempfile.mkdtemp(prefix="ebpo-ray-", dir="/tmp")  # Ray's socket paths must stay under 107 bytes
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": ray_tmp}
-    env["VERL_FILE_LOGGER_PATH"] = str(root / f"{name}.metrics.jsonl")
-    env.pop("VERL_PLATFORM", None)
-    with open(log, "w") as out:
-        process = subprocess.Popen(
-            args, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        cpu = SessionCPU(process.pid)
-        try:
-            code = process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            code = -1
-        finally:
-            for _ in range(50):  # Ray's own processes, then anything left of the session
-                pids = session_pids(process.pid)
-                if not pids:
-                    break
-                for pid in pids:
-                    try:
-                        os.kill(pid, signal.SIGKILL if _ > 20 else signal.SIGTERM)
-                    except OSError:
-                        pass
-                time.sleep(0.2)
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-            shutil.rmtree(ray_tmp, ignore_errors=True)
-            CPU_SECONDS[name] = cpu.stop()
-    assert not session_pids(process.pid), f"processes of {name} left behind"
-    return code, log.read_text()
-
-
-def step_metrics(path: Path) -> dict[int, dict[str, float]]:
-    """verl's file logger (one JSON line per step: ``{"step": N, "data": {...}}``) -> {N: {key: value}}."""
-    out = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            out[int(row["step"])] = {k: v for k, v in row["data"].items() if isinstance(v, int | float)}
-    return out
-
-
-def step_rewards(folder: Path) -> dict[int, torch.Tensor]:
-    """verl's dumped rollouts: {step: rewards in batch order}."""
-    out = {}
-    for path in folder.glob("*.jsonl"):
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        out[int(path.stem)] = torch.tensor([row["score"] for row in rows], dtype=torch.float32)
-    return out
-
-
-def step_prompts(folder: Path) -> dict[int, list[str]]:
-    """verl's dumped rollouts: {step: the step's prompts in batch order} (one per group of N rows)."""
-    out = {}
-    for path in folder.glob("*.jsonl"):
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        prompts = [row["input"].strip() for row in rows]
-        assert all(prompts[i] == prompts[i - i % N] for i in range(len(prompts))), path  # N rows per prompt
-        out[int(path.stem)] = prompts[::N]
-    return out
-
-
-def sampler_prompts(root: Path, steps: int) -> list[list[str]]:
-    """The prompts of the first ``steps`` batches of ebpo's own topic stream over the training parquet (seed
-    0, batch PROMPTS): what verl must draw through ``data.sampler`` = ebpo's TopicSampler."""
+def prompt_index(root: Path) -> dict[str, int]:
+    """Prompt text -> its ``extra_info.index`` in ``root/train.parquet``."""
     import pandas as pd
 
-    from ebpo.data.samplers import get_sampler
-
     frame = pd.read_parquet(root / "train.parquet")
-    prompts = [row[0]["content"].strip() for row in frame["prompt"]]
-    topics = [info["topic"] for info in frame["extra_info"]]
-    stream = get_sampler("topic", topics, PROMPTS, seed=0)
-    return [[prompts[i] for i in stream.next_batch()] for _ in range(steps)]
-
-
-def replay_prior(rewards_by_step: list[torch.Tensor]) -> dict:
-    """The core estimator fed the same steps (group of row i = i // N): the state the prior must have."""
-    est = ebpo.get_estimator("ebpo")
-    for rewards_N in rewards_by_step:
-        est(rewards_N, torch.arange(len(rewards_N)) // N)
-    return est.state_dict()["prior"]
-
-
-def assert_prior_equal(saved, expected, path: str = "prior") -> None:
-    """Equal structure, numbers equal to float64 rounding (groups are visited in another order)."""
-    if isinstance(expected, dict):
-        assert set(saved) == set(expected), path
-        for key in expected:
-            assert_prior_equal(saved[key], expected[key], f"{path}.{key}")
-    elif isinstance(expected, list | tuple):
-        assert len(saved) == len(expected), path
-        for i, (a, b) in enumerate(zip(saved, expected)):
-            assert_prior_equal(a, b, f"{path}[{i}]")
-    elif isinstance(expected, int | float | torch.Tensor):
-        assert float(saved) == pytest.approx(float(expected), rel=1e-9, abs=1e-12), path
-    else:
-        assert saved == expected, path
-
-
-def test_ebpo_trains_through_verls_trainer_and_resumes(workdir):
-    started = time.perf_counter()
-    code_a, log_a = run_entry_point(workdir, "run_a", 8, "trainer.use_v1=false")
-    assert code_a == 0, log_a[-4000:]
-    code_b, log_b = run_entry_point(workdir, "run_b", 16, "trainer.use_v1=false", "trainer.resume_mode=auto")
-    assert code_b == 0, log_b[-4000:]
-    metrics = {
-        **step_metrics(workdir / "run_a.metrics.jsonl"),
-        **step_metrics(workdir / "run_b.metrics.jsonl"),
+    return {
+        row[0]["content"].strip(): int(info["index"])
+        for row, info in zip(frame["prompt"], frame["extra_info"])
     }
-    rewards = {**step_rewards(workdir / "run_a-rollouts"), **step_rewards(workdir / "run_b-rollouts")}
-    assert sorted(metrics) == list(range(1, 17)) and sorted(rewards) == list(range(1, 17))
-    assert all(len(rewards[s]) == PROMPTS * N for s in rewards)
 
-    # verl draws the prompts through ebpo's TopicSampler, and the resumed run continues its stream from the
-    # cursor saved in verl's data.pt: B's step 9 is the stream's 9th batch (the 16 prompts form one batch
-    # per epoch, reshuffled every epoch; a sampler restarted on resume would repeat step 1's order)
-    prompts = {**step_prompts(workdir / "run_a-rollouts"), **step_prompts(workdir / "run_b-rollouts")}
-    expected = sampler_prompts(workdir, 16)
-    assert [prompts[s] for s in range(1, 17)] == expected
-    assert expected[8] != expected[0] and sorted(expected[8]) == sorted(expected[0])
 
-    # ebpo/* metrics reach verl's logger every step; the rollout is the actor's: the rollout's log-probs
-    # equal the actor's recomputation with its current weights (stale weights would differ by far more)
+# ----------------------------------------------------------------------------------------------------------
+# v1: the quickstart
+# ----------------------------------------------------------------------------------------------------------
+def test_v1_learns_and_its_prior_is_a_replay_of_every_reward(e2e):
+    e2e.succeeded("v1_a")
+    qs = e2e.root_of("v1_a")
+    metrics = step_metrics(qs / "v1_a.metrics.jsonl")
+    rewards = step_rewards(qs / "v1_a-rollouts")
+    assert sorted(metrics) == sorted(rewards) == list(range(1, 9))
+    assert all(len(rewards[s]) == 16 * N for s in rewards)
+
+    # each step's prompts, in the order they were fetched, are a batch of ebpo's topic stream (the 16 prompts
+    # reshuffled every epoch): data.sampler = TopicSampler
+    prompts = step_prompts(qs / "v1_a-rollouts", N)
+    expected = stream_prompts(qs, "topic", 16, 8)
+    assert [prompts[s] for s in range(1, 9)] == expected and expected[1] != expected[0]
+
+    # ebpo/* metrics every step; the rollout samples with the actor's current weights (its log-probs equal
+    # the actor's recomputation; stale weights would differ by far more)
     for step, values in metrics.items():
         assert {"ebpo/mu_glob", "ebpo/shrinkage", "ebpo/tau2", "groups/all_fail"} <= set(values), step
         assert values["training/rollout_probs_diff_max"] < 1e-4, (
@@ -256,39 +94,253 @@ def test_ebpo_trains_through_verls_trainer_and_resumes(workdir):
             values["training/rollout_probs_diff_max"],
         )
 
-    # the prior holds exactly the rewards of the steps run: A's checkpoint at step 8 = the core estimator fed
-    # A's steps 1..8; its mean is the mean of every reward seen
-    saved_8 = torch.load(workdir / "ckpt" / "global_step_8" / ESTIMATOR_STATE_FILE, weights_only=False)
-    prior_8 = saved_8["ebpo"]["state"]["prior"]
-    assert_prior_equal(prior_8, replay_prior([rewards[s] for s in range(1, 9)]))
-    seen_8 = torch.cat([rewards[s] for s in range(1, 9)])
-    assert int(prior_8["W_glob"]["count"]) == len(seen_8) == 8 * PROMPTS * N
-    assert float(prior_8["W_glob"]["mean"]) == pytest.approx(seen_8.double().mean().item(), abs=1e-12)
-    assert metrics[8]["ebpo/mu_glob"] == pytest.approx(seen_8.double().mean().item(), abs=1e-6)
+    # the prior holds exactly the rewards of the steps run: the core estimator fed the same steps
+    for step in (4, 8):
+        prior = saved_prior(qs, step, "ckpt_a")
+        assert_prior_equal(prior, replay([([], rewards[s], None) for s in range(1, step + 1)], N))
+        assert int(prior["W_glob"]["count"]) == step * 16 * N
+    seen = torch.cat([rewards[s] for s in range(1, 9)]).double()
+    assert metrics[8]["ebpo/mu_glob"] == pytest.approx(seen.mean().item(), abs=1e-6)
 
-    # the resumed run continued A's prior: its step-16 prior = the core estimator fed A's steps 1..8 and then
-    # B's steps 9..16 (a prior restarted empty would hold half as many rewards)
-    assert "Setting global step to 8" in log_b
-    prior_16 = torch.load(workdir / "ckpt" / "global_step_16" / ESTIMATOR_STATE_FILE, weights_only=False)
-    prior_16 = prior_16["ebpo"]["state"]["prior"]
-    assert_prior_equal(prior_16, replay_prior([rewards[s] for s in range(1, 17)]))
-    assert int(prior_16["W_glob"]["count"]) == 16 * PROMPTS * N
-
-    # the training reward rises (same 16 prompts every step: the change is the policy's). The least-squares
-    # slope over the 16 steps uses every step (per-step noise: 256 samples, std <= 0.031); the runs measured
-    # 0.016 per step here (0.010-0.013 at n = 8), an in-process simulation of this setup 0.009-0.019. A policy
-    # that did not learn has slope 0 +- 0.002.
-    per_step = [rewards[s].mean().item() for s in range(1, 17)]
-    start, end = sum(per_step[:3]) / 3, sum(per_step[-3:]) / 3
-    steps_mean, reward_mean = 8.5, sum(per_step) / 16
-    slope = sum((s - steps_mean) * (r - reward_mean) for s, r in zip(range(1, 17), per_step)) / sum(
-        (s - steps_mean) ** 2 for s in range(1, 17)
-    )
-    wall = time.perf_counter() - started
-    cpu = CPU_SECONDS["run_a"] + CPU_SECONDS["run_b"]
+    # the training reward rises (the same 16 prompts every step: the change is the policy's). Per-step noise:
+    # 256 samples, std <= 0.031, so the slope over 8 steps has std <= 0.005; the quickstart rose 0.43 -> 0.79
+    # over 16 steps (0.022 per step); a policy that did not learn has slope 0
+    per_step = [rewards[s].mean().item() for s in range(1, 9)]
     print(
-        f"\n[verl e2e] reward per step {' '.join(f'{r:.3f}' for r in per_step)}; first 3 {start:.3f}, "
-        f"last 3 {end:.3f}, slope {slope:.4f}/step; prior mean at 8 {float(prior_8['W_glob']['mean']):.4f}, "
-        f"at 16 {float(prior_16['W_glob']['mean']):.4f}; wall {wall:.0f} s, CPU of both runs' processes {cpu:.0f} s"
+        f"\n[verl v1] reward per step {' '.join(f'{r:.3f}' for r in per_step)}, slope {slope(per_step):.4f}; {timing('v1_a')}"
     )
-    assert slope >= 0.005 and end > start, per_step
+    assert slope(per_step) >= 0.008, per_step
+
+
+def test_the_same_command_gives_the_same_rewards_and_weights(e2e):
+    # v1_b runs v1_a's command (its own checkpoint folder) for 2 steps: the same responses and rewards in every
+    # group, the same weights, the same prior. The rollout seeds each request from the run's seed, the weights'
+    # version, the prompt and its draw; prompts are named by their place in the run, a group's rows ordered by
+    # draw: nothing depends on which request arrived first
+    e2e.succeeded("v1_a", "v1_b")
+    qs = e2e.root_of("v1_a")
+    a, b = step_groups(qs / "v1_a-rollouts"), step_groups(qs / "v1_b-rollouts")
+    assert sorted(b) == [1, 2] and all(b[s] == a[s] for s in (1, 2))
+    assert len({reward for _, members in a[1] for _, reward in members}) > 1  # not one constant reward
+    weights_a, weights_b = actor_weights(qs, 2, "ckpt_a"), actor_weights(qs, 2, "ckpt_b")
+    assert weights_a.keys() == weights_b.keys()
+    assert all(torch.equal(weights_a[name], weights_b[name]) for name in weights_a)
+    later = actor_weights(qs, 4, "ckpt_a")
+    assert any(not torch.equal(later[name], weights_a[name]) for name in weights_a)  # the weights do move
+    prior_a, prior_b = (
+        torch.load(qs / c / "global_step_2" / ESTIMATOR_STATE_FILE, weights_only=False)
+        for c in ("ckpt_a", "ckpt_b")
+    )
+    assert prior_a == prior_b
+    print(f"\n[verl v1 twice] {timing('v1_b')}")
+
+
+def test_a_resumed_run_goes_on_exactly_as_the_uninterrupted_one(e2e):
+    # v1_c resumes v1_b's step-2 checkpoint and runs steps 3-4: v1_a's steps 3-4 exactly (the weights, the
+    # optimizer, the prior, the topic stream's cursor and the rollout seeds all come back)
+    e2e.succeeded("v1_a", "v1_c")
+    qs = e2e.root_of("v1_a")
+    code, log = e2e.result("v1_c")
+    assert "setting global step to 2" in log
+    a, c = step_groups(qs / "v1_a-rollouts"), step_groups(qs / "v1_c-rollouts")
+    assert sorted(c) == [3, 4] and all(c[s] == a[s] for s in (3, 4))
+    weights_a, weights_c = actor_weights(qs, 4, "ckpt_a"), actor_weights(qs, 4, "ckpt_b")
+    assert all(torch.equal(weights_a[name], weights_c[name]) for name in weights_a)
+    for name in (ESTIMATOR_STATE_FILE, SAMPLER_STATE_FILE):
+        state_a, state_c = (
+            torch.load(qs / c / "global_step_4" / name, weights_only=False) for c in ("ckpt_a", "ckpt_b")
+        )
+        assert state_a == state_c, name
+    metrics_a, metrics_c = step_metrics(qs / "v1_a.metrics.jsonl"), step_metrics(qs / "v1_c.metrics.jsonl")
+    for step in (3, 4):
+        for key in ("ebpo/mu_glob", "ebpo/tau2", "ebpo/shrinkage"):
+            assert metrics_c[step][key] == metrics_a[step][key], (step, key)
+    print(f"\n[verl v1 resumed] {timing('v1_c')}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# v1: DAPO's filter with the topic stream
+# ----------------------------------------------------------------------------------------------------------
+def test_v1_dapo_evicted_groups_reach_the_prior_once_and_the_stream_goes_on(e2e):
+    e2e.succeeded("v1_dapo")
+    qs, n = e2e.root_of("v1_dapo"), 4
+    metrics = step_metrics(qs / "v1_dapo.metrics.jsonl")
+    rows = dumped_rows(qs / "v1_dapo-rollouts")
+    rewards = step_rewards(qs / "v1_dapo-rollouts")
+    assert sorted(metrics) == sorted(rewards) == [1, 2, 3, 4]
+
+    # every step trains on a full batch of kept groups: the evicted groups' rows are gone and replaced by
+    # fresh prompts (a masked group would still be dumped, with its equal rewards)
+    for step, values in rewards.items():
+        assert len(values) == 8 * n, step
+        groups = values.view(8, n)
+        assert bool((groups.max(dim=1).values > groups.min(dim=1).values).all()), (step, groups)
+
+    # every group verl cleared untrained (evicted, or surplus of a refill) reached the prior exactly once:
+    # our buffer's dump of the observed groups holds as many as verl counted, each evicted one with equal
+    # rewards, no uid twice; the prior = the core estimator fed, per step, those groups and then the batch
+    text_of = {i: text for text, i in prompt_index(qs).items()}
+    steps, evicted_total, fetched = [], 0, {}
+    for step in range(1, 5):
+        evicted = int(metrics[step].get("training/filter_groups/evicted_samples", 0))
+        surplus = int(metrics[step].get("training/filter_groups/discarded_surplus_samples", 0))
+        path = qs / "v1_dapo-rollouts" / "observed" / f"{step}.jsonl"
+        observed = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+        assert len(observed) == evicted + surplus == int(metrics[step].get("ebpo/observed_groups", 0)), step
+        assert all(len(group["rewards"]) == n for group in observed), step
+        assert sum(len(set(group["rewards"])) == 1 for group in observed) >= evicted, step
+        steps.append(([torch.tensor(group["rewards"]) for group in observed], rewards[step], None))
+        evicted_total += evicted
+        fetched.update({group["uid"]: text_of[group["index"]] for group in observed})
+        fetched.update({row["uid"].rsplit("_", 2)[0]: row["input"].strip() for row in rows[step]})
+    assert evicted_total > 0, "no group was filtered: the test did not exercise the filter"
+    prior = saved_prior(qs, 4, "ckpt_dapo")
+    assert_prior_equal(prior, replay(steps, n))
+    assert int(prior["W_glob"]["count"]) == 4 * 8 * n + sum(len(observed) for observed, _, _ in steps) * n
+
+    # the prompts were fetched one at a time, in the topic stream's order, none skipped or repeated: the
+    # trained and the cleared groups, in the order their uids say they were fetched, are the stream's start
+    order = [fetched[uid] for uid in sorted(fetched)]
+    stream = stream_prompts(qs, "topic", 8, 1 + len(order) // 8)
+    assert order == [text for batch in stream for text in batch][: len(order)]
+    print(f"\n[verl v1 dapo] groups evicted {evicted_total}, fetched {len(order)}; {timing('v1_dapo')}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# v1 on 2 ranks: the curriculum and a cluster prior, with a resume
+# ----------------------------------------------------------------------------------------------------------
+def test_v1_two_ranks_curriculum_and_cluster_prior_across_a_resume(e2e):
+    # 2 FSDP ranks, balance_batch (it reorders rows across the ranks), DifficultySampler (easiest first),
+    # prior_scope=cluster over two topics; the reward ignores the response (answer mod 3, halved). Steps 1-2,
+    # then a resume at step 2 for steps 3-4.
+    e2e.succeeded("v1r_a", "v1r_b")
+    root = e2e.root_of("v1r_a")
+    code, log = e2e.result("v1r_b")
+    assert "setting global step to 2" in log
+    shards = sorted(p.name for p in (root / "ckpt" / "global_step_4" / "actor").glob("model_world_size_*"))
+    assert shards == ["model_world_size_2_rank_0.pt", "model_world_size_2_rank_1.pt"]
+
+    import pandas as pd
+
+    frame = pd.read_parquet(root / "train.parquet")
+    info = {row[0]["content"].strip(): extra for row, extra in zip(frame["prompt"], frame["extra_info"])}
+    rows = {**dumped_rows(root / "v1r_a-rollouts"), **dumped_rows(root / "v1r_b-rollouts")}
+    assert sorted(rows) == [1, 2, 3, 4]
+    # each step's prompts are the curriculum's next batch, easiest first, also across the resume
+    expected = stream_prompts(root, "difficulty", 4, 4)
+    for step in range(1, 5):
+        prompts = [row["input"].strip() for row in rows[step]][::RANKS_N]
+        assert prompts == expected[step - 1], step
+    from ebpo.data.samplers import get_sampler
+
+    difficulty = [float(extra["difficulty"]) for extra in frame["extra_info"]]
+    stream = get_sampler("difficulty", difficulty, 4, seed=0)
+    pass_rates = [difficulty[i] for _ in range(4) for i in stream.next_batch()]
+    assert pass_rates == sorted(pass_rates, reverse=True) and len(set(pass_rates)) == 16  # easiest first
+
+    # the prior = the core estimator with one prior per topic, fed every step's rewards with their topics
+    steps = []
+    for step in range(1, 5):
+        rewards = torch.tensor([row["score"] for row in rows[step]])
+        assert rewards.tolist() == [(int(row["gts"]) % 3) / 2 for row in rows[step]]
+        steps.append(([], rewards, [info[row["input"].strip()]["topic"] for row in rows[step]]))
+    options = {"prior_scope": "cluster", "cluster_min_groups": 2}
+    assert_prior_equal(saved_prior(root, 4), replay(steps, RANKS_N, **options))
+    metrics = {**step_metrics(root / "v1r_a.metrics.jsonl"), **step_metrics(root / "v1r_b.metrics.jsonl")}
+    assert sorted(metrics) == [1, 2, 3, 4]
+    assert all("ebpo/cluster_prior_frac" in metrics[s] for s in metrics)
+    print(f"\n[verl v1 2 ranks] {timing('v1r_a', 'v1r_b')}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the legacy trainer on 2 ranks: filter_groups, balance_batch, a resume
+# ----------------------------------------------------------------------------------------------------------
+def unreordered(rows: list[dict]) -> list[dict]:
+    """The step's batch as generated, before ``balance_batch``: groups contiguous, in order of first
+    appearance (the estimator's output per row depends on the row's reward, its group and the batch only)."""
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        groups[row["uid"]].append(row)
+    return [row for members in groups.values() for row in members]
+
+
+def replay_filtered(steps: list[list[dict]]):
+    """The core estimator fed each step as the adapter feeds it: saturated groups to ``observe``, the rest
+    to ``est``; returns (estimator, per step the advantage of every row of the un-reordered batch)."""
+    est = ebpo.get_estimator("ebpo")
+    advantages = []
+    for rows in steps:
+        rewards = torch.tensor([row["score"] for row in rows], dtype=torch.float64)
+        uids = [row["uid"] for row in rows]
+        by_group: dict[str, list[float]] = defaultdict(list)
+        for uid, r in zip(uids, rewards.tolist()):
+            by_group[uid].append(r)
+        saturated = torch.tensor([len(set(by_group[uid])) == 1 for uid in uids])
+        kept = ~saturated
+        est.observe(rewards[saturated], [u for u, s in zip(uids, saturated.tolist()) if s])
+        adv = torch.zeros(len(rows), dtype=torch.float64)
+        adv[kept] = est(rewards[kept], [u for u, k in zip(uids, kept.tolist()) if k]).double()
+        advantages.append(adv)
+    return est, advantages
+
+
+def test_legacy_two_ranks_with_filter_groups_and_a_resume(e2e):
+    # verl's legacy trainer (trainer.use_v1=false): 2 ranks, balance_batch, algorithm.filter_groups with the
+    # positional reward (verl_positional_reward.py: each prompt's group has a fixed number of successes every
+    # step, prompts 0 and 4 saturated, so filtered), steps 1-2 then a resume at step 2 for steps 3-4
+    e2e.succeeded("legacy_a", "legacy_b")
+    root = e2e.root_of("legacy_a")
+    code, log = e2e.result("legacy_b")
+    assert "Setting global step to 2" in log
+    rows = {**dumped_rows(root / "legacy_a-rollouts"), **dumped_rows(root / "legacy_b-rollouts")}
+    assert sorted(rows) == [1, 2, 3, 4]
+    index = prompt_index(root)
+
+    # every group's rewards are the positional reward's: index mod (N + 1) successes out of N
+    for step_rows in rows.values():
+        assert len(step_rows) == 8 * RANKS_N
+        groups = defaultdict(list)
+        for row in step_rows:
+            groups[row["uid"]].append((row["input"].strip(), row["score"]))
+        assert len(groups) == 8
+        for members in groups.values():
+            assert len({prompt for prompt, _ in members}) == 1 and len(members) == RANKS_N
+            assert sum(score for _, score in members) == successes(index[members[0][0]], RANKS_N)
+
+    # each step's prompts are one epoch of the topic stream (8 prompts, reshuffled every epoch), also across
+    # the resume, which falls on an epoch boundary (verl skips data.pt there; ebpo_sampler.pt carries on)
+    expected = stream_prompts(root, "topic", 8, 4)
+    for step in range(1, 5):
+        firsts = [row["input"].strip() for row in unreordered(rows[step])][::RANKS_N]
+        assert sorted(firsts) == sorted(expected[step - 1])
+    assert expected[2] != expected[0]
+    uid_order = {step: list(dict.fromkeys(row["uid"] for row in rows[step])) for step in rows}
+    assert all(len(uids) == 8 for uids in uid_order.values())
+
+    # balance_batch reordered the batches: some group's rows are not contiguous
+    def contiguous(step_rows):
+        uids = [row["uid"] for row in step_rows]
+        return all(uids[i] == uids[i + 1] or uids[i] not in uids[i + 1 :] for i in range(len(uids) - 1))
+
+    assert not all(contiguous(rows[s]) for s in rows)
+
+    # every row's advantage = the estimator's on the un-reordered batch (priors carried over the steps, also
+    # across the resume); the prior after the run: a replay of every reward the driver saw
+    replayed, expected_adv = replay_filtered([unreordered(rows[s]) for s in range(1, 5)])
+    for step in range(1, 5):
+        got = torch.tensor([row["advantage"] for row in unreordered(rows[step])], dtype=torch.float64)
+        torch.testing.assert_close(got, expected_adv[step - 1], rtol=1e-5, atol=1e-6)
+    prior = saved_prior(root, 4)
+    assert int(prior["W_glob"]["count"]) == 4 * 8 * RANKS_N  # filtered groups counted once
+    assert_prior_equal(prior, replayed.state_dict()["prior"])
+
+    # the filtered steps trained: finite losses; ebpo/* metrics; the rollout used the current weights
+    metrics = {
+        **step_metrics(root / "legacy_a.metrics.jsonl"),
+        **step_metrics(root / "legacy_b.metrics.jsonl"),
+    }
+    for step, values in metrics.items():
+        assert torch.isfinite(torch.tensor(values["actor/pg_loss"])), step
+        assert {"ebpo/mu_glob", "ebpo/shrinkage"} <= set(values), step
+        assert values["training/rollout_probs_diff_max"] < 1e-4, step
+    print(f"\n[verl legacy 2 ranks] {timing('legacy_a', 'legacy_b')}")

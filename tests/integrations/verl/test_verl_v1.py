@@ -1,6 +1,6 @@
 """ebpo on verl's v1 trainer, piece by piece, against verl 0.9.1's own classes (no Ray): the replay buffer's
 observation of cleared groups, checkpoint ordering and restore, cluster keys, the async-mode refusal, the
-settings handed to the buffer. The end-to-end runs are in ``test_verl_v1_e2e.py``."""
+settings handed to the buffer. The end-to-end runs are in ``test_verl_e2e.py``."""
 
 from __future__ import annotations
 
@@ -145,7 +145,10 @@ class FakeTransferQueue:
         return {"train": dict(self.tags)}
 
     def kv_batch_get(self, keys, partition_id, select_fields=None):
-        columns = {"rm_scores": self.scores, "extra_fields": self.extra}
+        rows = {
+            key: {"index": ord(key[0])} for key in self.scores
+        }  # extra_info.index: the uid's first letter
+        columns = {"rm_scores": self.scores, "extra_fields": self.extra, "extra_info": rows}
         return {field: [columns[field][key] for key in keys] for field in select_fields}
 
     def kv_clear(self, keys, partition_id):
@@ -168,7 +171,7 @@ def make_buffer(monkeypatch, fake: FakeTransferQueue, observed_dir=None, **setti
     return v1.EBPOReplayBuffer(
         trainer_mode="sync",
         trainer_config={},
-        max_off_policy_threshold=None,
+        max_off_policy_threshold=8,  # verl's default (sync mode never reaches it)
         max_off_policy_strategy="drop",
         sampler_kwargs={"ebpo": ebpo_settings},
         refill_fn=lambda count: pytest.fail(f"no refill expected, asked for {count}"),
@@ -206,7 +209,8 @@ def test_dapo_evicted_and_surplus_groups_reach_the_prior_once(monkeypatch, tmp_p
     assert metrics["ebpo/observed_reward_sum"] == sum(groups["a"]) + sum(groups[surplus])
     lines = (tmp_path / "3.jsonl").read_text().splitlines()
     assert sorted(lines) == sorted(
-        f'{{"uid": "{uid}", "rewards": {[float(r) for r in groups[uid]]}}}' for uid in ("a", surplus)
+        f'{{"uid": "{uid}", "rewards": {[float(r) for r in groups[uid]]}, "index": {ord(uid)}}}'
+        for uid in ("a", surplus)
     )
     # the prior holds exactly those 8 rewards: the core estimator observing the same two groups
     est = ev.HOLDER.get("ebpo")

@@ -91,75 +91,174 @@ class SessionCPU:
 CPU_SECONDS: dict[str, float] = {}
 
 
-class Launch:
-    """``python -m ebpo.integrations.verl`` with the quickstart's overrides, then ``overrides`` (a later value of a
-    key wins), in a session of its own; verl's file logger writes each step's metrics to
-    ``root/<name>.metrics.jsonl``, its rollout dump goes to ``root/<name>-rollouts``, the output to
-    ``root/<name>.log``. :meth:`wait` returns (exit code, output) once every process of the session is gone."""
+def entry_point(root: Path, name: str, steps: int, *overrides: str) -> list[str]:
+    """``python -m ebpo.integrations.verl`` with the quickstart's overrides for ``root``, then ``overrides`` (a
+    later value of a key wins; ``++key=value`` for the quickstart's ``+`` keys); its rollout dump goes to
+    ``root/<name>-rollouts``, verl's file logger (:class:`Launch`) to ``root/<name>.metrics.jsonl``."""
+    return [
+        sys.executable,
+        "-m",
+        "ebpo.integrations.verl",
+        *quickstart.verl_overrides(root, steps=steps, experiment=name, rollouts=f"{name}-rollouts"),
+        "trainer.logger=[console,file]",
+        *overrides,
+    ]
 
-    def __init__(self, root: Path, name: str, steps: int, *overrides: str) -> None:
+
+class Launch:
+    """``command`` in ``root`` in a process session of its own, its output in ``root/<name>.log``, verl's file
+    logger writing to ``root/<name>.metrics.jsonl``. :meth:`wait` returns (exit code, output) once every
+    process of the session is gone (killed after ``timeout``)."""
+
+    def __init__(self, root: Path, name: str, command: list[str], env: dict[str, str] | None = None) -> None:
         self.root, self.name = root, name
         self.log = root / f"{name}.log"
-        args = [
-            sys.executable,
-            "-m",
-            "ebpo.integrations.verl",
-            *quickstart.verl_overrides(root, steps=steps, experiment=name, rollouts=f"{name}-rollouts"),
-            "trainer.logger=[console,file]",
-            *overrides,
-        ]
         self.ray_tmp = tempfile.mkdtemp(prefix="ebpo-ray-", dir="/tmp")  # Ray's socket paths: < 107 bytes
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": self.ray_tmp}
-        env["VERL_FILE_LOGGER_PATH"] = str(root / f"{name}.metrics.jsonl")
-        env.pop("VERL_PLATFORM", None)
+        full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": self.ray_tmp}
+        full_env["VERL_FILE_LOGGER_PATH"] = str(root / f"{name}.metrics.jsonl")
+        for key in ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES"):
+            full_env.pop(key, None)
+        full_env.update(env or {})
+        self.started = time.perf_counter()
         self._out = open(self.log, "w")
         self.process = subprocess.Popen(
-            args, cwd=root, env=env, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            cwd=root,
+            env=full_env,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         self.cpu = SessionCPU(self.process.pid)
 
-    def wait(self, timeout: float = 400) -> tuple[int, str]:
+    def wait(self, timeout: float = 600) -> tuple[int, str]:
         try:
-            code = self.process.wait(timeout=timeout)
+            code = self.process.wait(timeout=max(1.0, timeout - (time.perf_counter() - self.started)))
         except subprocess.TimeoutExpired:
             code = -1
         finally:
-            for attempt in range(50):  # Ray's own processes, then anything left of the session
-                pids = session_pids(self.process.pid)
-                if not pids:
-                    break
-                for pid in pids:
-                    try:
-                        os.kill(pid, signal.SIGKILL if attempt > 20 else signal.SIGTERM)
-                    except OSError:
-                        pass
-                time.sleep(0.2)
-            if self.process.poll() is None:
-                self.process.kill()
-                self.process.wait()
-            self._out.close()
-            shutil.rmtree(self.ray_tmp, ignore_errors=True)
-            CPU_SECONDS[self.name] = self.cpu.stop()
+            self.stop()
         assert not session_pids(self.process.pid), f"processes of {self.name} left behind"
         return code, self.log.read_text()
 
+    def stop(self) -> None:
+        """End every process of the session (Ray's own processes, then anything left)."""
+        for attempt in range(50):
+            pids = session_pids(self.process.pid)
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL if attempt > 20 else signal.SIGTERM)
+                except OSError:
+                    pass
+            time.sleep(0.2)
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        if not self._out.closed:
+            self._out.close()
+            shutil.rmtree(self.ray_tmp, ignore_errors=True)
+            CPU_SECONDS[self.name] = self.cpu.stop()
+            WALL_SECONDS[self.name] = time.perf_counter() - self.started
 
-def run_entry_point(
-    root: Path, name: str, steps: int, *overrides: str, timeout: float = 400
-) -> tuple[int, str]:
-    """One :class:`Launch`, waited for."""
-    return Launch(root, name, steps, *overrides).wait(timeout)
+
+#: wall seconds of every run, by name
+WALL_SECONDS: dict[str, float] = {}
 
 
-def run_together(root: Path, runs: dict[str, tuple], timeout: float = 600) -> dict[str, str]:
-    """Several :class:`Launch` es at once (each mostly waits on its processes: two share 2 cores well);
-    ``runs``: name -> (steps, *overrides). Returns name -> output; a run that fails fails the test."""
-    launches = {name: Launch(root, name, steps, *extra) for name, (steps, *extra) in runs.items()}
-    logs = {}
-    for name, launch in launches.items():
-        code, logs[name] = launch.wait(timeout)
-        assert code == 0, f"{name}: exit {code}\n{logs[name][-4000:]}"
-    return logs
+class RayCluster:
+    """One local Ray cluster that the session's runs join (``+ray_kwargs.ray_init.address=...``) instead of
+    starting one each: a Python process that starts it with :func:`ray.init` and keeps it up, in a process
+    session of its own (ended by :meth:`stop`, nothing else touched). ``resources``: the logical CPUs and the
+    CPU mode's device slots every run at once may reserve."""
+
+    def __init__(self, root: Path, num_cpus: int, slots: int, attempts: int = 3) -> None:
+        from ebpo.integrations.verl.cpu.platform import CPU_SLOT_RESOURCE
+
+        root.mkdir(parents=True, exist_ok=True)
+        code = (
+            "import ray, sys, time\n"
+            f"ray.init(num_cpus={num_cpus}, resources={{{CPU_SLOT_RESOURCE!r}: {slots}}}, include_dashboard=False, "
+            "object_store_memory=512 * 1024 * 1024)\n"
+            "print('ADDRESS', ray.get_runtime_context().gcs_address, flush=True)\n"
+            "while True:\n    time.sleep(3600)\n"
+        )
+        self.address = None
+        for attempt in range(attempts):  # Ray waits a fixed 30 s for its raylet: a loaded machine may miss it
+            self.launch = Launch(root, f"ray-head-{attempt}", [sys.executable, "-c", code])
+            deadline = time.perf_counter() + 240
+            while time.perf_counter() < deadline and self.launch.process.poll() is None:
+                found = [
+                    line.split()[1]
+                    for line in self.launch.log.read_text().splitlines()
+                    if line.startswith("ADDRESS ")
+                ]
+                if found:
+                    self.address = found[0]
+                    return
+                time.sleep(0.5)
+            self.launch.stop()
+        raise RuntimeError(f"no Ray cluster after {attempts} attempts; see {root}/ray-head-*.log")
+
+    def stop(self) -> None:
+        self.launch.stop()
+
+
+class Lanes:
+    """Runs, lane after lane at once: each lane starts its runs one after the other (a run of a lane may
+    use what an earlier one of its lane wrote). A verl run spends much of its time waiting on its own
+    processes, so two lanes keep 2 cores busy where one leaves them half idle.
+
+    ``lanes``: lists of ``(name, root, command)``; :meth:`result` waits for one run and returns its
+    (exit code, output)."""
+
+    def __init__(self, lanes: list[list[tuple[str, Path, list[str]]]], timeout: float = 900) -> None:
+        self.lanes, self.timeout = lanes, timeout
+        self.results: dict[str, tuple[int, str]] = {}
+        self.done = {name: threading.Event() for lane in lanes for name, _, _ in lane}
+        self.running: dict[str, Launch] = {}
+        self._stopped = False
+        self.threads = [threading.Thread(target=self._run, args=(lane,), daemon=True) for lane in lanes]
+
+    def start(self) -> Lanes:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def _run(self, lane: list[tuple[str, Path, list[str]]]) -> None:
+        for name, root, command in lane:
+            try:
+                if self._stopped:
+                    raise RuntimeError("stopped")
+                self.running[name] = launch = Launch(root, name, command)
+                self.results[name] = launch.wait(self.timeout)
+            except BaseException as error:  # a run that could not start: the tests that need it fail
+                self.results[name] = (-2, f"{type(error).__name__}: {error}")
+            finally:
+                self.done[name].set()
+
+    def root_of(self, name: str) -> Path:
+        """The folder run ``name`` ran in."""
+        return next(root for lane in self.lanes for run, root, _ in lane if run == name)
+
+    def result(self, name: str) -> tuple[int, str]:
+        """(exit code, output) of run ``name``, once it has ended."""
+        self.done[name].wait()
+        return self.results[name]
+
+    def succeeded(self, *names: str) -> None:
+        """Fail the calling test, with the end of the output, unless every run named ended with status 0."""
+        for name in names:
+            code, log = self.result(name)
+            assert code == 0, f"run {name} ended with status {code}:\n{log[-4000:]}"
+
+    def stop(self) -> None:
+        self._stopped = True
+        for launch in list(self.running.values()):
+            launch.stop()
+        for thread in self.threads:
+            thread.join(timeout=60)
 
 
 # ---------------------------------------------------------------------------------------------------------

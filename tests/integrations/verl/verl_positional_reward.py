@@ -1,5 +1,5 @@
 """A verl ``compute_score`` whose rewards depend only on the prompt and the sample's position, for
-tests/integrations/verl/test_verl_ranks.py (``reward.custom_reward_function.path=<this file>``).
+the legacy 2-rank runs of conftest.py (``reward.custom_reward_function.path=<this file>``).
 
 Prompt ``index`` (its ``extra_info.index``) gets ``index mod (N + 1)`` successes among its N samples of a
 step: calls for one prompt are counted in the reward worker, and the k-th call (k mod N) of a step scores 1

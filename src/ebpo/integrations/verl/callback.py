@@ -25,7 +25,20 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from verl.trainer.ppo.checkpoint_callback import CheckpointCallback
+try:
+    from verl.trainer.ppo.checkpoint_callback import CheckpointCallback
+
+    #: whether this verl has ``trainer.checkpoint_callback_class`` (0.9.1 does, 0.9.0 does not)
+    CALLBACK_AVAILABLE = True
+except ImportError:  # verl 0.9.0: the warning says the prior cannot be checkpointed under verl's launcher
+
+    class CheckpointCallback:  # type: ignore[no-redef]
+        """verl 0.9.1's base class, for this module to import on a verl without it."""
+
+        def __init__(self, config: Any = None) -> None:
+            self.config = config
+
+    CALLBACK_AVAILABLE = False
 
 from ebpo.integrations.verl.checkpoint import (
     resolve_resume_folder,
@@ -41,7 +54,14 @@ from ebpo.integrations.verl.estimators import (
 )
 from ebpo.integrations.verl.registration import REGISTERED
 
-__all__ = ["CALLBACK_KEY", "SWITCH", "EBPOCheckpointCallback", "launcher_gaps", "warn_about_launcher"]
+__all__ = [
+    "CALLBACK_AVAILABLE",
+    "CALLBACK_KEY",
+    "SWITCH",
+    "EBPOCheckpointCallback",
+    "launcher_gaps",
+    "warn_about_launcher",
+]
 
 CALLBACK_KEY = "trainer.checkpoint_callback_class=ebpo.integrations.verl.EBPOCheckpointCallback"
 BUFFER_KEYS = (
@@ -69,7 +89,9 @@ def launcher_gaps(config: Any, *, callback: bool) -> list[str]:
     """
     gaps = ["ebpo/* metrics (verl's trainer has no hook after the advantage)"]
     v1 = bool(_get(config, "trainer.use_v1", True))
-    if not callback or not v1:
+    if not CALLBACK_AVAILABLE:
+        gaps.append("a checkpointed prior (a resume restarts it empty): this verl has no checkpoint callback")
+    elif not callback or not v1:
         gaps.append(
             "a checkpointed prior (a resume restarts it empty): "
             + (f"add {CALLBACK_KEY}" if v1 else "verl's legacy trainer calls no checkpoint callback")

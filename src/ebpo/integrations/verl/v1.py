@@ -153,7 +153,8 @@ class EBPOReplayBuffer(ReplayBuffer):
     Failed groups (a session errored: incomplete) are not observed. A cleared group is gone from
     TransferQueue, so each reaches the prior once. Each step's metrics gain ``ebpo/observed_groups`` and
     ``ebpo/observed_reward_sum``; with ``observed_dir`` set (``trainer.rollout_data_dir``/observed) the
-    observed groups are written to ``<step>.jsonl`` there, one ``{"uid", "rewards"}`` line per group.
+    observed groups are written to ``<step>.jsonl`` there, one ``{"uid", "rewards", "index"}`` line per group
+    (``index``: the dataset row, its ``extra_info.index``, where the data has one).
 
     The batch it hands the trainer lists each group's rows in the order the rollout drew them
     (``extra_fields["ebpo_draw"]`` of the CPU rollout, else verl's session number), groups in uid order:
@@ -195,9 +196,10 @@ class EBPOReplayBuffer(ReplayBuffer):
         self.observed_dir = settings.pop("observed_dir", None)
         super().__init__(trainer_mode=trainer_mode, sampler_kwargs=extra, **settings, **kwargs)
         self._observed: list[tuple[str, list[float]]] = []
+        self._observed_rows: dict[str, int] = {}
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int):
-        self._observed = []
+        self._observed, self._observed_rows = [], {}
         batch, metrics = super().sample(
             global_steps=global_steps, partition_id=partition_id, batch_size=batch_size
         )
@@ -250,7 +252,8 @@ class EBPOReplayBuffer(ReplayBuffer):
         keys = sorted(key for key in self.partitions[partition_id] if key.split("_")[0] in wanted)
         if not keys:
             return
-        data = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=["rm_scores"])
+        fields = ["rm_scores", "extra_info"] if self.observed_dir else ["rm_scores"]
+        data = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=fields)
         rewards = [float(value.sum().item()) for value in data["rm_scores"]]
         index = [key.split("_")[0] for key in keys]
         observe_groups(
@@ -264,10 +267,19 @@ class EBPOReplayBuffer(ReplayBuffer):
         for uid, reward in zip(index, rewards):
             by_uid.setdefault(uid, []).append(reward)
         self._observed.extend(by_uid.items())
+        if self.observed_dir:  # the dataset row of each group (its extra_info.index), for the dump
+            infos = data["extra_info"]
+            for uid, info in zip(index, infos.tolist() if hasattr(infos, "tolist") else list(infos)):
+                if isinstance(info, dict) and info.get("index") is not None:
+                    self._observed_rows.setdefault(uid, int(info["index"]))
 
     def _dump(self, global_steps: int) -> None:
         journal = Journal(os.path.join(self.observed_dir, f"{global_steps}.jsonl"))
-        journal.append({"uid": uid, "rewards": rewards} for uid, rewards in self._observed)
+        journal.append(
+            {"uid": uid, "rewards": rewards}
+            | ({"index": self._observed_rows[uid]} if uid in self._observed_rows else {})
+            for uid, rewards in self._observed
+        )
 
 
 class EBPOTrainerSync(PPOTrainerSync):

@@ -1,0 +1,212 @@
+"""The verl end-to-end runs, started once for the whole session in two lanes (``verl_helpers.Lanes``) as soon as
+the session's first test runs, so they overlap the unit tests; the tests of ``test_verl_e2e.py`` and
+``test_verl_plugin.py`` wait for the runs they read.
+
+Every run is ``python -m ebpo.integrations.verl trainer.device=cpu`` with the quickstart's overrides
+(``examples/verl/cpu_quickstart.py``: a tiny ``arith`` model fine-tuned for a second, the ``ebpo_cpu``
+rollout, FSDP2 on gloo), then its own:
+
+| lane | run | trainer | what it is for |
+|---|---|---|---|
+| 1 | ``v1_a`` | v1 | the quickstart for 8 steps, checkpoints every 2: learning, prior = replay, topic stream |
+| 1 | ``v1_dapo`` | v1 | ``algorithm.filter_groups`` with the topic stream, 4 steps: evicted groups in the prior once |
+| 1 | ``legacy_a``, ``legacy_b`` | legacy | 2 ranks, ``balance_batch``, ``filter_groups``, a resume at step 2 |
+| 2 | ``v1_b`` | v1 | ``v1_a``'s command again for 2 steps (reproducible) |
+| 2 | ``v1_c`` | v1 | a resume of ``v1_b`` at step 2, to step 4 (= ``v1_a``'s steps 3-4) |
+| 2 | ``v1r_a``, ``v1r_b`` | v1 | 2 ranks, ``DifficultySampler``, ``prior_scope=cluster``, a resume at step 2 |
+| 2 | ``launcher`` | verl's own | ``python -m verl.trainer.main_ppo`` stopped by our checkpoint callback |
+"""
+
+from __future__ import annotations
+
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from verl_helpers import Lanes, RayCluster, entry_point, quickstart
+
+HERE = Path(__file__).resolve().parent
+#: responses per prompt in the 2-rank runs, and the positional reward's group size
+RANKS_N = 4
+
+
+def legacy_data(root: Path) -> Path:
+    """8 ``max`` prompts (one stream batch per epoch) for the legacy 2-rank runs."""
+    from ebpo.integrations.verl.data import write_verl_parquet
+    from ebpo.tasks import arith
+
+    root.mkdir(parents=True, exist_ok=True)
+    quickstart.sft_arith_model(root / "model")
+    train = arith.generate("train", 8, seed=0, topics=["max"], levels=[1])
+    write_verl_parquet(train, root / "train.parquet", data_source="arith", instruction="")
+    write_verl_parquet(train[:2], root / "val.parquet", data_source="arith", instruction="")
+    return root
+
+
+def curriculum_data(root: Path) -> Path:
+    """16 prompts of two topics (``max``, ``mod``), each with a distinct pass rate in ``extra_info.difficulty``
+    (the curriculum's key), for the v1 2-rank runs."""
+    from ebpo.integrations.verl.data import write_verl_parquet
+    from ebpo.tasks import arith
+
+    root.mkdir(parents=True, exist_ok=True)
+    quickstart.sft_arith_model(root / "model")
+    records = arith.generate("train", 8, seed=0, topics=["max"], levels=[1])
+    records += arith.generate("train", 8, seed=1, topics=["mod"], levels=[1])
+    for i, record in enumerate(records):
+        record.difficulty = ((i * 5) % 16) / 15  # all different: the curriculum's order is fixed
+    write_verl_parquet(records, root / "train.parquet", data_source="arith", instruction="")
+    write_verl_parquet(records[:2], root / "val.parquet", data_source="arith", instruction="")
+    return root
+
+
+def torn_checkpoint(root: Path) -> Path:
+    """A checkpoint folder verl marked complete at step 4 without ebpo's prior, which step 2 has."""
+    import torch
+
+    import ebpo.integrations.verl as ev
+
+    holder = ev.EstimatorHolder()
+    holder.get("ebpo")(torch.tensor([1.0, 0.0]), ["a", "a"])
+    for step in (2, 4):
+        (root / "ckpt" / f"global_step_{step}").mkdir(parents=True)
+    ev.save_estimator_state(root / "ckpt" / "global_step_2", holder)
+    (root / "ckpt" / "latest_checkpointed_iteration.txt").write_text("4")
+    return root
+
+
+def entry_point_installed() -> bool:
+    """Whether this environment has ebpo's ``verl.plugins`` entry point (``pip install -e .[verl]``)."""
+    return any(ep.name == "ebpo" for ep in metadata.entry_points(group="verl.plugins"))
+
+
+def launcher_testable() -> bool:
+    """verl's launcher with our callback needs the entry point installed and verl >= 0.9.1 (the callback key)."""
+    from ebpo.integrations.verl.callback import CALLBACK_AVAILABLE
+
+    return entry_point_installed() and CALLBACK_AVAILABLE
+
+
+def e2e_lanes(root: Path, ray_address: str) -> Lanes:
+    qs = quickstart.prepare(root / "qs")
+    legacy = legacy_data(root / "legacy")
+    curriculum = curriculum_data(root / "curriculum")
+    launcher = torn_checkpoint(root / "launcher")
+    every_2 = ("trainer.save_freq=2",)
+    dapo = (
+        "data.train_batch_size=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",  # a mini-batch: 2 prompts x 4
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32",  # a step: 8 prompts x 4
+        "algorithm.filter_groups.enable=True",
+        "algorithm.filter_groups.metric=reward",
+        f"trainer.default_local_dir={qs / 'ckpt_dapo'}",
+    )
+    legacy_runs = (
+        "trainer.use_v1=false",
+        "trainer.n_gpus_per_node=2",
+        "trainer.balance_batch=True",
+        "trainer.save_freq=2",
+        "data.train_batch_size=8",
+        f"actor_rollout_ref.rollout.n={RANKS_N}",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
+        "algorithm.filter_groups.enable=True",
+        "algorithm.filter_groups.metric=seq_reward",
+        f"reward.custom_reward_function.path={HERE / 'verl_positional_reward.py'}",
+        f"+reward.custom_reward_function.reward_kwargs.group_size={RANKS_N}",
+    )
+    curriculum_runs = (
+        "trainer.n_gpus_per_node=2",
+        "trainer.balance_batch=True",
+        "trainer.save_freq=2",
+        "data.train_batch_size=4",
+        f"actor_rollout_ref.rollout.n={RANKS_N}",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",  # 2 updates per step, 4 rows per rank each
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+        "++data.sampler.class_name=DifficultySampler",
+        "+algorithm.ebpo.prior_scope=cluster",
+        "+algorithm.ebpo.cluster_min_groups=2",
+        f"reward.custom_reward_function.path={HERE / 'verl_reward_by_answer.py'}",
+    )
+    verls_launcher = [
+        sys.executable,
+        "-m",
+        "verl.trainer.main_ppo",
+        "algorithm.adv_estimator=ebpo",
+        "trainer.checkpoint_callback_class=ebpo.integrations.verl.EBPOCheckpointCallback",
+        f"trainer.default_local_dir={launcher / 'ckpt'}",
+        "trainer.resume_mode=auto",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",  # what verl's config checks ask for
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+    ]
+    joined = f"+ray_kwargs.ray_init.address={ray_address}"
+    lanes = [
+        [
+            (
+                "v1_a",
+                qs,
+                entry_point(qs, "v1_a", 8, *every_2, f"trainer.default_local_dir={qs / 'ckpt_a'}"),
+            ),
+            ("v1_dapo", qs, entry_point(qs, "v1_dapo", 4, *dapo)),
+            ("legacy_a", legacy, entry_point(legacy, "legacy_a", 2, *legacy_runs)),
+            (
+                "legacy_b",
+                legacy,
+                entry_point(legacy, "legacy_b", 4, *legacy_runs, "trainer.resume_mode=auto"),
+            ),
+        ],
+        [
+            (
+                "v1_b",
+                qs,
+                entry_point(qs, "v1_b", 2, *every_2, f"trainer.default_local_dir={qs / 'ckpt_b'}"),
+            ),
+            (
+                "v1_c",
+                qs,
+                entry_point(
+                    qs,
+                    "v1_c",
+                    4,
+                    *every_2,
+                    f"trainer.default_local_dir={qs / 'ckpt_b'}",
+                    "trainer.resume_mode=auto",
+                ),
+            ),
+            ("v1r_a", curriculum, entry_point(curriculum, "v1r_a", 2, *curriculum_runs)),
+            (
+                "v1r_b",
+                curriculum,
+                entry_point(curriculum, "v1r_b", 4, *curriculum_runs, "trainer.resume_mode=auto"),
+            ),
+            *([("launcher", launcher, verls_launcher)] if launcher_testable() else []),
+        ],
+    ]
+    # every run joins the session's Ray cluster
+    return Lanes([[(name, folder, [*command, joined]) for name, folder, command in lane] for lane in lanes])
+
+
+@pytest.fixture(scope="session")
+def e2e(tmp_path_factory):
+    """The session's end-to-end runs (module docstring), started on first use and stopped at the end; they
+    join one Ray cluster (24 logical CPUs: a 2-rank run reserves 9; 4 device slots: two 2-rank runs)."""
+    root = tmp_path_factory.mktemp("verl-e2e")
+    cluster = RayCluster(root / "ray", num_cpus=24, slots=4)
+    lanes = e2e_lanes(root, cluster.address).start()
+    yield lanes
+    lanes.stop()
+    cluster.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _start_e2e_with_the_session(request):
+    """Start the runs with the session's first test when any collected test reads them."""
+    if any("e2e" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        request.getfixturevalue("e2e")
