@@ -11,6 +11,7 @@ rollout, FSDP2 on gloo), then its own:
 | 1 | ``v1_a`` | v1 | the quickstart for 8 steps, checkpoints every 2: learning, prior = replay, topic stream |
 | 1 | ``v1_dapo`` | v1 | ``algorithm.filter_groups`` with the topic stream, 4 steps: evicted groups in the prior once |
 | 1 | ``legacy_a``, ``legacy_b`` | legacy | 2 ranks, ``balance_batch``, ``filter_groups``, a resume at step 2 |
+| 1 | ``update_1``, ``update_2`` | verl's actor update | ``verl_update_harness.py`` on 1 and 2 ranks (``test_verl_update.py``) |
 | 2 | ``v1_b`` | v1 | ``v1_a``'s command again for 2 steps (reproducible) |
 | 2 | ``v1_c`` | v1 | a resume of ``v1_b`` at step 2, to step 4 (= ``v1_a``'s steps 3-4) |
 | 2 | ``v1r_a``, ``v1r_b`` | v1 | 2 ranks, ``DifficultySampler``, ``prior_scope=cluster``, a resume at step 2 |
@@ -24,7 +25,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from verl_helpers import Lanes, RayCluster, entry_point, quickstart
+from verl_helpers import Lanes, entry_point, quickstart, update_cases
 
 HERE = Path(__file__).resolve().parent
 #: responses per prompt in the 2-rank runs, and the positional reward's group size
@@ -88,8 +89,24 @@ def launcher_testable() -> bool:
     return entry_point_installed() and CALLBACK_AVAILABLE
 
 
-def e2e_lanes(root: Path, ray_address: str) -> Lanes:
+def update_runs(root: Path) -> list[tuple]:
+    """``verl_update_harness.py`` under ``torch.distributed.run`` on 1 and 2 CPU ranks (gloo), on a random tiny
+    model: the runs ``test_verl_update.py`` reads (``root/update-<ranks>.pt``)."""
+    from ebpo.models.tiny import build_tiny_model
+
+    model = build_tiny_model(root / "model", seed=0)
+    runs = []
+    for ranks in (1, 2):
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+        command += [str(HERE / "verl_update_harness.py"), str(model), str(root / f"update-{ranks}.pt")]
+        runs.append((f"update_{ranks}", root, [*command, *update_cases(ranks)], {"VERL_PLATFORM": "cpu"}))
+    return runs
+
+
+def e2e_lanes(root: Path) -> Lanes:
     qs = quickstart.prepare(root / "qs")
+    update = root / "update"
+    update.mkdir()
     legacy = legacy_data(root / "legacy")
     curriculum = curriculum_data(root / "curriculum")
     launcher = torn_checkpoint(root / "launcher")
@@ -101,7 +118,7 @@ def e2e_lanes(root: Path, ray_address: str) -> Lanes:
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",  # a mini-batch: 2 prompts x 4
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32",  # a step: 8 prompts x 4
         "algorithm.filter_groups.enable=True",
-        "algorithm.filter_groups.metric=reward",
+        "algorithm.filter_groups.metric=acc",  # verl's reward managers record the score as acc (0.9.0 and 0.9.1)
         f"trainer.default_local_dir={qs / 'ckpt_dapo'}",
     )
     legacy_runs = (
@@ -144,9 +161,10 @@ def e2e_lanes(root: Path, ray_address: str) -> Lanes:
         "trainer.resume_mode=auto",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",  # what verl's config checks ask for
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+        "ray_kwargs.ray_init.num_cpus=4",  # the task runner and TransferQueue's two actors
+        "+ray_kwargs.ray_init.include_dashboard=False",
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
     ]
-    joined = f"+ray_kwargs.ray_init.address={ray_address}"
     lanes = [
         [
             (
@@ -189,20 +207,30 @@ def e2e_lanes(root: Path, ray_address: str) -> Lanes:
             *([("launcher", launcher, verls_launcher)] if launcher_testable() else []),
         ],
     ]
-    # every run joins the session's Ray cluster
-    return Lanes([[(name, folder, [*command, joined]) for name, folder, command in lane] for lane in lanes])
+    return Lanes(lanes)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_holder():
+    """Every test starts and ends with an empty estimator holder (the process's ``HOLDER``)."""
+    try:
+        import ebpo.integrations.verl as ev
+    except ImportError:  # no verl here (or TRL 1.x beside it): this folder's tests skip
+        yield
+        return
+    ev.HOLDER.reset()
+    yield
+    ev.HOLDER.reset()
 
 
 @pytest.fixture(scope="session")
 def e2e(tmp_path_factory):
-    """The session's end-to-end runs (module docstring), started on first use and stopped at the end; they
-    join one Ray cluster (24 logical CPUs: a 2-rank run reserves 9; 4 device slots: two 2-rank runs)."""
-    root = tmp_path_factory.mktemp("verl-e2e")
-    cluster = RayCluster(root / "ray", num_cpus=24, slots=4)
-    lanes = e2e_lanes(root, cluster.address).start()
+    """The session's end-to-end runs (module docstring), started on first use and stopped at the end. Each
+    run starts its own Ray cluster: verl's TransferQueue is one per cluster, so two runs at once in one
+    cluster would read each other's responses."""
+    lanes = e2e_lanes(tmp_path_factory.mktemp("verl-e2e")).start()
     yield lanes
     lanes.stop()
-    cluster.stop()
 
 
 @pytest.fixture(scope="session", autouse=True)

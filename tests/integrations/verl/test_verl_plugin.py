@@ -30,11 +30,11 @@ if trl_conflict():
 
 from omegaconf import OmegaConf  # noqa: E402
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync  # noqa: E402
+from verl_helpers import verl_config  # noqa: E402
 
 import ebpo.integrations.verl as ev  # noqa: E402
 from ebpo.integrations import ESTIMATOR_STATE_FILE  # noqa: E402
 from ebpo.integrations.verl import callback, v1  # noqa: E402
-from ebpo.integrations.verl.main import _config_dir  # noqa: E402
 
 CALLBACK = "trainer.checkpoint_callback_class=ebpo.integrations.verl.EBPOCheckpointCallback"
 #: the tests of the checkpoint callback: verl 0.9.1 has trainer.checkpoint_callback_class, 0.9.0 does not
@@ -45,21 +45,6 @@ BUFFER = (
     "trainer.v1.sampler.custom_sampler.path=pkg://ebpo.integrations.verl.v1",
     "trainer.v1.sampler.custom_sampler.name=EBPOReplayBuffer",
 )
-
-
-@pytest.fixture(autouse=True)
-def _fresh_holder():
-    ev.HOLDER.reset()
-    yield
-    ev.HOLDER.reset()
-
-
-def verl_config(*overrides: str):
-    """verl's ``ppo_trainer.yaml`` composed with ``overrides``, as verl's launcher hands it to its trainer."""
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=_config_dir(), version_base=None):
-        return compose(config_name="ppo_trainer", overrides=list(overrides))
 
 
 def entry_point_installed() -> bool:
@@ -153,6 +138,14 @@ def test_the_warning_names_what_this_config_lacks_under_verls_launcher():
         callback=True,
     )
     assert not any("custom_sampler" in gap for gap in with_buffer)
+    # an async mode hands the advantage off-policy groups
+    async_gaps = callback.launcher_gaps(
+        verl_config(CALLBACK, "trainer.v1.trainer_mode=separate_async"), callback=True
+    )
+    assert any(
+        "trainer.v1.trainer_mode=separate_async" in gap and "a mini-batch at a time" in gap
+        for gap in async_gaps
+    )
     # verl's legacy trainer calls no checkpoint callback
     legacy = callback.launcher_gaps(verl_config("trainer.use_v1=false", CALLBACK), callback=True)
     assert any("legacy trainer calls no checkpoint callback" in gap for gap in legacy)

@@ -22,28 +22,12 @@ if trl_conflict():
 from omegaconf import OmegaConf  # noqa: E402
 from verl.trainer.ppo.v1 import replay_buffer as verl_buffer  # noqa: E402
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync  # noqa: E402
-from verl_helpers import LoopEBPO, loop_advantages, random_uneven_step  # noqa: E402
+from verl_helpers import LoopEBPO, loop_advantages, random_uneven_step, verl_config  # noqa: E402
 
 import ebpo  # noqa: E402
 import ebpo.integrations.verl as ev  # noqa: E402
 from ebpo.integrations import ESTIMATOR_STATE_FILE  # noqa: E402
 from ebpo.integrations.verl import v1  # noqa: E402
-from ebpo.integrations.verl.main import _config_dir  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _fresh_holder():
-    ev.HOLDER.reset()
-    yield
-    ev.HOLDER.reset()
-
-
-def verl_config(*overrides: str):
-    """verl's ``ppo_trainer.yaml`` composed with ``overrides``, as Hydra hands it to the entry point."""
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=_config_dir(), version_base=None):
-        return compose(config_name="ppo_trainer", overrides=list(overrides))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -139,7 +123,9 @@ class FakeTransferQueue:
             key = f"{uid}_{session}_0"
             self.tags[key] = {"status": "success", "global_steps": step}
             self.scores[key] = torch.tensor([0.0, reward])  # verl puts the score on the last token
-            self.extra[key] = {"global_steps": step - 1} | ({"ebpo_draw": draws[session]} if draws else {})
+            self.extra[key] = {"global_steps": step - 1, "reward_extra_info": {"acc": reward}} | (
+                {"ebpo_draw": draws[session]} if draws else {}
+            )
 
     def kv_list(self, partition_id: str | None = None):
         return {"train": dict(self.tags)}
@@ -194,7 +180,7 @@ def test_dapo_evicted_and_surplus_groups_reach_the_prior_once(monkeypatch, tmp_p
         monkeypatch,
         fake,
         observed_dir=str(tmp_path),
-        filter_groups_metric="reward",
+        filter_groups_metric="acc",  # what verl's reward managers record per response (the score: 0 or 1)
         train_batch_size=2,
         gen_batch_size=1,
     )

@@ -41,6 +41,40 @@ def load_quickstart():
 quickstart = load_quickstart()
 
 
+#: verl's loss aggregations (``actor.loss_agg_mode``), every one held to the update harness
+UPDATE_MODES = [
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+]
+
+
+def update_cases(ranks: int) -> list[str]:
+    """The cases ``verl_update_harness.py`` runs on ``ranks`` ranks (``name:worker:rows:prompts per update:mode``):
+    on 1 rank, a filtered step with ours / with the rows removed / with them zeroed, 2 prompts per update; on
+    both, the whole batch as one update (ours, and nothing filtered)."""
+    whole = [f"{m}/whole-ours:ours:ebpo:8:{m}" for m in UPDATE_MODES]
+    whole += [f"{m}/whole-none:ours:none:8:{m}" for m in ("token-mean", "seq-mean-token-mean")]
+    if ranks == 2:
+        return whole
+    one = [f"{m}/ours:ours:ebpo:2:{m}" for m in UPDATE_MODES]
+    one += [f"{m}/removed:verl:removed:2:{m}" for m in UPDATE_MODES]
+    one += [f"{m}/zeroed:verl:zeroed:2:{m}" for m in UPDATE_MODES]
+    return one + whole + [f"{m}/whole-removed:verl:removed:8:{m}" for m in UPDATE_MODES]
+
+
+def verl_config(*overrides: str):
+    """verl's ``ppo_trainer.yaml`` composed with ``overrides``, as Hydra hands it to a launcher."""
+    from hydra import compose, initialize_config_dir
+
+    from ebpo.integrations.verl.main import _config_dir
+
+    with initialize_config_dir(config_dir=_config_dir(), version_base=None):
+        return compose(config_name="ppo_trainer", overrides=list(overrides))
+
+
 # ---------------------------------------------------------------------------------------------------------
 # one run of the entry point
 # ---------------------------------------------------------------------------------------------------------
@@ -116,6 +150,9 @@ class Launch:
         self.ray_tmp = tempfile.mkdtemp(prefix="ebpo-ray-", dir="/tmp")  # Ray's socket paths: < 107 bytes
         full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": self.ray_tmp}
         full_env["VERL_FILE_LOGGER_PATH"] = str(root / f"{name}.metrics.jsonl")
+        # Ray's token authentication keeps one token per user (~/.ray/auth_token), which every cluster started
+        # on the machine rewrites: clusters of other jobs running beside ours would lock our drivers out
+        full_env["RAY_AUTH_MODE"] = "disabled"
         for key in ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES"):
             full_env.pop(key, None)
         full_env.update(env or {})
@@ -167,42 +204,8 @@ class Launch:
 WALL_SECONDS: dict[str, float] = {}
 
 
-class RayCluster:
-    """One local Ray cluster that the session's runs join (``+ray_kwargs.ray_init.address=...``) instead of
-    starting one each: a Python process that starts it with :func:`ray.init` and keeps it up, in a process
-    session of its own (ended by :meth:`stop`, nothing else touched). ``resources``: the logical CPUs and the
-    CPU mode's device slots every run at once may reserve."""
-
-    def __init__(self, root: Path, num_cpus: int, slots: int, attempts: int = 3) -> None:
-        from ebpo.integrations.verl.cpu.platform import CPU_SLOT_RESOURCE
-
-        root.mkdir(parents=True, exist_ok=True)
-        code = (
-            "import ray, sys, time\n"
-            f"ray.init(num_cpus={num_cpus}, resources={{{CPU_SLOT_RESOURCE!r}: {slots}}}, include_dashboard=False, "
-            "object_store_memory=512 * 1024 * 1024)\n"
-            "print('ADDRESS', ray.get_runtime_context().gcs_address, flush=True)\n"
-            "while True:\n    time.sleep(3600)\n"
-        )
-        self.address = None
-        for attempt in range(attempts):  # Ray waits a fixed 30 s for its raylet: a loaded machine may miss it
-            self.launch = Launch(root, f"ray-head-{attempt}", [sys.executable, "-c", code])
-            deadline = time.perf_counter() + 240
-            while time.perf_counter() < deadline and self.launch.process.poll() is None:
-                found = [
-                    line.split()[1]
-                    for line in self.launch.log.read_text().splitlines()
-                    if line.startswith("ADDRESS ")
-                ]
-                if found:
-                    self.address = found[0]
-                    return
-                time.sleep(0.5)
-            self.launch.stop()
-        raise RuntimeError(f"no Ray cluster after {attempts} attempts; see {root}/ray-head-*.log")
-
-    def stop(self) -> None:
-        self.launch.stop()
+#: what Ray raises when its raylet did not register within its fixed 30 s (a machine too loaded)
+RAY_START_TIMEOUT = "The current node timed out during startup"
 
 
 class Lanes:
@@ -210,13 +213,13 @@ class Lanes:
     use what an earlier one of its lane wrote). A verl run spends much of its time waiting on its own
     processes, so two lanes keep 2 cores busy where one leaves them half idle.
 
-    ``lanes``: lists of ``(name, root, command)``; :meth:`result` waits for one run and returns its
-    (exit code, output)."""
+    ``lanes``: lists of ``(name, root, command)`` or ``(name, root, command, env)``; :meth:`result` waits for
+    one run and returns its (exit code, output)."""
 
-    def __init__(self, lanes: list[list[tuple[str, Path, list[str]]]], timeout: float = 900) -> None:
+    def __init__(self, lanes: list[list[tuple]], timeout: float = 900) -> None:
         self.lanes, self.timeout = lanes, timeout
         self.results: dict[str, tuple[int, str]] = {}
-        self.done = {name: threading.Event() for lane in lanes for name, _, _ in lane}
+        self.done = {run[0]: threading.Event() for lane in lanes for run in lane}
         self.running: dict[str, Launch] = {}
         self._stopped = False
         self.threads = [threading.Thread(target=self._run, args=(lane,), daemon=True) for lane in lanes]
@@ -226,13 +229,18 @@ class Lanes:
             thread.start()
         return self
 
-    def _run(self, lane: list[tuple[str, Path, list[str]]]) -> None:
-        for name, root, command in lane:
+    def _run(self, lane: list[tuple]) -> None:
+        for name, root, command, *env in lane:
             try:
-                if self._stopped:
-                    raise RuntimeError("stopped")
-                self.running[name] = launch = Launch(root, name, command)
-                self.results[name] = launch.wait(self.timeout)
+                for _attempt in range(2):
+                    if self._stopped:
+                        raise RuntimeError("stopped")
+                    self.running[name] = launch = Launch(root, name, command, *env)
+                    self.results[name] = code, log = launch.wait(self.timeout)
+                    # Ray gives its raylet a fixed 30 s to register; a loaded machine can miss it: once more
+                    if code == 0 or RAY_START_TIMEOUT not in log:
+                        break
+                    launch.log.rename(launch.log.with_suffix(".first-attempt.log"))
             except BaseException as error:  # a run that could not start: the tests that need it fail
                 self.results[name] = (-2, f"{type(error).__name__}: {error}")
             finally:
@@ -240,7 +248,7 @@ class Lanes:
 
     def root_of(self, name: str) -> Path:
         """The folder run ``name`` ran in."""
-        return next(root for lane in self.lanes for run, root, _ in lane if run == name)
+        return next(run[1] for lane in self.lanes for run in lane if run[0] == name)
 
     def result(self, name: str) -> tuple[int, str]:
         """(exit code, output) of run ``name``, once it has ended."""

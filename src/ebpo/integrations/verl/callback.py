@@ -110,6 +110,12 @@ def launcher_gaps(config: Any, *, callback: bool) -> list[str]:
         options, _ = estimator_options(_get(config, "algorithm"), name)
         if options.get("prior_scope") == "cluster":
             gaps.append(f"cluster keys (algorithm.{name}.prior_scope=cluster stops at the first step)")
+    mode = str(_get(config, "trainer.v1.trainer_mode", "sync"))
+    if v1 and mode != "sync":
+        gaps.append(
+            f"whole batches of one policy (trainer.v1.trainer_mode={mode} hands the advantage off-policy groups"
+            f"{', a mini-batch at a time' if mode == 'separate_async' else ''}; our launcher refuses it)"
+        )
     if v1 and bool(_get(config, "algorithm.filter_groups.enable", False)):
         custom = to_plain(_get(config, "trainer.v1.sampler.custom_sampler", {})) or {}
         if custom.get("name") != "EBPOReplayBuffer":

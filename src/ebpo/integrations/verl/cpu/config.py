@@ -15,7 +15,7 @@ from typing import Any
 from ebpo.integrations.verl.cpu.platform import CPU_SLOT_RESOURCE
 from ebpo.integrations.verl.estimators import to_plain
 
-__all__ = ["CPU_DEFAULTS", "CPU_ENV", "RAY_START_KEYS", "apply_cpu_mode", "overridden_keys", "ray_cpus"]
+__all__ = ["CPU_DEFAULTS", "CPU_ENV", "apply_cpu_mode", "overridden_keys", "ray_cpus"]
 
 FP32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
 
@@ -53,16 +53,16 @@ CPU_DEFAULTS: dict[str, Any] = {
     "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
 }
 
-#: settings that start a Ray cluster, left out when the run connects to a running one
-RAY_START_KEYS = (
-    "ray_kwargs.ray_init.num_cpus",
-    "ray_kwargs.ray_init.include_dashboard",
-    "ray_kwargs.ray_init.object_store_memory",
-)
-
 #: environment of every Ray process of a CPU run (the driver's, which Ray's processes inherit, and
-#: ``runtime_env``): verl's platform override, and our module loaded by ``import verl`` everywhere.
-CPU_ENV = {"VERL_PLATFORM": "cpu", "RAY_DEDUP_LOGS": "0", "TOKENIZERS_PARALLELISM": "false"}
+#: ``runtime_env``): verl's platform override, and our module loaded by ``import verl`` everywhere; TransferQueue
+#: aggregates tensors with one torch thread, as every other process of the run computes (its default, 8, exceeds a
+#: laptop's cores and it warns at every call)
+CPU_ENV = {
+    "VERL_PLATFORM": "cpu",
+    "RAY_DEDUP_LOGS": "0",
+    "TOKENIZERS_PARALLELISM": "false",
+    "TQ_NUM_THREADS": "1",
+}
 
 
 def overridden_keys(overrides: Iterable[str]) -> set[str]:
@@ -91,25 +91,18 @@ def _with_module(value: str | None, module: str) -> str:
 def apply_cpu_mode(config: Any, user_keys: Iterable[str] = ()) -> list[str]:
     """Apply :data:`CPU_DEFAULTS` (except keys in ``user_keys``) and :data:`CPU_ENV`; returns the keys set.
 
-    Also declares one Ray resource :data:`CPU_SLOT_RESOURCE` per training process (unless the run connects to
-    a running cluster, ``ray_kwargs.ray_init.address``, which must have them) and makes every Ray process import
-    ``ebpo.integrations.verl`` (``VERL_USE_EXTERNAL_MODULES``), where the CPU platform is registered before verl
-    resolves its platform.
+    Also declares one Ray resource :data:`CPU_SLOT_RESOURCE` per training process and makes every Ray
+    process import ``ebpo.integrations.verl`` (``VERL_USE_EXTERNAL_MODULES``), where the CPU platform is
+    registered before verl resolves its platform.
     """
     from omegaconf import OmegaConf, open_dict
 
     user = set(user_keys)
     applied = []
-    # a Ray cluster that is already running (ray_kwargs.ray_init.address): Ray refuses resource settings from a
-    # driver that connects; the cluster must have been started with the CPU slots (ray start --head
-    # --resources='{"ebpo_cpu_slot": N}')
-    connecting = bool(OmegaConf.select(config, "ray_kwargs.ray_init.address"))
     with open_dict(config):
         for key, value in CPU_DEFAULTS.items():
             parent, _, leaf = key.rpartition(".")
             if key in user or (parent and OmegaConf.select(config, parent) is None):
-                continue
-            if connecting and key in RAY_START_KEYS:
                 continue
             OmegaConf.update(config, key, value, merge=False, force_add=True)
             applied.append(key)
@@ -117,10 +110,9 @@ def apply_cpu_mode(config: Any, user_keys: Iterable[str] = ()) -> list[str]:
         init = config.ray_kwargs.ray_init
         if "ray_kwargs.ray_init.num_cpus" in applied:
             init.num_cpus = ray_cpus(config)
-        if not connecting:
-            resources = dict(to_plain(init.get("resources", None)) or {})
-            resources.setdefault(CPU_SLOT_RESOURCE, slots)
-            init.resources = resources
+        resources = dict(to_plain(init.get("resources", None)) or {})
+        resources.setdefault(CPU_SLOT_RESOURCE, slots)
+        init.resources = resources
         env = dict(CPU_ENV)
         env["VERL_USE_EXTERNAL_MODULES"] = _with_module(
             os.environ.get("VERL_USE_EXTERNAL_MODULES"), "ebpo.integrations.verl"
