@@ -52,7 +52,7 @@ test-main: $(STAMP)
 	$(PY) -m pytest -q --durations=10
 
 test-verl: $(VERL_STAMP)
-	$(VERL_PY) -m pytest -q --durations=0 --durations-min=5 $(VERL_TESTS)
+	$(VERL_PY) -m pytest -q --durations=15 $(VERL_TESTS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples tools

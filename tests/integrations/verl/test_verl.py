@@ -875,6 +875,48 @@ def test_registration_import_is_cheap():
     assert result.stdout.strip() == "['dr_grpo', 'ebpo', 'jspo', 'reinforce_pp_baseline'] []"
 
 
+def test_the_quiet_log_shows_a_repeated_message_once_and_verbose_turns_it_off(monkeypatch):
+    import logging
+    import warnings
+
+    from ebpo.integrations.verl import quiet
+
+    monkeypatch.setenv(quiet.QUIET_ENV, "1")
+    monkeypatch.delenv(quiet.VERBOSE_ENV, raising=False)
+    assert quiet.quiet_requested()
+    monkeypatch.setenv(quiet.VERBOSE_ENV, "1")
+    assert not quiet.quiet_requested()  # VERBOSE=1: every message
+
+    logger = logging.getLogger(quiet.ONCE_LOGGERS[0])
+    before = list(logger.filters)
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    handler = Keep()
+    logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings():
+            quiet.install()
+            quiet.install()  # idempotent: one filter
+            assert sum(isinstance(f, quiet._Once) for f in logger.filters) == 1
+            for _ in range(3):
+                logger.warning("No model-specific builder for %s", "llama")
+            logger.warning("No model-specific builder for %s", "qwen")  # another message: shown
+            assert records == ["No model-specific builder for llama", "No model-specific builder for qwen"]
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("default")
+                quiet.install()
+                warnings.warn("megatron engine is not available: no module", UserWarning, stacklevel=1)
+                warnings.warn("something else", UserWarning, stacklevel=1)
+            assert [str(w.message) for w in caught] == ["something else"]
+    finally:
+        logger.removeHandler(handler)
+        logger.filters[:] = before
+
+
 def test_trl_1x_is_detected_with_one_line(tmp_path):
     # a `trl` without AutoModelForCausalLMWithValueHead (what TRL 1.x is to verl): import fails with one line;
     # the CLI prints it and exits 2. A trl that has the class (verl's pinned 0.27) passes.

@@ -259,6 +259,7 @@ def test_verls_custom_sampler_keys_build_our_buffer_with_the_trainers_settings(t
     assert not ev.HOLDER.filter_in_estimator  # v1's buffer filters; the estimator must not filter again
 
 
+@pytest.mark.slow  # reads a run of the session's end-to-end runs (conftest.py)
 @needs_callback
 def test_verls_launcher_builds_our_callback_which_stops_a_resume_without_the_prior(e2e):
     # verl's real launcher on this CPU machine (run "launcher" of conftest.py): Hydra, Ray, verl's task runner
