@@ -11,7 +11,6 @@ rollout, FSDP2 on gloo), then its own:
 | 1 | ``v1_a`` | v1 | the quickstart for 8 steps, checkpoints every 2: learning, prior = replay, topic stream |
 | 1 | ``v1_dapo`` | v1 | ``algorithm.filter_groups`` with the topic stream, 4 steps: evicted groups in the prior once |
 | 1 | ``legacy_a``, ``legacy_b`` | legacy | 2 ranks, ``balance_batch``, ``filter_groups``, a resume at step 2 |
-| 1 | ``update_1``, ``update_2`` | verl's actor update | ``verl_update_harness.py`` on 1 and 2 ranks (``test_verl_update.py``) |
 | 2 | ``v1_b`` | v1 | ``v1_a``'s command again for 2 steps (reproducible) |
 | 2 | ``v1_c`` | v1 | a resume of ``v1_b`` at step 2, to step 4 (= ``v1_a``'s steps 3-4) |
 | 2 | ``v1r_a``, ``v1r_b`` | v1 | 2 ranks, ``DifficultySampler``, ``prior_scope=cluster``, a resume at step 2 |
@@ -25,7 +24,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from verl_helpers import Lanes, entry_point, quickstart, update_cases
+from verl_helpers import Lanes, entry_point, quickstart
 
 HERE = Path(__file__).resolve().parent
 #: responses per prompt in the 2-rank runs, and the positional reward's group size
@@ -89,24 +88,8 @@ def launcher_testable() -> bool:
     return entry_point_installed() and CALLBACK_AVAILABLE
 
 
-def update_runs(root: Path) -> list[tuple]:
-    """``verl_update_harness.py`` under ``torch.distributed.run`` on 1 and 2 CPU ranks (gloo), on a random tiny
-    model: the runs ``test_verl_update.py`` reads (``root/update-<ranks>.pt``)."""
-    from ebpo.models.tiny import build_tiny_model
-
-    model = build_tiny_model(root / "model", seed=0)
-    runs = []
-    for ranks in (1, 2):
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
-        command += [str(HERE / "verl_update_harness.py"), str(model), str(root / f"update-{ranks}.pt")]
-        runs.append((f"update_{ranks}", root, [*command, *update_cases(ranks)], {"VERL_PLATFORM": "cpu"}))
-    return runs
-
-
 def e2e_lanes(root: Path) -> Lanes:
     qs = quickstart.prepare(root / "qs")
-    update = root / "update"
-    update.mkdir()
     legacy = legacy_data(root / "legacy")
     curriculum = curriculum_data(root / "curriculum")
     launcher = torn_checkpoint(root / "launcher")

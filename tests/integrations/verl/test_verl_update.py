@@ -1,8 +1,8 @@
 """One actor update through verl's own code (driver ``_update_actor``, worker ``train_mini_batch``, FSDP2
 engine, ``ppo_loss`` / ``agg_loss``) on 1 and 2 CPU ranks: a step whose groups ``filter_groups`` dropped
 trains exactly as if they had been removed, for every ``loss_agg_mode`` verl has, and the update does not
-depend on the number of ranks. ``verl_update_harness.py`` runs the cases under ``torch.distributed.run`` (gloo;
-runs ``update_1`` / ``update_2`` of conftest.py); with SGD (no momentum, no weight decay, no clipping) the parameter change of an update is
+depend on the number of ranks. ``tests/integrations/verl/verl_update_harness.py`` runs the cases under ``torch.distributed.run``
+(gloo); with SGD (no momentum, no weight decay, no clipping) the parameter change of an update is
 -lr x the sum of its mini-batches' gradients, so comparing parameters compares gradients.
 
 The batch: 8 groups x 4 rows, groups 1, 4 and 5 dropped (20 rows kept). With 2 prompts (8 rows) per
@@ -11,6 +11,13 @@ worker and driver, the last one as a mini-batch of its own size.
 """
 
 from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,25 +28,59 @@ from ebpo.integrations.compat import trl_conflict  # noqa: E402
 if trl_conflict():
     pytest.skip(trl_conflict(), allow_module_level=True)
 
-from verl_helpers import UPDATE_MODES, WALL_SECONDS  # noqa: E402
+pytestmark = pytest.mark.slow
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # the runs start with the session (conftest.py)
+HARNESS = Path(__file__).resolve().parent / "verl_update_harness.py"
+MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+WALL: dict[str, float] = {}
 
-MODES = UPDATE_MODES
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_harness(tmp: Path, model_dir: Path, ranks: int, cases: list[str]) -> dict[str, dict]:
+    out = tmp / f"update-{ranks}.pt"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "VERL_PLATFORM": "cpu"}
+    env.pop("VERL_USE_EXTERNAL_MODULES", None)
+    started = time.perf_counter()
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc_per_node={ranks}",
+            f"--master_port={free_port()}",
+            str(HARNESS),
+            str(model_dir),
+            str(out),
+            *cases,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=580,
+    )
+    WALL[f"{ranks} rank(s)"] = time.perf_counter() - started
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    return {case["name"]: case for case in torch.load(out, weights_only=False)}
 
 
 @pytest.fixture(scope="module")
-def runs(e2e) -> dict[str, dict]:
-    """The harness's cases on 1 and 2 ranks (runs ``update_1`` / ``update_2`` of conftest.py), by
-    ``<ranks>/<case name>``."""
-    e2e.succeeded("update_1", "update_2")
-    results = {}
-    for ranks in (1, 2):
-        saved = torch.load(e2e.root_of(f"update_{ranks}") / f"update-{ranks}.pt", weights_only=False)
-        results |= {f"{ranks}/{case['name']}": case for case in saved}
-    print(
-        f"\n[verl update] {', '.join(f'{n}: {WALL_SECONDS[n]:.0f} s wall' for n in ('update_1', 'update_2'))}"
-    )
+def runs(tmp_path_factory, tiny_model_dir) -> dict[str, dict]:
+    tmp = tmp_path_factory.mktemp("verl-update")
+    one = [f"{m}/ours:ours:ebpo:2:{m}" for m in MODES]
+    one += [f"{m}/removed:verl:removed:2:{m}" for m in MODES]
+    one += [f"{m}/zeroed:verl:zeroed:2:{m}" for m in MODES]
+    # one mini-batch per update (the whole batch): the same rows in every mini-batch on 1 and 2 ranks
+    whole = [f"{m}/whole-ours:ours:ebpo:8:{m}" for m in MODES]
+    whole += [f"{m}/whole-none:ours:none:8:{m}" for m in ("token-mean", "seq-mean-token-mean")]
+    one += whole + [f"{m}/whole-removed:verl:removed:8:{m}" for m in MODES]
+    results = {f"1/{k}": v for k, v in run_harness(tmp, tiny_model_dir, 1, one).items()}
+    results |= {f"2/{k}": v for k, v in run_harness(tmp, tiny_model_dir, 2, whole).items()}
+    print(f"\n[verl update] harness wall time: {', '.join(f'{k} {v:.0f} s' for k, v in WALL.items())}")
     return results
 
 

@@ -57,7 +57,7 @@ def test_entry_point_refuses_an_async_mode_before_ray_starts(tmp_path):
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        timeout=120,
+        timeout=300,  # an import of verl: seconds, minutes on a loaded machine,
     )
     assert result.returncode == 1
     lines = [line for line in result.stderr.splitlines() if "trainer_mode" in line]

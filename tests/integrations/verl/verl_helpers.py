@@ -41,30 +41,6 @@ def load_quickstart():
 quickstart = load_quickstart()
 
 
-#: verl's loss aggregations (``actor.loss_agg_mode``), every one held to the update harness
-UPDATE_MODES = [
-    "token-mean",
-    "token-sum",
-    "seq-mean-token-sum",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum-norm",
-]
-
-
-def update_cases(ranks: int) -> list[str]:
-    """The cases ``verl_update_harness.py`` runs on ``ranks`` ranks (``name:worker:rows:prompts per update:mode``):
-    on 1 rank, a filtered step with ours / with the rows removed / with them zeroed, 2 prompts per update; on
-    both, the whole batch as one update (ours, and nothing filtered)."""
-    whole = [f"{m}/whole-ours:ours:ebpo:8:{m}" for m in UPDATE_MODES]
-    whole += [f"{m}/whole-none:ours:none:8:{m}" for m in ("token-mean", "seq-mean-token-mean")]
-    if ranks == 2:
-        return whole
-    one = [f"{m}/ours:ours:ebpo:2:{m}" for m in UPDATE_MODES]
-    one += [f"{m}/removed:verl:removed:2:{m}" for m in UPDATE_MODES]
-    one += [f"{m}/zeroed:verl:zeroed:2:{m}" for m in UPDATE_MODES]
-    return one + whole + [f"{m}/whole-removed:verl:removed:8:{m}" for m in UPDATE_MODES]
-
-
 def verl_config(*overrides: str):
     """verl's ``ppo_trainer.yaml`` composed with ``overrides``, as Hydra hands it to a launcher."""
     from hydra import compose, initialize_config_dir
