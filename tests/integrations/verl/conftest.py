@@ -26,6 +26,8 @@ from pathlib import Path
 import pytest
 from verl_helpers import Lanes, entry_point, quickstart
 
+from ebpo.integrations.verl.cpu.config import legacy_cpu_refusal
+
 HERE = Path(__file__).resolve().parent
 #: responses per prompt in the 2-rank runs, and the positional reward's group size
 RANKS_N = 4
@@ -156,11 +158,17 @@ def e2e_lanes(root: Path) -> Lanes:
                 entry_point(qs, "v1_a", 8, *every_2, f"trainer.default_local_dir={qs / 'ckpt_a'}"),
             ),
             ("v1_dapo", qs, entry_point(qs, "v1_dapo", 4, *dapo)),
-            ("legacy_a", legacy, entry_point(legacy, "legacy_a", 2, *legacy_runs)),
-            (
-                "legacy_b",
-                legacy,
-                entry_point(legacy, "legacy_b", 4, *legacy_runs, "trainer.resume_mode=auto"),
+            *(
+                [
+                    ("legacy_a", legacy, entry_point(legacy, "legacy_a", 2, *legacy_runs)),
+                    (
+                        "legacy_b",
+                        legacy,
+                        entry_point(legacy, "legacy_b", 4, *legacy_runs, "trainer.resume_mode=auto"),
+                    ),
+                ]
+                if legacy_cpu_refusal() is None
+                else []
             ),
         ],
         [

@@ -1008,6 +1008,15 @@ def test_cpu_mode_config_respects_user_overrides(monkeypatch):
     assert os.environ["VERL_PLATFORM"] == "cpu"
 
 
+def test_the_legacy_cpu_mode_is_refused_where_verl_needs_flash_attn():
+    from ebpo.integrations.verl.cpu.config import legacy_cpu_refusal
+
+    message = legacy_cpu_refusal("0.9.0", flash_attn=False)
+    assert message is not None and "trainer.use_v1=false" in message and "verl 0.9.1" in message
+    assert legacy_cpu_refusal("0.9.0", flash_attn=True) is None
+    assert legacy_cpu_refusal("0.9.1", flash_attn=False) is None
+
+
 def test_cpu_rollout_server_samples_with_the_weights_it_was_sent(tmp_path):
     # greedy decoding from the server = greedy decoding (tokens and log-probs) from the model whose weights
     # were pushed last

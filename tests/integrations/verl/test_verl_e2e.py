@@ -45,6 +45,7 @@ from verl_positional_reward import successes  # noqa: E402
 import ebpo  # noqa: E402
 from ebpo.integrations import ESTIMATOR_STATE_FILE  # noqa: E402
 from ebpo.integrations.verl.checkpoint import SAMPLER_STATE_FILE  # noqa: E402
+from ebpo.integrations.verl.cpu.config import legacy_cpu_refusal  # noqa: E402
 
 # the runs start with the session (conftest.py); a test waits for the ones it reads
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -316,6 +317,8 @@ def test_legacy_two_ranks_with_filter_groups_and_a_resume(e2e):
     # verl's legacy trainer (trainer.use_v1=false): 2 ranks, balance_batch, algorithm.filter_groups with the
     # positional reward (verl_positional_reward.py: each prompt's group has a fixed number of successes every
     # step, prompts 0 and 4 saturated, so filtered), steps 1-2 then a resume at step 2 for steps 3-4
+    if legacy_cpu_refusal():
+        pytest.skip(legacy_cpu_refusal())
     e2e.succeeded("legacy_a", "legacy_b")
     root = e2e.root_of("legacy_a")
     code, log = e2e.result("legacy_b")

@@ -261,13 +261,16 @@ def run(config: Any) -> None:
     if not verbose_requested():
         quiet_log()
         _set_process_env(config, {QUIET_ENV: "1"})
+    use_v1 = bool(config.trainer.get("use_v1", True))
     if str(config.trainer.device) == "cpu":
-        from ebpo.integrations.verl.cpu.config import apply_cpu_mode
+        from ebpo.integrations.verl.cpu.config import apply_cpu_mode, legacy_cpu_refusal
 
+        refusal = None if use_v1 else legacy_cpu_refusal()
+        if refusal:
+            raise SystemExit(f"ebpo.integrations.verl: {refusal}")
         apply_cpu_mode(config, _user_override_keys())
     else:
         auto_set_device(config)
-    use_v1 = bool(config.trainer.get("use_v1", True))
     if use_v1:
         _configure_v1(config)
     else:

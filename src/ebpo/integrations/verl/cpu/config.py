@@ -15,7 +15,7 @@ from typing import Any
 from ebpo.integrations.verl.cpu.platform import CPU_SLOT_RESOURCE
 from ebpo.integrations.verl.estimators import to_plain
 
-__all__ = ["CPU_DEFAULTS", "CPU_ENV", "apply_cpu_mode", "overridden_keys", "ray_cpus"]
+__all__ = ["CPU_DEFAULTS", "CPU_ENV", "apply_cpu_mode", "legacy_cpu_refusal", "overridden_keys", "ray_cpus"]
 
 FP32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
 
@@ -63,6 +63,27 @@ CPU_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
     "TQ_NUM_THREADS": "1",
 }
+
+
+def legacy_cpu_refusal(verl_version: str | None = None, flash_attn: bool | None = None) -> str | None:
+    """Why verl's legacy trainer cannot run in the CPU mode with this verl, or None where it can.
+
+    verl 0.9.0's legacy trainer unpads every batch before its old-log-prob pass with flash-attn's
+    ``unpad_input`` (verl 0.9.1 falls back to its own on a machine without flash-attn), and flash-attn does
+    not install on a CPU machine. ``verl_version`` / ``flash_attn``: the installed verl's version and whether
+    flash-attn imports (looked up when not given)."""
+    import importlib.util
+    from importlib import metadata
+
+    version = verl_version if verl_version is not None else metadata.version("verl")
+    has_flash = flash_attn if flash_attn is not None else importlib.util.find_spec("flash_attn") is not None
+    if version.startswith("0.9.0") and not has_flash:
+        return (
+            f"trainer.device=cpu with trainer.use_v1=false needs flash-attn on verl {version} (its legacy trainer "
+            "unpads batches with flash-attn's unpad_input); drop trainer.use_v1=false (verl's v1 trainer runs on "
+            "the CPU) or use verl 0.9.1"
+        )
+    return None
 
 
 def overridden_keys(overrides: Iterable[str]) -> set[str]:
