@@ -28,6 +28,11 @@ from ebpo.integrations.compat import trl_conflict  # noqa: E402
 if trl_conflict():
     pytest.skip(trl_conflict(), allow_module_level=True)
 
+from ebpo.integrations.verl.cpu.config import legacy_cpu_refusal  # noqa: E402
+
+if legacy_cpu_refusal():  # verl's update path on the CPU unpads with flash-attn on this verl
+    pytest.skip(legacy_cpu_refusal(), allow_module_level=True)
+
 pytestmark = pytest.mark.slow
 
 HARNESS = Path(__file__).resolve().parent / "verl_update_harness.py"
