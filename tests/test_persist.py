@@ -3,6 +3,7 @@ torn last line, a directory written whole, one process per directory, and the ru
 
 from __future__ import annotations
 
+import errno
 import json
 import multiprocessing
 import os
@@ -15,7 +16,15 @@ import torch
 
 from ebpo import persist
 from ebpo.errors import ConfigError
-from ebpo.persist import DirectoryInUse, DirectoryLock, Journal, RunDirectory, replace_dir, save_torch_atomic
+from ebpo.persist import (
+    DirectoryInUse,
+    DirectoryLock,
+    Journal,
+    RunDirectory,
+    WriteError,
+    replace_dir,
+    save_torch_atomic,
+)
 
 # ---------------------------------------------------------------------------------------------------
 # atomic files
@@ -57,13 +66,14 @@ def test_a_failed_save_leaves_the_old_file_and_no_temporary_file(tmp_path, monke
     path = tmp_path / "state.pt"
     save_torch_atomic({"step": 1}, path)
 
-    def broken_save(state, file):  # dies half-way through writing
-        Path(file).write_bytes(b"half")
-        raise OSError("No space left on device")
+    def broken_save(state, handle):  # dies half-way through writing
+        handle.write(b"half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(torch, "save", broken_save)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(WriteError) as err:
         save_torch_atomic({"step": 2}, path)
+    assert str(err.value) == f"cannot write {path}: no space left on device; {path} is as it was"
     assert torch.load(path, weights_only=False) == {"step": 1}
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
 

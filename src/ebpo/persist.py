@@ -15,42 +15,145 @@ build, the TRL and verl adapters), so a kill at any moment has one set of conseq
   parse is an error naming the file and line (or, where the reader can redo its work, skipped and counted).
   Appends are flushed, not fsync'd: a killed process loses nothing written, an OS crash at most the last
   lines, which every journal's reader redoes or rewinds.
+- **Refused writes** (:class:`WriteError`): a full disk, a quota, a permission or a read-only filesystem met
+  by any of the writes above (or inside :func:`writing`) is one error naming the path, the reason in words
+  ("no space left on device") and what was kept; whatever the error, an atomic write leaves the old content.
+- **Manifests** (:func:`write_manifest`, :func:`verify_manifest`): a directory's ``manifest.json``, written
+  last, lists each file's size and SHA-256; verifying it before anything is loaded turns a truncated or
+  damaged file into one line naming it (:class:`DamagedFile`), and :func:`load_torch` does the same for a
+  ``torch.save`` file that cannot be read.
 - **Run directories** (:class:`RunDirectory`): one training run's folder: its layout and name, one process
   at a time (:class:`DirectoryLock`), fresh / resumed / overwritten, its metrics journal rewound to a
-  checkpoint, its summary.
+  checkpoint, its summary; :func:`find_model` takes a run, a checkpoint or a model directory to the model.
 
-The standard library and :mod:`ebpo.errors` only (torch is imported by :func:`save_torch_atomic` when it
-runs): this module sits at the bottom of the package, below everything that writes.
+The standard library and :mod:`ebpo.errors` only (torch is imported by :func:`save_torch_atomic` and
+:func:`load_torch` when they run): this module sits at the bottom of the package, below everything that writes.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import Any, NamedTuple, TypeVar, overload
 
 from ebpo.errors import ConfigError
 
 __all__ = [
+    "MANIFEST",
+    "DamagedFile",
     "DirectoryInUse",
     "DirectoryLock",
+    "FoundModel",
     "Journal",
     "RunDirectory",
+    "WriteError",
+    "checkpoint_step",
+    "find_model",
+    "load_torch",
+    "read_manifest",
     "replace_dir",
     "save_torch_atomic",
+    "verify_manifest",
     "write_bytes_atomic",
+    "write_errno",
+    "write_manifest",
     "write_text_atomic",
+    "writing",
 ]
 
 T = TypeVar("T")
 StrPath = str | os.PathLike[str]
+
+# ---------------------------------------------------------------------------------------------------
+# refused writes
+
+WRITE_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EFBIG, errno.EIO}
+)
+"""What the filesystem answers a write it refuses: full disk, quota, permissions, read-only, file size
+limit, a failing device."""
+
+_ERRNO_IN_TEXT = re.compile(r"\(os error (\d+)\)|\[Errno (\d+)\]")
+"""An errno inside another library's message: safetensors' ``... (os error 28)``, Python's ``[Errno 28]``."""
+
+
+def write_errno(err: BaseException) -> int | None:
+    """The errno of a refused write (:data:`WRITE_ERRNOS`) behind ``err``, or None when it is something else.
+
+    Looked for in ``err``, its causes and contexts (torch's ``RuntimeError: ... unexpected pos`` carries the
+    ``OSError`` of the file object it wrote to as its context) and their messages (safetensors raises
+    ``SafetensorError: ... No space left on device (os error 28)``). A ``KeyboardInterrupt`` is never one."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen and isinstance(cause, Exception):
+        seen.add(id(cause))
+        if isinstance(cause, OSError) and cause.errno in WRITE_ERRNOS:
+            return cause.errno
+        match = _ERRNO_IN_TEXT.search(str(cause))
+        if match is not None and int(match.group(1) or match.group(2)) in WRITE_ERRNOS:
+            return int(match.group(1) or match.group(2))
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+class WriteError(OSError):
+    """The filesystem refused a write: ``cannot write <path>: <reason>; <kept>`` in one line.
+
+    ``reason`` is the errno in words (``no space left on device``, ``disk quota exceeded``, ``permission
+    denied``, ``read-only file system``); ``kept`` says what is still there (``nothing was written there``,
+    or the caller's own words: the checkpoint a resume continues from)."""
+
+    def __init__(self, path: StrPath, code: int, kept: str) -> None:
+        super().__init__(code, os.strerror(code), os.fspath(path))
+        self.code = code
+        self.path = Path(path)
+        self.reason = os.strerror(code)[:1].lower() + os.strerror(code)[1:]
+        self.kept = kept
+
+    def __str__(self) -> str:
+        return f"cannot write {self.path}: {self.reason}; {self.kept}"
+
+    @property
+    def fix(self) -> str:
+        """What lets the write succeed, in a few words: ``free some space``, ``fix its permissions``, ..."""
+        if self.code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            return "free some space"
+        if self.code in (errno.EACCES, errno.EPERM):
+            return "fix the permissions"
+        if self.code == errno.EROFS:
+            return "make the filesystem writable"
+        return "check the disk"
+
+
+@contextmanager
+def writing(path: StrPath, kept: str | None = None) -> Iterator[None]:
+    """Turn a write refused inside the block (:func:`write_errno`) into one :class:`WriteError` naming
+    ``path``; other errors pass unchanged. ``kept``: what is still there; default ``<path> is as it was``
+    when it existed before the block, else ``nothing was written there``."""
+    existed = os.path.lexists(path)
+    try:
+        yield
+    except WriteError:
+        raise
+    except Exception as err:
+        code = write_errno(err)
+        if code is None:
+            raise
+        if kept is None:
+            kept = f"{path} is as it was" if existed else "nothing was written there"
+        raise WriteError(path, code, kept) from err
+
 
 # ---------------------------------------------------------------------------------------------------
 # atomic writes
@@ -65,14 +168,15 @@ def _temporary_beside(path: Path, suffix: str = "tmp") -> Path:
 def _replace_from_temporary(path: Path, write: Callable[[Path], Any]) -> Path:
     """``write(tmp)`` to a temporary file beside ``path`` (its directory created if needed), then rename it
     onto ``path``; the temporary file is removed if either step fails. Returns ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temporary_beside(path)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _temporary_beside(path)
+        try:
+            write(tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
     return path
 
 
@@ -92,7 +196,29 @@ def save_torch_atomic(state: Any, path: StrPath) -> Path:
     ``path`` is always one whole file."""
     import torch
 
-    return _replace_from_temporary(Path(path), lambda tmp: torch.save(state, tmp))
+    def save(tmp: Path) -> None:
+        # through a Python file object, whose OSError (a full disk, say) torch keeps as the context of its
+        # own RuntimeError; saving to a path, torch's C++ stream loses the reason
+        with open(tmp, "wb") as handle:
+            torch.save(state, handle)
+
+    return _replace_from_temporary(Path(path), save)
+
+
+def load_torch(path: StrPath, *, fix: str) -> Any:
+    """``torch.load(path)`` onto the CPU (full unpickling: our own state files), or one :class:`DamagedFile`
+    naming ``path`` when it is missing or cannot be read, ending with ``fix`` (what to do instead)."""
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise DamagedFile(path, "is missing", fix)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # noqa: BLE001 - torch raises RuntimeError, EOFError, UnpicklingError, ...
+        first_line = (str(err).strip().splitlines() or [""])[0]
+        reason = f"is damaged and cannot be read ({type(err).__name__}: {first_line})"
+        raise DamagedFile(path, reason, fix) from err
 
 
 def replace_dir(
@@ -109,20 +235,97 @@ def replace_dir(
     directory that ``fill`` did not finish is removed. Returns ``path``."""
     path = Path(path)
     staging, retired = spares or (_temporary_beside(path), _temporary_beside(path, "old"))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
-    try:
-        fill(staging)
-    except BaseException:
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(staging, ignore_errors=True)
-        raise
-    if path.exists():
-        shutil.rmtree(retired, ignore_errors=True)
-        os.replace(path, retired)
-    os.replace(staging, path)
+        staging.mkdir()
+        try:
+            fill(staging)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        if path.exists():
+            shutil.rmtree(retired, ignore_errors=True)
+            os.replace(path, retired)
+        os.replace(staging, path)
     shutil.rmtree(retired, ignore_errors=True)
     return path
+
+
+# ---------------------------------------------------------------------------------------------------
+# manifests
+
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = 1
+
+
+class DamagedFile(ConfigError):
+    """A file that is missing, cut short or changed since its manifest was written, or that cannot be read:
+    ``<path> <what is wrong>; <fix>`` in one line. ``path`` is the file."""
+
+    def __init__(self, path: StrPath, problem: str, fix: str = "") -> None:
+        self.path, self.problem = Path(path), problem
+        super().__init__(f"{self.path} {problem}" + (f"; {fix}" if fix else ""))
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def write_manifest(directory: StrPath, **meta: Any) -> Path:
+    """Write ``directory/manifest.json`` (atomically): the size and SHA-256 of every file below
+    ``directory`` (by its path relative to it, with ``/``), and ``meta`` (a checkpoint's step, say). Write it
+    after everything it lists: a directory whose manifest is there is complete. Returns its path."""
+    root = Path(directory)
+    files = {
+        file.relative_to(root).as_posix(): {"size": file.stat().st_size, "sha256": _sha256(file)}
+        for file in sorted(root.rglob("*"))
+        if file.is_file() and file != root / MANIFEST
+    }
+    text = json.dumps({"format": MANIFEST_FORMAT, **meta, "files": files}, indent=1, sort_keys=True)
+    return write_text_atomic(root / MANIFEST, text + "\n")
+
+
+def read_manifest(directory: StrPath) -> dict[str, Any] | None:
+    """``directory/manifest.json`` as written by :func:`write_manifest`, or None where there is none (a
+    directory written without one); a manifest that does not parse is a :class:`DamagedFile`."""
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+            raise ValueError("no file list")
+    except (UnicodeDecodeError, ValueError) as err:
+        raise DamagedFile(path, f"is damaged ({err})") from None
+    return manifest
+
+
+def verify_manifest(directory: StrPath, *, under: str = "") -> dict[str, Any] | None:
+    """Check the files ``directory/manifest.json`` lists (those below the subfolder ``under`` only, if given)
+    against their sizes, then their SHA-256, before anything reads them; returns the manifest, or None where
+    there is none (nothing to check). The first file missing, of another size or with another hash is a
+    :class:`DamagedFile` naming it. Files the manifest does not list are not looked at."""
+    root = Path(directory)
+    manifest = read_manifest(root)
+    if manifest is None:
+        return None
+    prefix = under.strip("/") + "/" if under.strip("/") else ""
+    listed = [(name, entry) for name, entry in sorted(manifest["files"].items()) if name.startswith(prefix)]
+    for name, entry in listed:  # sizes first: a file cut short shows without reading anything
+        path = root / name
+        if not path.is_file():
+            raise DamagedFile(path, f"is missing (listed in {root / MANIFEST})")
+        size = path.stat().st_size
+        if size != entry["size"]:
+            raise DamagedFile(path, f"is damaged: {size} bytes where {root / MANIFEST} says {entry['size']}")
+    for name, entry in listed:
+        if _sha256(root / name) != entry["sha256"]:
+            raise DamagedFile(
+                root / name, f"is damaged: its SHA-256 differs from the one in {root / MANIFEST}"
+            )
+    return manifest
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -222,14 +425,16 @@ class Journal:
         ).encode()
         if not data:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a+b") as handle:
-            if handle.seek(0, os.SEEK_END) > 0:
-                handle.seek(-1, os.SEEK_END)
-                if handle.read(1) != b"\n":
-                    data = b"\n" + data
-            handle.write(data)
-            handle.flush()
+        kept = "the lines before are kept (a line cut short is dropped when the journal is next read)"
+        with writing(self.path, kept=kept):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a+b") as handle:
+                if handle.seek(0, os.SEEK_END) > 0:
+                    handle.seek(-1, os.SEEK_END)
+                    if handle.read(1) != b"\n":
+                        data = b"\n" + data
+                handle.write(data)
+                handle.flush()
 
     def retain(self, keep: Callable[[dict[str, Any]], bool]) -> None:
         """Rewrite the journal (atomically) with the lines whose rows ``keep`` accepts, as they were written;
@@ -271,8 +476,13 @@ class DirectoryLock:
             return self
         if self._handle is not None:
             return self
-        self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / self.FILE
+        with writing(self.directory):
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._handle = self._lock(self.directory / self.FILE, fcntl)
+        return self
+
+    def _lock(self, path: Path, fcntl: Any) -> Any:
+        """The open, locked ``path`` holding this process's pid."""
         while True:
             handle = open(path, "a+", encoding="utf-8")
             try:
@@ -291,18 +501,21 @@ class DirectoryLock:
             if current:
                 break
             handle.close()  # its holder removed the file as we opened it: lock the one there now
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()} (since {time.strftime('%Y-%m-%d %H:%M:%S')})\n")
-        handle.flush()
-        self._handle = handle
-        return self
+        try:
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"pid {os.getpid()} (since {time.strftime('%Y-%m-%d %H:%M:%S')})\n")
+            handle.flush()
+        except BaseException:
+            handle.close()
+            raise
+        return handle
 
     def release(self) -> None:
         if self._handle is not None:
             try:
                 os.unlink(self.directory / self.FILE)  # still held: nobody can have locked it since
-            except FileNotFoundError:
+            except OSError:  # gone already, or a read-only filesystem: closing drops the lock all the same
                 pass
             self._handle.close()  # closing the descriptor drops the flock
             self._handle = None
@@ -328,6 +541,7 @@ class RunDirectory:
         metrics.jsonl        one JSON line per step (a :class:`Journal`)
         tensorboard/         the same scalars for TensorBoard
         checkpoints/last/    model/ (from_pretrained) + trainer_state.pt (``ebpo.trainer.checkpoint``)
+                             + manifest.json (written last: :func:`write_manifest`)
         checkpoints/best/    the same at the best validation maj@k, + best.json
         summary.json         written at the end
         training.png         written at the end
@@ -344,6 +558,10 @@ class RunDirectory:
     METRICS = "metrics.jsonl"
     TENSORBOARD = "tensorboard"
     CHECKPOINTS = "checkpoints"
+    LAST = "last"
+    BEST = "best"
+    MODEL = "model"
+    """A checkpoint's model and tokenizer, ``checkpoints/<name>/model`` (``from_pretrained`` loads it)."""
     SUMMARY = "summary.json"
     PLOT = "training.png"
     OUTPUTS = (METRICS, CHECKPOINTS, SUMMARY, TENSORBOARD, PLOT, CONFIG)
@@ -429,3 +647,74 @@ class RunDirectory:
         self.release()
         if self._created and self.path.is_dir() and not any(self.path.iterdir()):
             self.path.rmdir()
+
+
+# ---------------------------------------------------------------------------------------------------
+# the model a path holds
+
+
+class FoundModel(NamedTuple):
+    """The model directory behind a path a user gave (:func:`find_model`)."""
+
+    path: Path
+    """The directory ``from_pretrained`` loads: config, weights, tokenizer."""
+    checkpoint: Path | None
+    """The training checkpoint holding it (whose manifest covers ``model/``), or None."""
+    note: str
+    """Which model was picked, in one line, where the path was not the model directory itself; else ""."""
+
+
+def _is_model_dir(path: Path) -> bool:
+    return (path / "config.json").is_file()
+
+
+def checkpoint_step(checkpoint: StrPath) -> int | None:
+    """The step a checkpoint's manifest records; None without a (readable) manifest."""
+    try:
+        manifest = read_manifest(checkpoint)
+    except DamagedFile:
+        return None
+    step = manifest.get("step") if manifest is not None else None
+    return step if isinstance(step, int) else None
+
+
+def _at_step(checkpoint: Path) -> str:
+    step = checkpoint_step(checkpoint)
+    return "" if step is None else f" (step {step})"
+
+
+def find_model(path: StrPath) -> FoundModel:
+    """The model a user means by ``path``, the same for every command that takes a model:
+
+    - a model directory (``config.json`` and weights): itself;
+    - a checkpoint (``checkpoints/<name>``): its ``model/``;
+    - a run directory (or its ``checkpoints/``): its best checkpoint's model (the one ``ebpo train``
+      reports), else its last one's; the note names both.
+
+    Anything else is one :class:`ConfigError` saying what was expected."""
+    given = Path(path)
+    if not given.exists():
+        raise ConfigError(f"{given} does not exist; give a model directory, a checkpoint or a run directory")
+    if _is_model_dir(given):
+        inside = given.name == RunDirectory.MODEL and given.parent.parent.name == RunDirectory.CHECKPOINTS
+        return FoundModel(given, given.parent if inside else None, "")
+    if _is_model_dir(given / RunDirectory.MODEL):
+        model = given / RunDirectory.MODEL
+        return FoundModel(model, given, f"{given} is a checkpoint{_at_step(given)}: using its model, {model}")
+    run = given.parent if given.name == RunDirectory.CHECKPOINTS else given
+    found = [
+        run / RunDirectory.CHECKPOINTS / name
+        for name in (RunDirectory.BEST, RunDirectory.LAST)
+        if _is_model_dir(run / RunDirectory.CHECKPOINTS / name / RunDirectory.MODEL)
+    ]
+    if found:
+        picked, model = found[0], found[0] / RunDirectory.MODEL
+        note = f"{given} is a run directory: using its {picked.name} checkpoint{_at_step(picked)}, {model}"
+        if len(found) > 1:
+            note += f"; its {found[1].name} checkpoint{_at_step(found[1])} is {found[1]}"
+        return FoundModel(model, picked, note)
+    raise ConfigError(
+        f"{given} holds no model: expected a model directory (config.json and weights), a checkpoint "
+        f"({RunDirectory.MODEL}/ inside) or a run directory ({RunDirectory.CHECKPOINTS}/{RunDirectory.BEST} "
+        f"or {RunDirectory.CHECKPOINTS}/{RunDirectory.LAST})"
+    )
