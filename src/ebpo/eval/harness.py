@@ -217,10 +217,14 @@ def load_model(path: str | Path, *, device: str | None = None, dtype: str = "aut
         raise FileNotFoundError(
             f"model directory {path} not found (give a local Hugging Face model directory)"
         )
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        # transformers wraps PreTrainedModel.to in functools.wraps: mypy sees an unbound _Wrapped (self first)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device).eval()  # type: ignore[arg-type]
+    except Exception as err:  # noqa: BLE001 - a damaged file raises OSError, safetensors' or JSON errors
+        first_line = (str(err).strip().splitlines() or [""])[0]
+        raise ValueError(f"cannot load a causal LM from {path}: {type(err).__name__}: {first_line}") from err
     tokenizer.padding_side = "left"
-    # transformers wraps PreTrainedModel.to in functools.wraps: mypy sees an unbound _Wrapped (self first)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device).eval()  # type: ignore[arg-type]
     in_kernel_gqa(model)  # sampling without gradient: same numbers, less copying
     return model, tokenizer
 

@@ -48,7 +48,7 @@ from ebpo.advantages import EBPOOptions
 from ebpo.advantages.checks import OptionError
 from ebpo.data.samplers import IndexStream, StreamSampler, get_sampler, list_samplers
 from ebpo.integrations import ESTIMATOR_STATE_FILE
-from ebpo.persist import save_torch_atomic
+from ebpo.persist import load_torch, save_torch_atomic
 from ebpo.registry import check_choice
 
 __all__ = ["ESTIMATOR_STATE_FILE", "EBPOConfig", "EBPOTrainer"]
@@ -377,7 +377,8 @@ class EBPOTrainer(GRPOTrainer):
                     flush=True,
                 )
             return
-        state = torch.load(path, weights_only=False)
+        fix = "resume from an earlier checkpoint-N folder, or delete the file to start from an empty prior"
+        state = load_torch(path, fix=fix)
         self.estimator.load_state_dict(state["estimator"])
         self._state_at_block_start = copy.deepcopy(self.estimator.state_dict())
         if self._prompt_stream is not None and "prompt_stream" in state:

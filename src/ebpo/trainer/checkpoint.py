@@ -1,20 +1,29 @@
-"""Checkpoints of the reference trainer: what ``checkpoints/<name>`` holds, writing one that survives a kill,
-finding it again for ``--resume``, the trainer state, every RNG state.
+"""Checkpoints of the reference trainer: what ``checkpoints/<name>`` holds, writing one that survives a kill
+or a full disk, checking it before a resume loads it, the trainer state, every RNG state.
 
 A checkpoint (in a :class:`ebpo.persist.RunDirectory`, ``checkpoints/last`` and ``checkpoints/best``) holds
-``model/`` (model + tokenizer, ``from_pretrained`` loads it), ``trainer_state.pt`` and any extra files
-(``best.json``). It is written whole by :func:`ebpo.persist.replace_dir` with fixed spare names: into
-``checkpoints/.<name>.tmp``, whose ``trainer_state.pt`` goes last (atomically), so a checkpoint directory
+``model/`` (model + tokenizer, ``from_pretrained`` loads it), ``trainer_state.pt``, any extra files
+(``best.json``) and ``manifest.json`` (every other file's size and SHA-256, and the step). It is written
+whole by :func:`ebpo.persist.replace_dir` with fixed spare names: into ``checkpoints/.<name>.tmp``, whose
+``trainer_state.pt`` goes after the model (atomically) and ``manifest.json`` last, so a checkpoint directory
 that holds ``trainer_state.pt`` is complete; then two renames swap it in (``<name>`` -> ``.<name>.old``,
 ``.<name>.tmp`` -> ``<name>``) and the old copy is removed. Between the two renames there is no ``<name>``;
 :func:`find_checkpoint` then moves the complete ``.<name>.tmp`` (or, failing that, ``.<name>.old``) into
-place. A kill at any moment thus leaves a resumable run.
+place. A kill at any moment thus leaves a resumable run, and a write the disk refuses leaves the previous
+checkpoint as it was (:class:`ebpo.persist.WriteError`).
+
+Before a resume loads anything, :func:`find_checkpoint` checks the checkpoint against its manifest: a file
+cut short or changed is one :class:`DamagedCheckpoint` line naming it, with the resume command for the
+newest intact checkpoint of the run. A checkpoint without a manifest (written before checkpoints had one)
+loads as it always did, unchecked; a file of it that does not load is still one line
+(:func:`load_trainer_state`, ``ebpo.trainer.setup.load_policy``).
 """
 
 from __future__ import annotations
 
 import os
 import random
+import shlex
 import shutil
 import warnings
 from pathlib import Path
@@ -24,10 +33,21 @@ import numpy as np
 import torch
 
 from ebpo.errors import ConfigError
-from ebpo.persist import RunDirectory, replace_dir, save_torch_atomic
+from ebpo.persist import (
+    DamagedFile,
+    RunDirectory,
+    WriteError,
+    checkpoint_step,
+    load_torch,
+    read_manifest,
+    replace_dir,
+    save_torch_atomic,
+    verify_manifest,
+    write_manifest,
+)
 
-LAST = "last"
-BEST = "best"
+LAST = RunDirectory.LAST
+BEST = RunDirectory.BEST
 STATE_FILE = "trainer_state.pt"
 STATE_KEYS = ("step", "optimizer", "scheduler", "estimator", "sampler", "rng", "best_score", "best_step")
 """Keys a trainer state must hold to resume from it."""
@@ -59,14 +79,19 @@ def save_checkpoint(
     docstring). Returns its path."""
 
     def fill(tmp: Path) -> None:
-        model.save_pretrained(tmp / "model")
-        tokenizer.save_pretrained(tmp / "model")
+        model.save_pretrained(tmp / RunDirectory.MODEL)
+        tokenizer.save_pretrained(tmp / RunDirectory.MODEL)
         for file_name, text in (extra_files or {}).items():
             (tmp / file_name).write_text(text, encoding="utf-8")
         save_torch_atomic(state, tmp / STATE_FILE)  # from here on, tmp is complete
+        write_manifest(tmp, step=int(state["step"]))  # and checkable
 
     final = run_dir / RunDirectory.CHECKPOINTS / name
-    return replace_dir(final, fill, spares=_spares(final))
+    try:
+        return replace_dir(final, fill, spares=_spares(final))
+    except WriteError as err:  # named by the checkpoint, not by the file of its staging copy that failed
+        kept = f"{final} is as it was" if _is_complete(final) else f"no checkpoint {name} was written"
+        raise WriteError(final, err.code, kept) from err
 
 
 def _recover(final: Path) -> bool:
@@ -101,33 +126,97 @@ def run_dir_of(resume: str | Path) -> Path:
 
 
 def find_checkpoint(resume: str | Path) -> Path:
-    """The complete checkpoint for ``--resume``: ``resume`` itself, ``resume/last`` or
-    ``resume/checkpoints/last``."""
+    """The complete, intact checkpoint for ``--resume``: ``resume`` itself, ``resume/last`` or
+    ``resume/checkpoints/last``, checked against its manifest (:func:`verify_checkpoint`)."""
     path = Path(resume)
     for candidate in (path, path / LAST, path / RunDirectory.CHECKPOINTS / LAST):
         if _recover(candidate):
+            verify_checkpoint(candidate)
             return candidate
     raise ConfigError(
         f"--resume {resume}: no checkpoint there (looked for {RunDirectory.CHECKPOINTS}/{LAST}/{STATE_FILE})"
     )
 
 
+class DamagedCheckpoint(DamagedFile):
+    """A file of a checkpoint is damaged; the message names it and how to resume from the newest intact
+    checkpoint of the run, or to start over."""
+
+
+def resume_command(checkpoint: Path) -> str:
+    """``ebpo train --resume ...`` continuing from ``checkpoint``: its run directory for ``last``, the
+    checkpoint itself otherwise."""
+    target = run_dir_of(checkpoint) if checkpoint.name == LAST else checkpoint
+    return f"ebpo train --resume {shlex.quote(str(target))}"
+
+
+def start_over_command(run_dir: Path) -> str:
+    """``ebpo train`` starting the run in ``run_dir`` over from its saved config."""
+    config = shlex.quote(str(run_dir / RunDirectory.CONFIG))
+    return f"ebpo train --config {config} --run-dir {shlex.quote(str(run_dir))} --overwrite"
+
+
+def newest_intact(
+    run_dir: Path, *, excluding: Path | None = None, verify: bool = True
+) -> tuple[Path, int] | None:
+    """``(checkpoint, step)`` of the run's newest checkpoint (``last`` or ``best``, other than ``excluding``)
+    that its manifest passes, or that loads where it has none; None if there is none. ``verify=False``
+    reads the steps from the manifests without checking the files (right after this process wrote them)."""
+    found = []
+    for name in (LAST, BEST):
+        checkpoint = run_dir / RunDirectory.CHECKPOINTS / name
+        if excluding is not None and checkpoint.resolve() == excluding.resolve():
+            continue
+        if not _is_complete(checkpoint):
+            continue
+        try:
+            if (read_manifest(checkpoint) if not verify else verify_manifest(checkpoint)) is not None:
+                step = checkpoint_step(checkpoint)
+            else:  # written without a manifest: its state says the step, if it loads
+                step = int(load_trainer_state(checkpoint)["step"])
+        except ConfigError:
+            continue
+        if step is not None:
+            found.append((step, name == LAST, checkpoint))
+    if not found:
+        return None
+    step, _, checkpoint = max(found)  # the newest; between equal steps, last
+    return checkpoint, step
+
+
+def instead_of(checkpoint: Path, command: str = "resume") -> str:
+    """What to do when ``checkpoint`` cannot be used: continue from the newest intact checkpoint of its run
+    (``command`` ``resume``: ``ebpo train --resume``; ``eval``: ``ebpo eval``), or start over."""
+    run_dir = run_dir_of(checkpoint)
+    newest = newest_intact(run_dir, excluding=checkpoint)
+    if newest is None:
+        if command == "eval":
+            return f"{run_dir} holds no intact checkpoint"
+        return f"{run_dir} holds no intact checkpoint: start over with `{start_over_command(run_dir)}`"
+    other, step = newest
+    use = resume_command(other) if command == "resume" else f"ebpo eval {shlex.quote(str(other))}"
+    return f"the newest intact checkpoint is {other} (step {step}): `{use}`"
+
+
+def verify_checkpoint(checkpoint: Path, *, under: str = "", command: str = "resume") -> None:
+    """Check ``checkpoint``'s files (those below ``under`` only, if given) against its manifest before
+    anything loads them: a damaged one is a :class:`DamagedCheckpoint` naming it, and the newest intact
+    checkpoint of the run to use instead (:func:`instead_of`). No manifest (an older checkpoint): nothing
+    is checked."""
+    try:
+        verify_manifest(checkpoint, under=under)
+    except DamagedFile as err:
+        raise DamagedCheckpoint(err.path, err.problem, instead_of(checkpoint, command)) from None
+
+
 def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
     """The trainer state of a checkpoint; a file that cannot be read, or lacks keys, is one clear error."""
     path = checkpoint / STATE_FILE
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as err:  # noqa: BLE001 - torch raises RuntimeError, EOFError, UnpicklingError, ...
-        raise ConfigError(
-            f"{path} is damaged and cannot be read ({type(err).__name__}: {str(err).splitlines()[0]}); restore "
-            "the checkpoint from a copy, or start over with --overwrite"
-        ) from err
+    fix = "restore the checkpoint from a copy, or start over with --overwrite"
+    state = load_torch(path, fix=fix)
     missing = [key for key in STATE_KEYS if not isinstance(state, dict) or key not in state]
     if missing:
-        raise ConfigError(
-            f"{path} is damaged: it lacks {missing}; restore the checkpoint from a copy, or start over with "
-            "--overwrite"
-        )
+        raise DamagedFile(path, f"is damaged: it lacks {missing}", fix)
     return state
 
 

@@ -190,6 +190,27 @@ def test_estimator_state_round_trips_through_checkpoint_dir(tmp_path):
     assert ev.resolve_resume_folder(OmegaConf.create({"resume_mode": "disable"})) is None
 
 
+def test_estimator_state_file_refused_or_damaged_is_one_line(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from ebpo.persist import DamagedFile, WriteError
+
+    folder = tmp_path / "global_step_2"
+    path = ev.save_estimator_state(folder)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # cut short
+    with pytest.raises(DamagedFile) as err:
+        ev.load_estimator_state(folder)
+    assert str(err.value).startswith(f"{path} is damaged and cannot be read (") and "\n" not in str(err.value)
+
+    def over_quota(state, handle):
+        raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+
+    monkeypatch.setattr(torch, "save", over_quota)
+    with pytest.raises(WriteError, match=rf"^cannot write {path}: disk quota exceeded; {path} is as it was$"):
+        ev.save_estimator_state(folder)
+
+
 def test_changing_options_mid_run_is_refused():
     gen = torch.Generator().manual_seed(0)
     r, n, u = random_step(gen, 2, 4, 3, 0)

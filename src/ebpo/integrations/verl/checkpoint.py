@@ -17,11 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ebpo.integrations import ESTIMATOR_STATE_FILE
 from ebpo.integrations.verl.estimators import HOLDER, EstimatorHolder
-from ebpo.persist import save_torch_atomic
+from ebpo.persist import load_torch, save_torch_atomic
 
 __all__ = [
     "ESTIMATOR_STATE_FILE",
@@ -35,6 +33,7 @@ __all__ = [
 ]
 
 SAMPLER_STATE_FILE = "ebpo_sampler.pt"
+_DAMAGED_FIX = "resume from an earlier global_step_N folder (trainer.resume_from_path), or delete the file"
 
 
 def save_estimator_state(folder: str | os.PathLike, holder: EstimatorHolder | None = None) -> Path:
@@ -49,7 +48,7 @@ def load_estimator_state(folder: str | os.PathLike, holder: EstimatorHolder | No
     path = Path(folder) / ESTIMATOR_STATE_FILE
     if not path.is_file():
         return False
-    owner.load_state_dict(torch.load(path, weights_only=False))
+    owner.load_state_dict(load_torch(path, fix=_DAMAGED_FIX))
     return True
 
 
@@ -112,7 +111,7 @@ def load_sampler_state(folder: str | os.PathLike, sampler: Any) -> bool:
     path = Path(folder) / SAMPLER_STATE_FILE
     if not isinstance(sampler, StreamSampler) or not path.is_file():
         return False
-    sampler.load_state_dict(torch.load(path, weights_only=False))
+    sampler.load_state_dict(load_torch(path, fix=_DAMAGED_FIX))
     return True
 
 

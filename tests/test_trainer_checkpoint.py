@@ -1,0 +1,227 @@
+"""Damaged checkpoints: each checkpoint's ``manifest.json`` (sizes and SHA-256 of its files, written last) is
+checked before anything is loaded, so a file cut short or changed is one line naming it, with the command
+that continues from the newest intact checkpoint; no traceback from safetensors, torch or pickle reaches the
+user on ``--resume`` or ``ebpo eval``. Checkpoints written without a manifest still load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+
+import pytest
+import torch
+
+from ebpo.cli import main
+from ebpo.errors import ConfigError
+from ebpo.persist import MANIFEST, DamagedFile, read_manifest, verify_manifest, write_manifest
+from ebpo.trainer import checkpoint as checkpoint_module
+from ebpo.trainer.interrupt import Interrupted
+from ebpo.trainer.trainer import Trainer
+from test_trainer import final_params, tiny_config, training_rows
+
+STEPS = 4
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def straight(tiny_model_dir, tmp_path_factory):
+    run = tmp_path_factory.mktemp("straight") / "run"
+    Trainer(tiny_config(tiny_model_dir, f"run.steps={STEPS}"), run_dir=run).train()
+    return run
+
+
+@pytest.fixture
+def halfway(tiny_model_dir, tmp_path, monkeypatch):
+    """A run directory ``run`` (in the current directory, ``tmp_path``) stopped by Ctrl-C in step 2 of
+    STEPS: ``checkpoints/best`` at step 0 (the validation before training), ``checkpoints/last`` at step 2."""
+    monkeypatch.chdir(tmp_path)
+    trainer = Trainer(tiny_config(tiny_model_dir, f"run.steps={STEPS}"), run_dir="run")
+    forward, sent = trainer.model.forward, []
+
+    def forward_then_ctrl_c(*args, **kwargs):
+        if trainer.step == 1 and not sent:
+            sent.append(os.kill(os.getpid(), signal.SIGINT))
+        return forward(*args, **kwargs)
+
+    trainer.model.forward = forward_then_ctrl_c
+    with pytest.raises(Interrupted, match="after step 2"):
+        trainer.train()
+    return tmp_path / "run"
+
+
+def _truncate(path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _one_line(capsys, prefix: str) -> str:
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    (line,) = [line for line in err.splitlines() if line.startswith(prefix)]
+    return line
+
+
+def test_the_manifest_lists_every_file_with_its_size_and_hash(halfway):
+    last = halfway / "checkpoints" / "last"
+    manifest = read_manifest(last)
+    assert manifest is not None and manifest["step"] == 2 and manifest["format"] == 1
+    on_disk = sorted(p.relative_to(last).as_posix() for p in last.rglob("*") if p.is_file())
+    assert sorted(manifest["files"]) == sorted(set(on_disk) - {MANIFEST})
+    assert "model/model.safetensors" in manifest["files"] and "trainer_state.pt" in manifest["files"]
+    import hashlib
+
+    state = last / "trainer_state.pt"
+    assert manifest["files"]["trainer_state.pt"] == {
+        "size": state.stat().st_size,
+        "sha256": hashlib.sha256(state.read_bytes()).hexdigest(),
+    }
+    assert verify_manifest(last) == manifest
+    assert read_manifest(halfway / "checkpoints" / "best")["step"] == 0
+
+
+@pytest.mark.parametrize(
+    ("file", "damage", "problem"),
+    [
+        (
+            "model/model.safetensors",
+            "truncate",
+            r"is damaged: 260232 bytes where run/checkpoints/last/manifest.json says 520464",
+        ),
+        (
+            "trainer_state.pt",
+            "flip",
+            r"is damaged: its SHA-256 differs from the one in run/checkpoints/last/manifest.json",
+        ),
+        ("model/tokenizer.json", "delete", r"is missing \(listed in run/checkpoints/last/manifest.json\)"),
+    ],
+    ids=["weights-cut-short", "state-changed", "tokenizer-missing"],
+)
+def test_a_damaged_last_checkpoint_names_the_file_and_resumes_from_best(
+    halfway, straight, capsys, damage, problem, file
+):
+    path = halfway / "checkpoints" / "last" / file
+    if damage == "truncate":
+        _truncate(path)
+    elif damage == "flip":  # same size, other bytes: only the hash can tell
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+    else:
+        path.unlink()
+    capsys.readouterr()
+    assert main(["train", "--resume", "run"]) == 2
+    line = _one_line(capsys, "ebpo train")
+    expected = (
+        rf"ebpo train: error: run/checkpoints/last/{re.escape(file)} {problem}; the newest intact checkpoint "
+        r"is run/checkpoints/best \(step 0\): `ebpo train --resume run/checkpoints/best`"
+    )
+    assert re.fullmatch(expected, line), line
+    # the command it gives continues exactly: from step 0, to the same end as a run never damaged
+    assert main(["train", "--resume", "run/checkpoints/best"]) == 0
+    assert training_rows(halfway) == training_rows(straight)
+    expected_params, resumed = final_params(straight), final_params(halfway)
+    assert all(torch.equal(expected_params[name], resumed[name]) for name in expected_params)
+
+
+def test_with_every_checkpoint_damaged_the_line_says_how_to_start_over(halfway, capsys):
+    _truncate(halfway / "checkpoints" / "last" / "model" / "model.safetensors")
+    _truncate(halfway / "checkpoints" / "best" / "trainer_state.pt")
+    capsys.readouterr()
+    assert main(["train", "--resume", "run"]) == 2
+    assert _one_line(capsys, "ebpo train").endswith(
+        "; run holds no intact checkpoint: start over with "
+        "`ebpo train --config run/config.yaml --run-dir run --overwrite`"
+    )
+    assert main(["train", "--config", "run/config.yaml", "--run-dir", "run", "--overwrite"]) == 0
+
+
+def test_a_manifest_that_does_not_parse_is_one_line(halfway, capsys):
+    (halfway / "checkpoints" / "last" / MANIFEST).write_text('{"files": {"mod')
+    capsys.readouterr()
+    assert main(["train", "--resume", "run"]) == 2
+    assert re.fullmatch(
+        r"ebpo train: error: run/checkpoints/last/manifest.json is damaged \(.*\); the newest intact "
+        r"checkpoint is run/checkpoints/best \(step 0\): `ebpo train --resume run/checkpoints/best`",
+        _one_line(capsys, "ebpo train"),
+    )
+
+
+def test_ebpo_eval_checks_the_checkpoint_and_names_the_intact_one(halfway, capsys):
+    _truncate(halfway / "checkpoints" / "best" / "model" / "model.safetensors")
+    capsys.readouterr()
+    args = ["eval", "--benchmarks", "arith", "--limit", "2", "--n", "1", "--ks", "1", "--maj-ks", "1"]
+    args += ["--no-cache", "--out-dir", "out", "--quiet"]
+    assert main([*args, "run/checkpoints/best"]) == 2
+    assert _one_line(capsys, "ebpo eval") == (
+        "ebpo eval: run/checkpoints/best/model/model.safetensors is damaged: 260232 bytes where "
+        "run/checkpoints/best/manifest.json says 520464; the newest intact checkpoint is run/checkpoints/last "
+        "(step 2): `ebpo eval run/checkpoints/last`"
+    )
+    assert main([*args, "run/checkpoints/last"]) == 0
+    # a damaged trainer state does not keep a checkpoint's model from being evaluated
+    _truncate(halfway / "checkpoints" / "last" / "trainer_state.pt")
+    assert main([*args, "run/checkpoints/last/model"]) == 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# checkpoints written without a manifest
+
+
+def test_a_checkpoint_without_a_manifest_still_loads(halfway, straight):
+    for name in ("last", "best"):  # as checkpoints written before they had manifests
+        (halfway / "checkpoints" / name / MANIFEST).unlink()
+    assert checkpoint_module.newest_intact(halfway) == (halfway / "checkpoints" / "last", 2)
+    assert main(["train", "--resume", "run"]) == 0
+    assert training_rows(halfway) == training_rows(straight)
+    assert read_manifest(halfway / "checkpoints" / "last")["step"] == STEPS  # the new ones have one
+
+
+def test_a_damaged_checkpoint_without_a_manifest_is_still_one_line(halfway, capsys):
+    last = halfway / "checkpoints" / "last"
+    (last / MANIFEST).unlink()
+    _truncate(last / "model" / "model.safetensors")
+    capsys.readouterr()
+    assert main(["train", "--resume", "run"]) == 2
+    line = _one_line(capsys, "ebpo train")
+    assert line.startswith(
+        "ebpo train: error: model.path: cannot load a causal LM from run/checkpoints/last/model: "
+    ), line
+    shutil.copy(halfway / "checkpoints" / "best" / "model" / "model.safetensors", last / "model")
+    _truncate(last / "trainer_state.pt")
+    assert main(["train", "--resume", "run"]) == 2
+    assert re.fullmatch(
+        r"ebpo train: error: run/checkpoints/last/trainer_state.pt is damaged and cannot be read \(.*\); "
+        r"restore the checkpoint from a copy, or start over with --overwrite",
+        _one_line(capsys, "ebpo train"),
+    )
+
+
+def test_write_and_verify_a_manifest_of_any_directory(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.bin").write_bytes(b"abc")
+    (tmp_path / "y.txt").write_text("hello")
+    write_manifest(tmp_path, step=7)
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    # sha256("abc"), the FIPS 180-2 test vector
+    assert manifest["files"]["a/x.bin"] == {
+        "size": 3,
+        "sha256": "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
+    }
+    assert manifest["step"] == 7 and set(manifest["files"]) == {"a/x.bin", "y.txt"}
+    (tmp_path / "y.txt").write_text("jello")  # same size
+    verify_manifest(tmp_path, under="a")  # only a/ is checked
+    with pytest.raises(DamagedFile, match=r"y.txt is damaged: its SHA-256 differs"):
+        verify_manifest(tmp_path)
+    assert verify_manifest(tmp_path / "a") is None  # no manifest there: nothing to check
+    with pytest.raises(ConfigError):  # DamagedFile is a ConfigError: the commands' one-line errors
+        verify_manifest(tmp_path)
