@@ -3,19 +3,22 @@ scalars in TensorBoard; and the wall-time ones, ``timing_s/...`` (:class:`StepCl
 
 A kill can tear the line being written: readers leave it out with a warning, and on ``--resume`` the run
 directory rewinds the journal to the checkpoint's step (:meth:`ebpo.persist.RunDirectory.start`), so the
-resumed run appends to a history that ends where its checkpoint does.
+resumed run appends to a history that ends where its checkpoint does. A write the disk refuses (full,
+read-only, ...) is one :class:`ebpo.persist.WriteError` naming the file or the TensorBoard folder.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-from ebpo.persist import RunDirectory
+from ebpo.persist import RunDirectory, writing
 
 EXCLUDED_FROM_REPRODUCIBILITY = ("timing_s/", "perf/")
 """Metric prefixes that measure wall time and so differ between otherwise identical runs."""
@@ -52,23 +55,42 @@ class MetricsLogger:
     def __init__(self, run_dir: Path, purge_after: int | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when a run starts
 
+        _quiet_tensorboard_thread()
         run = RunDirectory(run_dir)
         self.journal = run.metrics
-        self.writer = SummaryWriter(
-            str(run.path / run.TENSORBOARD), purge_step=None if purge_after is None else purge_after + 1
-        )
+        self.tensorboard = run.path / run.TENSORBOARD
+        self._failed = False
+        with self._writing():
+            self.writer = SummaryWriter(
+                str(self.tensorboard), purge_step=None if purge_after is None else purge_after + 1
+            )
+
+    def _writing(self) -> Any:
+        kept = "the events before are kept"
+        return writing(self.tensorboard, kept=kept)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Append one row. A non-finite value is never stored: it is left out, ``nonfinite/<name>`` = 1 is
         logged in its place, and a warning names the metric and the step."""
         metrics = finite_metrics(step, metrics)
-        self.journal.append([{"step": step, **metrics}])
-        for name, value in metrics.items():
-            self.writer.add_scalar(name, value, step)
-        self.writer.flush()
+        try:
+            self.journal.append([{"step": step, **metrics}])
+            with self._writing():
+                for name, value in metrics.items():
+                    self.writer.add_scalar(name, value, step)
+                self.writer.flush()
+        except BaseException:
+            self._failed = True
+            raise
 
     def close(self) -> None:
-        self.writer.close()
+        """Close the TensorBoard writer; after a failed :meth:`log` (whose error is on its way) quietly."""
+        try:
+            with self._writing():
+                self.writer.close()
+        except Exception:
+            if not self._failed:
+                raise
 
 
 class StepClock:
@@ -89,3 +111,21 @@ class StepClock:
         step = time.perf_counter() - self.start
         timing = {f"timing_s/{phase}": seconds for phase, seconds in self.seconds.items()}
         return {**timing, "timing_s/step": step, "perf/tokens_per_s": tokens / max(step, 1e-9)}
+
+
+def _quiet_tensorboard_thread() -> None:
+    """TensorBoard writes its events from a thread of its own, which prints a traceback when a write fails
+    and hands the error on to the next ``add_scalar`` or ``flush`` of the main thread: there it becomes
+    one ``WriteError`` (:meth:`MetricsLogger.log`), so the thread's own traceback is left out. Other
+    threads' errors are printed as before."""
+    if getattr(threading.excepthook, "ebpo_quiet_tensorboard", False):
+        return
+    previous = threading.excepthook
+
+    def excepthook(args: Any) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and isinstance(args.exc_value, OSError):
+            return
+        previous(args)
+
+    excepthook.ebpo_quiet_tensorboard = True  # type: ignore[attr-defined]
+    threading.excepthook = excepthook
