@@ -26,6 +26,7 @@ import importlib
 import logging
 import multiprocessing as mp
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -101,9 +102,19 @@ def _load_function(name: str) -> Callable[..., Any]:
     return obj
 
 
+def _ignore_stop_signals() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def _worker_main(conn: Connection, fn: Callable[..., Any], init: Callable[[], None] | None) -> None:
     """Worker loop: run ``init``, say ready, then for each chunk ``[(task_id, args), ...]`` run the calls in
-    order, sending one ``(kind, task_id, value)`` message per call as it finishes; ``None`` ends the loop."""
+    order, sending one ``(kind, task_id, value)`` message per call as it finishes; ``None`` ends the loop.
+
+    Ctrl-C and SIGTERM reach every process of the terminal's or the job's group; a worker ignores them, so
+    that the process that owns the pool decides (``ebpo train`` finishes its step first). It still ends
+    when that process closes the connection or dies, and :meth:`_Worker.kill` uses SIGKILL."""
+    _ignore_stop_signals()
     try:
         if init is not None:
             init()
@@ -456,6 +467,7 @@ atexit.register(shutdown_all_pools)
 
 def _main(argv: list[str] | None = None) -> None:
     """Entry of an ``exec`` worker: ``python -P pool.py --fd N [--init module:fn] module:fn``."""
+    _ignore_stop_signals()  # before the function's imports, which may take seconds (_worker_main)
     parser = argparse.ArgumentParser(description="TimeoutPool worker (started by the pool, not by hand)")
     parser.add_argument("function", help="module:qualname of the function to serve")
     parser.add_argument("--fd", type=int, required=True, help="file descriptor of the socket to the parent")

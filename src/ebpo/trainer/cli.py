@@ -4,6 +4,7 @@ ebpo train                                   # built-in default: EBPO on arith w
 ebpo train --config grpo run.steps=100 rollout.temperature=0.8   # a shipped preset, by name
 ebpo train --config my.yaml                  # or any YAML file (a subset of the keys)
 ebpo train --resume runs/20260101-120000-ebpo run.steps=120
+ebpo train --resume runs/20260101-120000-ebpo/checkpoints/best   # from the best checkpoint instead
 ebpo train run.name=demo --overwrite         # replace the run already in runs/demo
 ebpo train --help-config                     # every config key, its default and help
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ebpo.dataclass_cli import add_command, dataclass_parser
@@ -36,8 +36,10 @@ class TrainCommand:
         default=None,
         metadata={
             "metavar": "DIR",
-            "help": "continue a run exactly from its last checkpoint (run directory); its config.yaml is the "
-            "base, --config and overrides apply on top (e.g. run.steps=200 to train longer)",
+            "help": "continue a run exactly from its last checkpoint (a run directory), or from one checkpoint "
+            "of it (DIR/checkpoints/best); its config.yaml is the base, --config and overrides apply on top "
+            "(e.g. run.steps=200 to train longer). Ctrl-C or SIGTERM stops a run after its current step with a "
+            "checkpoint and prints the command that continues it",
         },
     )
     run_dir: str | None = field(
@@ -85,7 +87,11 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run ``ebpo train``. Returns the exit code: 0; 2 for a bad config, path or checkpoint; 1 when the reward
+    raised or the disk refused a write; 130 / 143 when Ctrl-C / SIGTERM stopped it (one line on stderr saying
+    what was kept and the command that continues, never a traceback)."""
     from ebpo.errors import ConfigError
+    from ebpo.persist import WriteError
     from ebpo.trainer.config import describe, load_config, read_yaml
 
     if args.help_config:
@@ -95,24 +101,48 @@ def run(args: argparse.Namespace) -> int:
     try:
         base = None
         if args.resume:
-            saved = Path(args.resume) / "config.yaml"
+            from ebpo.trainer.checkpoint import run_dir_of
+
+            saved = run_dir_of(args.resume) / "config.yaml"
             if not saved.is_file():
-                raise ConfigError(f"--resume {args.resume}: no config.yaml there; is it a run directory?")
+                raise ConfigError(f"--resume {args.resume}: {saved} does not exist; is it a run directory?")
             base = read_yaml(saved)
         cfg = load_config(args.config, args.overrides, base=base)
         from ebpo.trainer.report import print_eval_table
         from ebpo.trainer.trainer import RewardError, Trainer
 
         trainer = Trainer(cfg, run_dir=args.run_dir, resume=args.resume, overwrite=args.overwrite)
-    except (ConfigError, ValueError, FileNotFoundError) as err:
+    except (ConfigError, ValueError, FileNotFoundError, WriteError) as err:
         print(f"ebpo train: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("ebpo train: interrupted before the first step; nothing to resume", file=sys.stderr)
+        return 130
     print(f"run directory: {trainer.run_dir}", flush=True)
+    if cfg.model.path is not None:
+        from ebpo.persist import find_model
+
+        note = find_model(cfg.model.path).note  # which model of a run or checkpoint directory trains
+        if note:
+            print(f"model.path: {note}", flush=True)
     try:
         result = trainer.train()
     except RewardError as err:
         print(f"ebpo train: error: {err}", file=sys.stderr)
         return 1
+    except WriteError as err:
+        print(
+            f"ebpo train: error: cannot write {err.path}: {err.reason}; {_kept(trainer, err)}",
+            file=sys.stderr,
+        )
+        return 1
+    except KeyboardInterrupt as err:
+        import signal
+
+        for signum in (signal.SIGINT, signal.SIGTERM):  # the process ends now: no traceback from a late one
+            signal.signal(signum, signal.SIG_IGN)
+        print(f"ebpo train: {_stopped(trainer, err)}", file=sys.stderr)
+        return getattr(err, "exit_code", 130)
     print()
     print_eval_table(result.eval_before, result.eval_after)
     if result.best_step is not None:
@@ -124,3 +154,30 @@ def run(args: argparse.Namespace) -> int:
         print(f"plot: {result.run_dir / 'training.png'}")
     print(f"run directory: {result.run_dir}")
     return 0
+
+
+def _continue_from(trainer) -> str:
+    """The checkpoint a resume of ``trainer``'s run continues from and the command that does it."""
+    from ebpo.trainer import checkpoint as ckpt
+
+    newest = ckpt.newest_intact(trainer.run_dir, verify=False)  # written by this process: not read back
+    if newest is None:
+        return f"no checkpoint was written; start over with `{ckpt.start_over_command(trainer.run_dir)}`"
+    checkpoint, step = newest
+    return f"{checkpoint} (step {step}) is kept; continue with `{ckpt.resume_command(checkpoint)}`"
+
+
+def _kept(trainer, err) -> str:
+    """After a refused write: what a resume continues from, and what to do first."""
+    return f"{_continue_from(trainer)} once you {err.fix}"
+
+
+def _stopped(trainer, err: KeyboardInterrupt) -> str:
+    """One line after Ctrl-C or SIGTERM: where it stopped and the command that continues."""
+    from ebpo.trainer import checkpoint as ckpt
+    from ebpo.trainer.interrupt import Interrupted, StoppedAtOnce
+
+    if isinstance(err, Interrupted):
+        return f"{err}; continue with `{ckpt.resume_command(err.checkpoint)}`"
+    stopped = f"{err}" if isinstance(err, StoppedAtOnce) else "interrupted"
+    return f"{stopped} before step {trainer.step + 1} finished; {_continue_from(trainer)}"

@@ -23,8 +23,8 @@ Exact resume: a checkpoint holds the model, optimizer, scheduler, estimator, sam
 so N steps, a kill, a resume and N more steps equal 2N steps in one run, bit for bit on CPU. Around the
 loop: ``setup.py`` (prompts, policy, estimator and loss, optimizer), ``rollout.py`` (scored groups, the typed
 batch), ``ebpo.logprobs`` (every log-prob pass, and why its fast paths are exact), ``checkpoint.py``,
-``metrics_log.py`` (with the step's clock), ``validation.py``, ``report.py``, ``plots.py``, and the run
-directory, an ``ebpo.persist.RunDirectory``.
+``interrupt.py`` (Ctrl-C and SIGTERM), ``metrics_log.py`` (with the step's clock), ``validation.py``,
+``report.py``, ``plots.py``, and the run directory, an ``ebpo.persist.RunDirectory``.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from ebpo.losses import agg_loss, kl_penalty, masked_mean
 from ebpo.persist import RunDirectory
 from ebpo.trainer import checkpoint as ckpt
 from ebpo.trainer.config import TrainConfig, save_config
+from ebpo.trainer.interrupt import StopRequest, stop_at_step_boundary
 from ebpo.trainer.metrics_log import MetricsLogger, StepClock
 from ebpo.trainer.plots import plot_training
 from ebpo.trainer.report import TrainResult, summary
@@ -153,7 +154,12 @@ class Trainer:
     # -- the loop ----------------------------------------------------------------------------------
 
     def train(self) -> TrainResult:
-        """Run until ``run.steps``; returns the run's summary (also written to ``summary.json``)."""
+        """Run until ``run.steps``; returns the run's summary (also written to ``summary.json``). Ctrl-C or
+        SIGTERM stops at the next step boundary with a checkpoint (``interrupt.Interrupted``)."""
+        with stop_at_step_boundary() as stop:
+            return self._train(stop)
+
+    def _train(self, stop: StopRequest) -> TrainResult:
         run = self.cfg.run
         logger = MetricsLogger(self.run_dir, purge_after=self.step if self.resumed_from else None)
         if self.resumed_from is None:  # step 0: validation before training
@@ -170,6 +176,8 @@ class Trainer:
         history = []
         try:
             while self.step < run.steps:
+                if stop.requested:  # Ctrl-C or SIGTERM meanwhile: a checkpoint here, then stop
+                    raise stop.interrupted(self.step, self.save_checkpoint(ckpt.LAST))
                 metrics = self._train_step()  # 1-6: rollouts, rewards, advantages, updates
                 self.step += 1
                 # 7. validation (keeping the best checkpoint by maj@k), the metrics line, the periodic checkpoint
