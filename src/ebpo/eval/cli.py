@@ -152,16 +152,32 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _resolve_model(name: str, quiet: bool) -> Path:
+    """The model directory MODEL names (``ebpo.persist.find_model``: a model, a checkpoint or a run
+    directory, the choice said on stderr); a checkpoint's model files are checked against its manifest
+    before anything loads them."""
     if name == BUILTIN:
         from ebpo.models.base_model import build_base_model
 
         return build_base_model(progress=not quiet)
-    path = Path(name).expanduser()
-    if not path.is_dir():
-        raise SystemExit(
-            f"ebpo eval: model directory {name} not found (give a local model directory or '{BUILTIN}')"
-        )
-    return path
+    from ebpo.errors import ConfigError
+    from ebpo.persist import find_model
+
+    try:
+        found = find_model(Path(name).expanduser())
+    except ConfigError as err:
+        raise ConfigError(f"{err} (or '{BUILTIN}' for the built-in model)") from None
+    if found.checkpoint is not None:
+        from ebpo.persist import RunDirectory
+        from ebpo.trainer.checkpoint import verify_checkpoint
+
+        verify_checkpoint(found.checkpoint, under=RunDirectory.MODEL, command="eval")
+    if found.note:
+        print(f"ebpo eval: {found.note}", file=sys.stderr)
+    return found.path
+
+
+def _first_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
 
 
 def _percent(value: float | None) -> str:
@@ -295,19 +311,23 @@ def run(args: argparse.Namespace, *, generate_fns: dict[str, Any] | None = None)
     Returns the exit code: 0, 2 after a bad flag, file or cache (one line on stderr naming it, no
     traceback), 130 after Ctrl-C (finished chunks stay in the cache; the message says how to resume).
     """
+    from ebpo.persist import WriteError
+
     cache_dir = None if args.no_cache else Path(args.cache_dir or default_cache_dir())
+    if cache_dir is None:
+        kept = "nothing was kept (--no-cache)"
+    else:
+        kept = (
+            f"the problems finished so far are cached under {cache_dir}: run the same command again to resume"
+        )
     try:
         return _run(args, cache_dir, generate_fns or {})
     except KeyboardInterrupt:
-        if cache_dir is None:
-            kept = "nothing was kept (--no-cache)"
-        else:
-            kept = (
-                f"the problems finished so far are cached under {cache_dir}: run the same command again "
-                f"to resume"
-            )
         print(f"ebpo eval: interrupted; {kept}", file=sys.stderr)
         return 130
+    except WriteError as err:  # the cache or the results: what was finished stays cached
+        print(f"ebpo eval: cannot write {err.path}: {err.reason}; {kept} once you {err.fix}", file=sys.stderr)
+        return 1
     except (ValueError, OSError) as err:  # our messages name the flag, file or line and the fix
         print(f"ebpo eval: {err}", file=sys.stderr)
         return 2
@@ -394,7 +414,10 @@ def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[st
             from transformers import AutoTokenizer
 
             path = _resolve_model(name, args.quiet)
-            tokenizer = AutoTokenizer.from_pretrained(path)
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(path)
+            except Exception as err:  # noqa: BLE001 - a damaged or missing tokenizer file: one line
+                raise ValueError(f"cannot load the tokenizer of {path}: {_first_line(err)}") from err
             tokenizer.padding_side = "left"
             has_template = bool(getattr(tokenizer, "chat_template", None))
             use_template = args.chat_template == "on" or (args.chat_template == "auto" and has_template)

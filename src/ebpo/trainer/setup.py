@@ -26,6 +26,7 @@ from ebpo.generation import in_kernel_gqa
 from ebpo.logprobs import check_shared_prompt_attention
 from ebpo.losses import PolicyLossConfig, get_policy_loss
 from ebpo.models.base_model import build_base_model
+from ebpo.persist import find_model
 from ebpo.registry import unknown_choice
 from ebpo.rewards import get_reward, list_rewards
 from ebpo.tasks import get_task
@@ -196,21 +197,25 @@ def load_prompts(cfg: TrainConfig) -> Prompts:
 
 
 def load_policy(cfg: TrainConfig, checkpoint: Path | None, device: torch.device) -> Policy:
-    """The policy from ``model.path`` (or the built-in base model), its weights from ``checkpoint`` when
-    resuming, and a frozen copy of the initial weights when ``algorithm.kl_coef > 0``."""
+    """The policy from ``model.path`` (a model, checkpoint or run directory: ``ebpo.persist.find_model``;
+    default the built-in base model), its weights from ``checkpoint`` when resuming, and a frozen copy of
+    the initial weights when ``algorithm.kl_coef > 0``."""
     hf_logging.disable_progress_bar()  # no per-load / per-save bars in the training log
     m = cfg.model
-    base_path = Path(build_base_model()) if m.path is None else Path(m.path)
-    if not base_path.exists():
-        raise ConfigError(f"model.path: {m.path} does not exist; give a model directory or leave it null")
+    try:
+        base_path = Path(build_base_model()) if m.path is None else find_model(m.path).path
+    except ConfigError as err:
+        raise ConfigError(f"model.path: {err} (or leave it null for the built-in model)") from None
     dtype = getattr(torch, m.dtype)
     load_from = checkpoint / "model" if checkpoint is not None else base_path
     try:
         tokenizer = AutoTokenizer.from_pretrained(base_path)
         # transformers wraps PreTrainedModel.to in functools.wraps: mypy sees an unbound _Wrapped (self first)
         model = AutoModelForCausalLM.from_pretrained(load_from, dtype=dtype).to(device)  # type: ignore[arg-type]
-    except OSError as err:
-        raise ConfigError(f"model.path: cannot load a causal LM from {load_from}: {err}") from err
+    except Exception as err:  # noqa: BLE001 - OSError, safetensors' and JSON errors of a damaged directory
+        raise ConfigError(
+            f"model.path: cannot load a causal LM from {load_from}: {_first_line(err)}"
+        ) from err
     # eval mode: no dropout in RL fine-tuning (gradients still flow). Hugging Face only checkpoints
     # activations in train mode, so that option needs it (dropout is 0 in current causal LMs).
     model.train(m.gradient_checkpointing)
@@ -228,6 +233,10 @@ def load_policy(cfg: TrainConfig, checkpoint: Path | None, device: torch.device)
         in_kernel_gqa(ref_model)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return Policy(model=model, ref_model=ref_model, tokenizer=tokenizer, base_path=base_path, pad_id=pad_id)
+
+
+def _first_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
 
 
 def build_algorithm(cfg: TrainConfig, generator: torch.Generator) -> Algorithm:

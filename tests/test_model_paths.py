@@ -1,0 +1,140 @@
+"""Every path ``ebpo train`` prints is accepted by the command a user runs next: ``ebpo eval`` and
+``ebpo train model.path=`` take a run directory, a checkpoint or a model directory (``ebpo.persist.find_model``)
+and say which model they picked; a directory holding no model is one line saying what was expected."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from ebpo.cli import main
+from ebpo.errors import ConfigError
+from ebpo.persist import find_model
+from test_trainer import tiny_overrides
+
+EVAL = ["eval", "--benchmarks", "arith", "--limit", "2", "--n", "1", "--ks", "1", "--maj-ks", "1", "--quiet"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def printed(tiny_model_dir, tmp_path_factory):
+    """The paths a 3-step ``ebpo train`` prints (its stdout), run from a fresh directory; and that directory."""
+    import contextlib
+    import io
+    import os
+
+    where = tmp_path_factory.mktemp("user")
+    cwd = os.getcwd()
+    os.chdir(where)
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            overrides = [*tiny_overrides(tiny_model_dir), "run.steps=3", "run.eval_every=1", "run.name=demo"]
+            assert main(["train", *overrides]) == 0
+    finally:
+        os.chdir(cwd)
+    text = out.getvalue()
+    best = re.search(r"best checkpoint: step (\d+) .* in (\S+)$", text, re.M)
+    run = re.search(r"^run directory: (\S+)$", text, re.M)
+    assert best is not None and run is not None, text
+    return where, run.group(1), best.group(2), int(best.group(1))
+
+
+def test_find_model_takes_a_run_a_checkpoint_or_a_model_directory(printed):
+    where, run, best, best_step = printed
+    run_dir = where / run
+    found = find_model(run_dir)  # a run directory: its best checkpoint, and the note names the other
+    assert found.path == run_dir / "checkpoints" / "best" / "model"
+    assert found.checkpoint == run_dir / "checkpoints" / "best"
+    assert found.note == (
+        f"{run_dir} is a run directory: using its best checkpoint (step {best_step}), {found.path}; its last "
+        f"checkpoint (step 3) is {run_dir / 'checkpoints' / 'last'}"
+    )
+    assert find_model(run_dir / "checkpoints").path == found.path
+    last = run_dir / "checkpoints" / "last"
+    assert find_model(last) == (
+        last / "model",
+        last,
+        f"{last} is a checkpoint (step 3): using its model, {last / 'model'}",
+    )
+    assert find_model(last / "model") == (last / "model", last, "")  # a model directory: no note
+    with pytest.raises(ConfigError) as err:
+        find_model(run_dir / "tensorboard")
+    assert str(err.value) == (
+        f"{run_dir / 'tensorboard'} holds no model: expected a model directory (config.json and weights), a "
+        "checkpoint (model/ inside) or a run directory (checkpoints/best or checkpoints/last)"
+    )
+    with pytest.raises(ConfigError, match=r"nowhere does not exist; give a model directory, a checkpoint or"):
+        find_model(run_dir / "nowhere")
+
+
+@pytest.mark.parametrize("which", ["run", "best", "model"])
+def test_ebpo_eval_takes_each_path_ebpo_train_prints(printed, capsys, monkeypatch, which):
+    where, run, best, best_step = printed
+    monkeypatch.chdir(where)
+    model = {"run": run, "best": best, "model": f"{best}/model"}[which]
+    capsys.readouterr()
+    assert main([*EVAL, "--no-cache", "--out-dir", f"out-{which}", model]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    notes = [line for line in err.splitlines() if " using its " in line]
+    if which == "run":
+        assert notes == [
+            f"ebpo eval: {run} is a run directory: using its best checkpoint (step {best_step}), {best}/model; "
+            f"its last checkpoint (step 3) is {run}/checkpoints/last"
+        ]
+    elif which == "best":
+        assert notes == [
+            f"ebpo eval: {best} is a checkpoint (step {best_step}): using its model, {best}/model"
+        ]
+    else:
+        assert notes == []
+    results = json.loads((where / f"out-{which}" / "results.json").read_text())
+    assert results["results"][model]["arith"]["num_problems"] == 2
+
+
+def test_ebpo_eval_of_a_directory_without_a_model_is_one_line(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert main([*EVAL, "--no-cache", "--out-dir", str(tmp_path / "o"), str(tmp_path / "empty")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"ebpo eval: {tmp_path / 'empty'} holds no model: expected a model directory (config.json and "
+        "weights), a checkpoint (model/ inside) or a run directory (checkpoints/best or checkpoints/last) "
+        "(or 'builtin' for the built-in model)"
+    )
+
+
+def test_ebpo_train_model_path_takes_a_run_directory(printed, tiny_model_dir, capsys, monkeypatch):
+    where, run, best, best_step = printed
+    monkeypatch.chdir(where)
+    capsys.readouterr()
+    overrides = [*tiny_overrides(tiny_model_dir), "run.steps=1", f"model.path={run}"]
+    assert main(["train", "--run-dir", "next", *overrides]) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"model.path: {run} is a run directory: using its best checkpoint (step {best_step}), {best}/model; "
+        f"its last checkpoint (step 3) is {run}/checkpoints/last"
+    ) in out.splitlines()
+    state = torch.load(where / "next" / "checkpoints" / "last" / "trainer_state.pt", weights_only=False)
+    assert state["base_path"] == f"{best}/model"  # the initial weights (and the KL reference's)
+
+
+def test_ebpo_train_model_path_without_a_model_is_one_line(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes").mkdir()
+    overrides = [*tiny_overrides(tiny_model_dir), "run.steps=1", "model.path=notes"]
+    assert main(["train", "--run-dir", "run", *overrides]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "ebpo train: error: model.path: notes holds no model: expected a model directory (config.json and "
+        "weights), a checkpoint (model/ inside) or a run directory (checkpoints/best or checkpoints/last) (or "
+        "leave it null for the built-in model)"
+    )
