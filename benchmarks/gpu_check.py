@@ -14,11 +14,12 @@ fallback the test suite exercises) and the table says so. The checks:
    the same prompts, and the responses are drawn by the trainer's CPU generator from probabilities that
    agree between devices to float rounding, so in float32 the first steps' metrics agree within
    :data:`TOLERANCE` ``float32`` (relative 1e-3, absolute 1e-4; a draw that flips on a probability at the
-   edge can move a step's metrics more, and the table names the metric and step). bfloat16 rounds
-   logits to about 3 significant digits, which can change draws, and the trainer keeps bfloat16 weights
-   and optimizer state (no float32 master copy), so an update smaller than a weight's last digit is lost:
-   on the CPU, 2 steps of the quick sizes in bfloat16 gave a tenth of float32's step KL and no clipped
-   token. Its bound (relative 0.25, absolute 0.05) covers only what the responses decide (reward, length,
+   edge can move a step's metrics more, and the table names the metric and step). bfloat16 (autocast,
+   with float32 weights and optimizer state) rounds logits to about 3 significant digits, which can change
+   draws: on the CPU, 2 steps of the quick sizes in bfloat16 gave float32's rewards and a step KL of
+   0.0072 and 0.033 against its 0.0065 and 0.032 (with bfloat16 weights, before the float32 master copy:
+   a tenth of it, and no clipped token). Its bound (relative 0.25, absolute 0.05) covers only what the
+   responses decide (reward, length,
    entropy, all-fail groups, EBPO's shrinkage): a sanity check that the run samples the same problem at
    the same scale; the update's metrics are reported beside it, not bounded.
 3. **``ebpo.generation.sample`` against ``model.generate``** (``benchmarks/bench_eval.py``): the same model,

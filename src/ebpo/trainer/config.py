@@ -49,8 +49,13 @@ class ModelConfig:
         "directory).",
         default=None,
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = option(
-        "Parameter dtype for training: float32 | bfloat16 | float16. Default float32.", default="float32"
+    dtype: Literal["float32", "bfloat16"] = option(
+        "Compute dtype: float32 | bfloat16 (float16 would need loss scaling). bfloat16 runs every forward pass "
+        "(sampling, log-probs, updates) under torch.autocast in bfloat16 and keeps float32 weights, gradients "
+        "and optimizer state (mixed precision, as verl's FSDP and TRL's bf16=True), so small updates are not "
+        "rounded away; the frozen reference model is held in bfloat16. Checkpoints hold the float32 weights. "
+        "Default float32.",
+        default="float32",
     )
     gradient_checkpointing: bool = option(
         "Recompute activations in the backward pass (saves memory on large models). Default false.",

@@ -10,6 +10,7 @@ the CUDA device).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -199,23 +200,24 @@ def load_prompts(cfg: TrainConfig) -> Prompts:
 def load_policy(cfg: TrainConfig, checkpoint: Path | None, device: torch.device) -> Policy:
     """The policy from ``model.path`` (a model, checkpoint or run directory: ``ebpo.persist.find_model``;
     default the built-in base model), its weights from ``checkpoint`` when resuming, and a frozen copy of
-    the initial weights when ``algorithm.kl_coef > 0``."""
+    the initial weights when ``algorithm.kl_coef > 0``; in ``model.dtype`` (:func:`mixed_precision`)."""
     hf_logging.disable_progress_bar()  # no per-load / per-save bars in the training log
     m = cfg.model
     try:
         base_path = Path(build_base_model()) if m.path is None else find_model(m.path).path
     except ConfigError as err:
         raise ConfigError(f"model.path: {err} (or leave it null for the built-in model)") from None
-    dtype = getattr(torch, m.dtype)
     load_from = checkpoint / "model" if checkpoint is not None else base_path
     try:
         tokenizer = AutoTokenizer.from_pretrained(base_path)
+        # float32 weights whatever model.dtype: the master copy the optimizer updates (mixed_precision)
         # transformers wraps PreTrainedModel.to in functools.wraps: mypy sees an unbound _Wrapped (self first)
-        model = AutoModelForCausalLM.from_pretrained(load_from, dtype=dtype).to(device)  # type: ignore[arg-type]
+        model = AutoModelForCausalLM.from_pretrained(load_from, dtype=torch.float32).to(device)  # type: ignore[arg-type]
     except Exception as err:  # noqa: BLE001 - OSError, safetensors' and JSON errors of a damaged directory
         raise ConfigError(
             f"model.path: cannot load a causal LM from {load_from}: {_first_line(err)}"
         ) from err
+    mixed_precision(model, m.dtype)
     # eval mode: no dropout in RL fine-tuning (gradients still flow). Hugging Face only checkpoints
     # activations in train mode, so that option needs it (dropout is 0 in current causal LMs).
     model.train(m.gradient_checkpointing)
@@ -226,13 +228,37 @@ def load_policy(cfg: TrainConfig, checkpoint: Path | None, device: torch.device)
         check_shared_prompt_attention(model, str(base_path))
     ref_model = None
     if cfg.algorithm.kl_coef > 0:
-        # the same functools.wraps typing of PreTrainedModel.to as above
+        # never updated, so it needs no float32 copy: held in model.dtype (as verl holds its reference), and
+        # run under the same autocast as the policy. The same functools.wraps typing of .to as above.
+        dtype = getattr(torch, m.dtype)
         ref_model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype).to(device)  # type: ignore[arg-type]
+        mixed_precision(ref_model, m.dtype)
         # eval mode, and only ever run without gradient (torch.no_grad)
         ref_model.eval()
         in_kernel_gqa(ref_model)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return Policy(model=model, ref_model=ref_model, tokenizer=tokenizer, base_path=base_path, pad_id=pad_id)
+
+
+def mixed_precision(model: torch.nn.Module, dtype: str) -> None:
+    """``model.dtype`` for a loaded model: ``float32`` leaves it as it is; ``bfloat16`` runs its forward (every
+    pass: sampling, log-probs, updates, validation) under ``torch.autocast`` in bfloat16, so the matrix
+    products compute in bfloat16 while the weights, their gradients and the optimizer's state stay as loaded,
+    in float32. Mixed precision, as verl's FSDP and TRL's ``bf16=True`` train: an update smaller than
+    bfloat16's precision (about 1/256 of a weight) still moves the float32 weight. The logits come out in
+    bfloat16 and the log-probs are computed from them in float32 (``rollout.forward_logp``)."""
+    if dtype == "float32":
+        return
+    forward = model.forward
+    device_type = next(model.parameters()).device.type
+    autocast_dtype = getattr(torch, dtype)
+
+    @functools.wraps(forward)
+    def forward_in_autocast(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device_type=device_type, dtype=autocast_dtype):
+            return forward(*args, **kwargs)
+
+    model.forward = forward_in_autocast
 
 
 def _first_line(err: BaseException) -> str:
