@@ -18,14 +18,6 @@ from test_trainer import tiny_overrides
 EVAL = ["eval", "--benchmarks", "arith", "--limit", "2", "--n", "1", "--ks", "1", "--maj-ks", "1", "--quiet"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def printed(tiny_model_dir, tmp_path_factory):
     """The paths a 3-step ``ebpo train`` prints (its stdout), run from a fresh directory; and that directory."""

@@ -26,14 +26,6 @@ from test_trainer import final_params, tiny_config, training_rows
 STEPS = 4
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def straight(tiny_model_dir, tmp_path_factory):
     run = tmp_path_factory.mktemp("straight") / "run"
@@ -171,6 +163,14 @@ def test_ebpo_eval_checks_the_checkpoint_and_names_the_intact_one(halfway, capsy
     # a damaged trainer state does not keep a checkpoint's model from being evaluated
     _truncate(halfway / "checkpoints" / "last" / "trainer_state.pt")
     assert main([*args, "run/checkpoints/last/model"]) == 0
+
+
+def test_a_damaged_checkpoint_copied_out_of_its_run_says_to_restore_it(halfway, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(halfway / "checkpoints" / "last", copy)
+    _truncate(copy / "trainer_state.pt")
+    with pytest.raises(DamagedFile, match=r"copy/trainer_state.pt is damaged: .*; restore it from a copy$"):
+        checkpoint_module.verify_checkpoint(copy)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import ebpo
 from ebpo.trainer import checkpoint as checkpoint_module
 from ebpo.trainer.interrupt import Interrupted, StoppedAtOnce
 from ebpo.trainer.trainer import Trainer
@@ -29,15 +30,7 @@ from test_trainer import final_params, tiny_config, tiny_overrides, training_row
 
 STEPS = 6
 TESTS = Path(__file__).resolve().parent
-SRC = TESTS.parent / "src"
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+SRC = Path(ebpo.__file__).resolve().parents[1]  # the child runs the ebpo this process imported
 
 
 @pytest.fixture(scope="module")

@@ -12,14 +12,6 @@ from ebpo.trainer.trainer import Trainer
 from test_trainer import tiny_config
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_bfloat16_computes_in_bfloat16_and_keeps_the_small_update_in_float32_masters(
     tiny_model_dir, tmp_path
 ):

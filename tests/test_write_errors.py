@@ -44,14 +44,6 @@ FIX = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def refused(code: int) -> OSError:
     return OSError(code, os.strerror(code))
 
@@ -60,7 +52,7 @@ def refused(code: int) -> OSError:
 # ebpo.persist: every writer, every refusal
 
 
-@pytest.mark.parametrize("code", sorted(REFUSED))
+@pytest.mark.parametrize("code", sorted(REFUSED), ids=lambda code: errno.errorcode[code])
 def test_each_atomic_writer_names_the_path_the_reason_and_keeps_the_old_content(tmp_path, monkeypatch, code):
     target = tmp_path / "file.txt"
     write_text_atomic(target, "old")

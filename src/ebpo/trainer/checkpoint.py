@@ -186,7 +186,10 @@ def newest_intact(
 
 def instead_of(checkpoint: Path, command: str = "resume") -> str:
     """What to do when ``checkpoint`` cannot be used: continue from the newest intact checkpoint of its run
-    (``command`` ``resume``: ``ebpo train --resume``; ``eval``: ``ebpo eval``), or start over."""
+    (``command`` ``resume``: ``ebpo train --resume``; ``eval``: ``ebpo eval``), or start over. A checkpoint
+    outside a run directory (copied elsewhere) has no other to turn to."""
+    if checkpoint.parent.name != RunDirectory.CHECKPOINTS:
+        return "restore it from a copy"
     run_dir = run_dir_of(checkpoint)
     newest = newest_intact(run_dir, excluding=checkpoint)
     if newest is None:

@@ -89,9 +89,9 @@ def stop_at_step_boundary() -> Iterator[StopRequest]:
         if request.signum is not None:
             raise StoppedAtOnce(signum)
         request.signum = signum
-        again = "Ctrl-C" if signum == signal.SIGINT else "the signal"
+        again = "Ctrl-C again" if signum == signal.SIGINT else "send it again"
         print(
-            f"\n{signal_name(signum)}: stopping after this step, with a checkpoint ({again} again to stop now)",
+            f"\n{signal_name(signum)}: stopping after this step, with a checkpoint ({again} to stop now)",
             file=sys.stderr,
             flush=True,
         )

@@ -66,8 +66,8 @@ class MetricsLogger:
             )
 
     def _writing(self) -> Any:
-        kept = "the events before are kept"
-        return writing(self.tensorboard, kept=kept)
+        """Turns a refused write of TensorBoard's into one ``WriteError`` naming its folder."""
+        return writing(self.tensorboard, kept="the events before are kept")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Append one row. A non-finite value is never stored: it is left out, ``nonfinite/<name>`` = 1 is
