@@ -130,3 +130,19 @@ def test_ebpo_train_model_path_without_a_model_is_one_line(tmp_path, tiny_model_
         "weights), a checkpoint (model/ inside) or a run directory (checkpoints/best or checkpoints/last) (or "
         "leave it null for the built-in model)"
     )
+
+
+def test_ebpo_diagnose_model_takes_the_same_paths(printed, tmp_path, capsys, monkeypatch):
+    from ebpo.diagnostics.study import DiagnoseConfig, _load_policy
+
+    where, run, best, best_step = printed
+    monkeypatch.chdir(where)
+    model, _ = _load_policy(DiagnoseConfig(model=run), torch.device("cpu"))
+    assert model.name_or_path == f"{best}/model"
+    (tmp_path / "empty").mkdir()
+    assert main(["diagnose", "--model", str(tmp_path / "empty")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"ebpo diagnose: --model: {tmp_path / 'empty'} holds no model: expected a model directory (config.json "
+        "and weights), a checkpoint (model/ inside) or a run directory (checkpoints/best or checkpoints/last) "
+        "(or 'builtin')"
+    )

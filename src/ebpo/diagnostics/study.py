@@ -311,16 +311,21 @@ def _load_policy(cfg: DiagnoseConfig, device: torch.device) -> tuple[Any, Any]:
         from ebpo.models.base_model import build_base_model
 
         path = Path(build_base_model(progress=False))
-    else:
-        path = Path(cfg.model).expanduser()
-        if not path.is_dir():
-            raise ConfigError(
-                f"--model {cfg.model}: no such directory; give a model directory or '{BUILTIN_MODEL}'"
-            )
+    else:  # a model, a checkpoint or a run directory, as ebpo eval takes it (checked against its manifest)
+        from ebpo.persist import RunDirectory, find_model
+        from ebpo.trainer.checkpoint import verify_checkpoint
+
+        try:
+            found = find_model(Path(cfg.model).expanduser())
+        except ConfigError as err:
+            raise ConfigError(f"--model: {err} (or '{BUILTIN_MODEL}')") from None
+        if found.checkpoint is not None:
+            verify_checkpoint(found.checkpoint, under=RunDirectory.MODEL, use="ebpo diagnose --model")
+        path = found.path
     try:
         return load_model(path, device=str(device), dtype=cfg.dtype)
-    except OSError as err:
-        raise ConfigError(f"--model {cfg.model}: cannot load a causal LM: {err}") from err
+    except (OSError, ConfigError) as err:
+        raise ConfigError(f"--model {cfg.model}: {err}") from err
 
 
 def _load_records(cfg: DiagnoseConfig) -> list[Any]:

@@ -170,7 +170,7 @@ def _resolve_model(name: str, quiet: bool) -> Path:
         from ebpo.persist import RunDirectory
         from ebpo.trainer.checkpoint import verify_checkpoint
 
-        verify_checkpoint(found.checkpoint, under=RunDirectory.MODEL, command="eval")
+        verify_checkpoint(found.checkpoint, under=RunDirectory.MODEL, use="ebpo eval")
     if found.note:
         print(f"ebpo eval: {found.note}", file=sys.stderr)
     return found.path

@@ -222,8 +222,10 @@ def load_model(path: str | Path, *, device: str | None = None, dtype: str = "aut
         # transformers wraps PreTrainedModel.to in functools.wraps: mypy sees an unbound _Wrapped (self first)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device).eval()  # type: ignore[arg-type]
     except Exception as err:  # noqa: BLE001 - a damaged file raises OSError, safetensors' or JSON errors
+        from ebpo.errors import ConfigError
+
         first_line = (str(err).strip().splitlines() or [""])[0]
-        raise ValueError(f"cannot load a causal LM from {path}: {type(err).__name__}: {first_line}") from err
+        raise ConfigError(f"cannot load a causal LM from {path}: {type(err).__name__}: {first_line}") from err
     tokenizer.padding_side = "left"
     in_kernel_gqa(model)  # sampling without gradient: same numbers, less copying
     return model, tokenizer

@@ -184,32 +184,32 @@ def newest_intact(
     return checkpoint, step
 
 
-def instead_of(checkpoint: Path, command: str = "resume") -> str:
+def instead_of(checkpoint: Path, use: str | None = None) -> str:
     """What to do when ``checkpoint`` cannot be used: continue from the newest intact checkpoint of its run
-    (``command`` ``resume``: ``ebpo train --resume``; ``eval``: ``ebpo eval``), or start over. A checkpoint
-    outside a run directory (copied elsewhere) has no other to turn to."""
+    (``ebpo train --resume``, or the command ``use`` followed by that checkpoint's path: ``ebpo eval``), or
+    start over. A checkpoint outside a run directory (copied elsewhere) has no other to turn to."""
     if checkpoint.parent.name != RunDirectory.CHECKPOINTS:
         return "restore it from a copy"
     run_dir = run_dir_of(checkpoint)
     newest = newest_intact(run_dir, excluding=checkpoint)
     if newest is None:
-        if command == "eval":
+        if use is not None:
             return f"{run_dir} holds no intact checkpoint"
         return f"{run_dir} holds no intact checkpoint: start over with `{start_over_command(run_dir)}`"
     other, step = newest
-    use = resume_command(other) if command == "resume" else f"ebpo eval {shlex.quote(str(other))}"
-    return f"the newest intact checkpoint is {other} (step {step}): `{use}`"
+    command = resume_command(other) if use is None else f"{use} {shlex.quote(str(other))}"
+    return f"the newest intact checkpoint is {other} (step {step}): `{command}`"
 
 
-def verify_checkpoint(checkpoint: Path, *, under: str = "", command: str = "resume") -> None:
+def verify_checkpoint(checkpoint: Path, *, under: str = "", use: str | None = None) -> None:
     """Check ``checkpoint``'s files (those below ``under`` only, if given) against its manifest before
     anything loads them: a damaged one is a :class:`DamagedCheckpoint` naming it, and the newest intact
-    checkpoint of the run to use instead (:func:`instead_of`). No manifest (an older checkpoint): nothing
-    is checked."""
+    checkpoint of the run to use instead (:func:`instead_of`; ``use``: the command the user runs on a
+    checkpoint, default ``ebpo train --resume``). No manifest (an older checkpoint): nothing is checked."""
     try:
         verify_manifest(checkpoint, under=under)
     except DamagedFile as err:
-        raise DamagedCheckpoint(err.path, err.problem, instead_of(checkpoint, command)) from None
+        raise DamagedCheckpoint(err.path, err.problem, instead_of(checkpoint, use)) from None
 
 
 def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
