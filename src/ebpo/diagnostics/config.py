@@ -31,8 +31,8 @@ class DiagnoseConfig:
     model: str = field(
         default=BUILTIN_MODEL,
         metadata={
-            "help": "the policy: a Hugging Face causal-LM directory (as `ebpo eval` loads it; a training "
-            "checkpoint's model/ folder) or 'builtin', the shipped arith base model"
+            "help": "the policy: a Hugging Face causal-LM directory, an ebpo train checkpoint or run directory "
+            "(its best checkpoint), as `ebpo eval` takes them, or 'builtin', the shipped arith base model"
         },
     )
     task: str = field(
