@@ -246,7 +246,7 @@ def mixed_precision(model: torch.nn.Module, dtype: str) -> None:
     products compute in bfloat16 while the weights, their gradients and the optimizer's state stay as loaded,
     in float32. Mixed precision, as verl's FSDP and TRL's ``bf16=True`` train: an update smaller than
     bfloat16's precision (about 1/256 of a weight) still moves the float32 weight. The logits come out in
-    bfloat16 and the log-probs are computed from them in float32 (``rollout.forward_logp``)."""
+    bfloat16 and the log-probs are computed from them in float32 (``ebpo.logprobs``)."""
     if dtype == "float32":
         return
     forward = model.forward
