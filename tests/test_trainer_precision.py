@@ -62,7 +62,5 @@ def test_float32_leaves_the_model_as_it_is(tiny_model_dir):
 def test_float16_is_refused_with_the_choices(tiny_model_dir):
     from ebpo.errors import ConfigError
 
-    with pytest.raises(
-        ConfigError, match=r"model.dtype.*'float16'.*bfloat16, float32"
-    ):
+    with pytest.raises(ConfigError, match=r"model.dtype.*'float16'.*bfloat16, float32"):
         tiny_config(tiny_model_dir, "model.dtype=float16")
