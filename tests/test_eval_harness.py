@@ -4,11 +4,15 @@ on arith, resuming from the cache, the table."""
 from __future__ import annotations
 
 import argparse
+import builtins
+import errno
 import json
+import os
 
 import pytest
 import torch
 
+from ebpo import persist
 from ebpo.data.records import Record
 from ebpo.eval import cli as eval_cli
 from ebpo.eval.harness import SamplingConfig, cache_file, evaluate, get_benchmark, problem_seed
@@ -430,6 +434,32 @@ def _quick_args(tmp_path, *extra: str) -> argparse.Namespace:
         ["scripted", "--benchmarks", "arith", "--limit", "6", "--n", "2", "--batch-size", "4", "--quiet"]
         + ["--cache-dir", str(tmp_path / "cache"), "--out-dir", str(tmp_path / "out"), *extra]
     )
+
+
+def test_cli_a_full_cache_disk_is_one_line_and_keeps_what_is_cached(tmp_path, monkeypatch, capsys):
+    args = _quick_args(tmp_path, "--ks", "1,2", "--maj-ks", "2")
+    appends = [0]
+
+    def opening(path, mode="r", *a, **k):  # the third append to the cache meets a full disk
+        if str(path).endswith(".jsonl") and "a" in mode:
+            appends[0] += 1
+            if appends[0] == 3:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return builtins.open(path, mode, *a, **k)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(persist, "open", opening, raising=False)
+        assert eval_cli.run(args, generate_fns={"scripted": SeededGenerator()}) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    (cache,) = (tmp_path / "cache").rglob("arith-*.jsonl")
+    assert err == [
+        f"ebpo eval: cannot write {cache}: no space left on device; the problems finished so far are cached "
+        f"under {tmp_path / 'cache'}: run the same command again to resume once you free some space"
+    ]
+    assert len(cache.read_text().splitlines()) == 4  # the two chunks before
+    resumed = SeededGenerator()
+    assert eval_cli.run(args, generate_fns={"scripted": resumed}) == 0
+    assert len(resumed.calls) == 1  # only the chunk the disk refused
 
 
 def arith_scripted(prompts, n, seeds):

@@ -13,7 +13,7 @@ import torch
 from ebpo.cli import main
 from ebpo.errors import ConfigError
 from ebpo.persist import find_model
-from test_trainer import tiny_overrides
+from helpers.trainer import tiny_overrides
 
 EVAL = ["eval", "--benchmarks", "arith", "--limit", "2", "--n", "1", "--ks", "1", "--maj-ks", "1", "--quiet"]
 

@@ -21,7 +21,7 @@ from ebpo.persist import MANIFEST, DamagedFile, read_manifest, verify_manifest, 
 from ebpo.trainer import checkpoint as checkpoint_module
 from ebpo.trainer.interrupt import Interrupted
 from ebpo.trainer.trainer import Trainer
-from test_trainer import final_params, tiny_config, training_rows
+from helpers.trainer import final_params, tiny_config, training_rows
 
 STEPS = 4
 

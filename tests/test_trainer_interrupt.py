@@ -26,7 +26,7 @@ import ebpo
 from ebpo.trainer import checkpoint as checkpoint_module
 from ebpo.trainer.interrupt import Interrupted, StoppedAtOnce
 from ebpo.trainer.trainer import Trainer
-from test_trainer import final_params, tiny_config, tiny_overrides, training_rows
+from helpers.trainer import final_params, tiny_config, tiny_overrides, training_rows
 
 STEPS = 6
 TESTS = Path(__file__).resolve().parent
@@ -136,10 +136,10 @@ def test_a_second_signal_stops_at_once_and_the_newest_checkpoint_resumes_exactly
 
 
 CHILD = (
-    "import sys; sys.path.insert(0, sys.argv[1]); import test_trainer; from ebpo.cli import main; "
+    "import sys; sys.path.insert(0, sys.argv[1]); import helpers.trainer; from ebpo.cli import main; "
     "sys.exit(main(sys.argv[2:]))"
 )
-"""``ebpo train`` in a child process, with the tests' dense reward registered (``test_trainer``)."""
+"""``ebpo train`` in a child process, with the tests' dense reward registered (``helpers.trainer``)."""
 
 PROCESS_STEPS = 10
 

@@ -9,7 +9,7 @@ import torch
 
 from ebpo.trainer.setup import mixed_precision
 from ebpo.trainer.trainer import Trainer
-from test_trainer import tiny_config
+from helpers.trainer import tiny_config
 
 
 def test_bfloat16_computes_in_bfloat16_and_keeps_the_small_update_in_float32_masters(

@@ -1,8 +1,8 @@
 """Writes the disk refuses: a full disk (ENOSPC), a quota (EDQUOT), permissions (EACCES), a read-only
-filesystem (EROFS), wherever ebpo writes (checkpoints, the metrics journal, TensorBoard, the evaluation cache,
-the adapters' estimator state). Each is one line naming the path, the reason in words and what was kept;
-the previous complete checkpoint stays the one a resume uses, and the resumed run equals one the disk never
-refused, bit for bit.
+filesystem (EROFS), where ``ebpo train`` writes (checkpoints, the metrics journal, TensorBoard). Each is one
+line naming the path, the reason in words and what was kept; the previous complete checkpoint stays the one a
+resume uses, and the resumed run equals one the disk never refused, bit for bit. The evaluation cache's case
+is in ``test_eval_harness.py``, the adapters' estimator state's in ``integrations/``.
 
 Two ways: the errors injected where the writing libraries raise them (in the form each raises: safetensors'
 message, torch's RuntimeError over the file's OSError, Python's OSError, TensorBoard's writer thread), and a
@@ -27,7 +27,7 @@ from ebpo.cli import main
 from ebpo.persist import DirectoryLock, Journal, WriteError, replace_dir, save_torch_atomic, write_text_atomic
 from ebpo.trainer import checkpoint as checkpoint_module
 from ebpo.trainer.trainer import Trainer
-from test_trainer import final_params, tiny_config, tiny_overrides, training_rows
+from helpers.trainer import final_params, tiny_config, tiny_overrides, training_rows
 
 STEPS = 6
 REFUSED = {
@@ -333,34 +333,3 @@ def test_a_run_on_a_filesystem_remounted_read_only(tiny_model_dir, small_disk, s
     assert main(["train", "--resume", "run", f"run.steps={STEPS}"]) == 0
     assert training_rows(small_disk / "run") == training_rows(straight)
     shutil.rmtree(small_disk / "run")
-
-
-# ---------------------------------------------------------------------------------------------------
-# ebpo eval: the cache
-
-
-def test_ebpo_eval_with_a_full_cache_disk_keeps_what_is_cached(tmp_path, monkeypatch, capsys):
-    from ebpo.eval import cli as eval_cli
-    from test_eval_harness import SeededGenerator, _quick_args
-
-    args = _quick_args(tmp_path, "--ks", "1,2", "--maj-ks", "2")
-    with monkeypatch.context() as patch:
-        fail = _fail_on_call(3, lambda: (_ for _ in ()).throw(refused(errno.ENOSPC)))
-
-        def opening(path, mode="r", *a, **k):
-            if str(path).endswith(".jsonl") and "a" in mode:
-                fail()
-            return builtins.open(path, mode, *a, **k)
-
-        patch.setattr(persist, "open", opening, raising=False)
-        assert eval_cli.run(args, generate_fns={"scripted": SeededGenerator()}) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    (cache,) = (tmp_path / "cache").rglob("arith-*.jsonl")
-    assert err == [
-        f"ebpo eval: cannot write {cache}: no space left on device; the problems finished so far are cached "
-        f"under {tmp_path / 'cache'}: run the same command again to resume once you free some space"
-    ]
-    assert len(cache.read_text().splitlines()) == 4  # the two chunks before
-    resumed = SeededGenerator()
-    assert eval_cli.run(args, generate_fns={"scripted": resumed}) == 0
-    assert len(resumed.calls) == 1  # only the chunk the disk refused

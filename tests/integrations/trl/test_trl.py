@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import importlib.util
+import os
 import re
 import shlex
 import sys
@@ -18,6 +20,7 @@ import ebpo  # noqa: E402
 from ebpo.advantages import EBPO_CHOICES  # noqa: E402
 from ebpo.data.samplers import get_sampler  # noqa: E402
 from ebpo.integrations.trl import ESTIMATOR_STATE_FILE, EBPOConfig, EBPOTrainer  # noqa: E402
+from ebpo.persist import DamagedFile, WriteError  # noqa: E402
 
 G = 4  # num_generations
 TOPICS = ["alg", "geo"]
@@ -642,3 +645,40 @@ def test_the_laptop_run_prints_validation_before_and_after(example, tmp_path, ca
         r"^validation pass@1: \d\.\d{3} ± \d\.\d{3} before, \d\.\d{3} ± \d\.\d{3} after", out, re.M
     )
     assert (tmp_path / "run" / "model.safetensors").is_file()
+
+
+# ---------------------------------------------------------------------------------------------------
+# the estimator state file on a bad day: a disk that refuses the write, a damaged file on resume (one line
+# naming the file, never a traceback from torch or pickle; no half-written file left)
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT], ids=["full", "quota"])
+def test_a_refused_estimator_state_write_is_one_line(tiny_model_dir, tmp_path, monkeypatch, code):
+    def refusing_save(state, handle):
+        handle.write(b"PK part of a zip")
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(torch, "save", refusing_save)
+    out = tmp_path / "run"
+    trainer = make_trainer(tiny_model_dir, make_config(out, max_steps=1, save_strategy="steps", save_steps=1))
+    with pytest.raises(WriteError) as err:
+        trainer.train()
+    path = out / "checkpoint-1" / ESTIMATOR_STATE_FILE
+    reason = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}[code]
+    assert str(err.value) == f"cannot write {path}: {reason}; nothing was written there"
+    assert list((out / "checkpoint-1").iterdir()) == []  # no temporary file left
+
+
+def test_a_damaged_estimator_state_is_one_line_on_resume(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    make_trainer(tiny_model_dir, make_config(out, max_steps=1, save_strategy="steps", save_steps=1)).train()
+    path = out / "checkpoint-1" / ESTIMATOR_STATE_FILE
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    second = make_trainer(tiny_model_dir, make_config(out, max_steps=2))
+    with pytest.raises(DamagedFile) as err:
+        second.train(resume_from_checkpoint=str(out / "checkpoint-1"))
+    message = str(err.value)
+    assert message.startswith(f"{path} is damaged and cannot be read (") and "\n" not in message
+    assert message.endswith(
+        "; resume from an earlier checkpoint-N folder, or delete the file to start from an empty prior"
+    )
