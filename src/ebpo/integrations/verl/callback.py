@@ -50,9 +50,9 @@ from ebpo.integrations.verl.estimators import (
     EstimatorHolder,
     estimator_options,
     refuse_rejection_after_advantage,
+    served_by_ebpo,
     to_plain,
 )
-from ebpo.integrations.verl.registration import REGISTERED
 
 __all__ = [
     "CALLBACK_AVAILABLE",
@@ -106,7 +106,7 @@ def launcher_gaps(config: Any, *, callback: bool) -> list[str]:
             "the prompts come in verl's order)"
         )
     name = str(_get(config, "algorithm.adv_estimator", ""))
-    if name in REGISTERED:
+    if name and served_by_ebpo(name):
         options, _ = estimator_options(_get(config, "algorithm"), name)
         if options.get("prior_scope") == "cluster":
             gaps.append(f"cluster keys (algorithm.{name}.prior_scope=cluster stops at the first step)")
@@ -165,7 +165,7 @@ class EBPOCheckpointCallback(CheckpointCallback):
         warn_about_launcher(config, callback=True)
         name = str(_get(config, "algorithm.adv_estimator", ""))
         folder = resolve_resume_folder(config.trainer)
-        if folder is not None and name in REGISTERED:
+        if folder is not None and served_by_ebpo(name):
             restore_estimator_state(folder)
 
     def on_save(

@@ -199,6 +199,9 @@ class EstimatorHolder:
     """
 
     def __init__(self) -> None:
+        #: prints the warning about verl's launcher from an ``algorithm`` config (None: nothing printed); set
+        #: once per process by :mod:`.registration`, kept by :meth:`reset`
+        self.warning: Callable[[Any], None] | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -230,13 +233,12 @@ class EstimatorHolder:
         return est
 
     def warn_if_unmanaged(self, config: Any) -> None:
-        """Outside our trainers (verl's own launcher), print its one warning from the algorithm config
-        (:func:`ebpo.integrations.verl.callback.warn_about_launcher`) unless it was printed already."""
-        if self.managed or self.warned:
+        """Outside our trainers (verl's own launcher), print the one warning from the algorithm config through
+        :attr:`warning` (set by :mod:`.registration`:
+        :func:`ebpo.integrations.verl.callback.warn_about_launcher`) unless it was printed already."""
+        if self.managed or self.warned or self.warning is None:
             return
-        from ebpo.integrations.verl.callback import warn_about_launcher
-
-        warn_about_launcher({"algorithm": config}, callback=False, holder=self)
+        self.warning(config)
 
     # uid -> cluster ------------------------------------------------------------------------------------
     def note_clusters(self, uids: Sequence[Any], keys: Sequence[Any]) -> None:
@@ -380,6 +382,13 @@ def make_verl_estimator(
     return compute_outcome_advantage
 
 
+def served_by_ebpo(name: str) -> bool:
+    """Whether verl's advantage registry serves ``name`` with one of our estimators (:func:`register_with_verl`)."""
+    from verl.trainer.ppo import core_algos
+
+    return getattr(core_algos.ADV_ESTIMATOR_REGISTRY.get(name), "__ebpo_estimator__", None) == name
+
+
 def register_with_verl() -> list[str]:
     """Register every ``ebpo.list_estimators()`` name verl lacks; returns the names now served by us.
 
@@ -393,6 +402,6 @@ def register_with_verl() -> list[str]:
         if existing is None:
             core_algos.register_adv_est(name)(make_verl_estimator(name))
             ours.append(name)
-        elif getattr(existing, "__ebpo_estimator__", None) == name:
+        elif served_by_ebpo(name):
             ours.append(name)
     return ours

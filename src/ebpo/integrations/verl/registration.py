@@ -40,7 +40,17 @@ if cpu_mode_enabled():
 
     register_rollout()
 
-from ebpo.integrations.verl.estimators import register_with_verl  # noqa: E402
+from ebpo.integrations.verl.estimators import HOLDER, register_with_verl  # noqa: E402
 
 #: the estimator names this process serves in verl's registry
 REGISTERED: list[str] = register_with_verl()
+
+
+def _launcher_warning(algorithm: object) -> None:
+    """The warning about verl's launcher; its module (verl's checkpoint callback) is imported on first use."""
+    from ebpo.integrations.verl.callback import warn_about_launcher
+
+    warn_about_launcher({"algorithm": algorithm}, callback=False)
+
+
+HOLDER.warning = _launcher_warning
