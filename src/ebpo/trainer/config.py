@@ -150,12 +150,12 @@ class RolloutConfig:
     top_p: float = option("Nucleus sampling threshold in (0, 1]; 1.0 = off.", default=1.0, gt=0, le=1)
     max_new_tokens: int = option("Longest response in tokens; longer ones are truncated.", default=24, ge=1)
     old_logp: Literal["recompute", "sampler"] = option(
-        "Where the PPO ratio's old log-probs (and actor/entropy) come from: recompute (default; verl's "
-        "recompute_log_prob: a forward pass of the sampling policy over the step's tokens, so the first "
-        "ratio is exactly 1; the step's first update supplies its own rows) | sampler (the log-probs the "
-        "sampler drew with: no extra pass, less time per step (docs/benchmarks.md); they differ from a full "
-        "forward's by float rounding, about 1e-5, so runs are not bit-identical to recompute's).",
-        default="recompute",
+        "Where the PPO ratio's old log-probs (and actor/entropy) come from: sampler (default: the log-probs the "
+        "sampler drew with, no extra pass, docs/benchmarks.md) | recompute (verl's recompute_log_prob: a forward "
+        "pass of the sampling policy over the step's tokens, the step's first update supplying its own rows). The "
+        "two differ by float rounding, about 1e-5: each is deterministic on one machine, but their runs are not "
+        "bit-identical to each other.",
+        default="sampler",
     )
 
 
@@ -289,15 +289,16 @@ class OptimConfig:
     grad_clip: float = option(
         "Clip the global gradient norm to this value (0 = no clipping).", default=1.0, ge=0, note="0 = off"
     )
-    shared_prompts: bool = option(
+    shared_prompts: bool | None = option(
         "Forward passes of the updates, the old-log-prob recompute and actor/step_kl run each distinct "
         "prompt once, packed with the others with little padding, and its responses on that prompt's cached keys "
-        "and values, as the sampler does (default false: every row runs its own copy of the prompt). The same math "
-        "with fewer positions (docs/benchmarks.md measures the time), but the sums run in another order: "
-        "log-probs differ from the default's by float rounding (about 1e-6), so runs are not bit-identical "
-        "to the default's. Needs sdpa or eager attention, and not with model.gradient_checkpointing, which "
-        "turns the cache off.",
-        default=False,
+        "and values, as the sampler does. The same math with fewer positions (docs/benchmarks.md measures the "
+        "time); the sums run in another order, so log-probs differ from false's by float rounding (about 1e-6) "
+        "and runs are not bit-identical to false's. Needs sdpa or eager attention and the KV cache (not "
+        "model.gradient_checkpointing). Default null = on where the model allows it, off otherwise (said at "
+        "start); true = required; false = every row runs its own copy of the prompt.",
+        default=None,
+        note="or null: on where the model allows it",
     )
 
     def __post_init__(self) -> None:
@@ -351,11 +352,11 @@ class RunConfig:
         note="or null for torch's choice",
     )
     step_kl: Literal["all", "subset", "none"] = option(
-        "Tokens of actor/step_kl, KL(pi_t || pi_t+1), a forward pass after the updates: all (default; "
-        "every token of the step) | subset (every U-th row of the step, U = batch_size / mini_batch_size "
-        "updates: an estimate from a mini-batch's worth of rows, at that share of the pass's cost) | none "
-        "(not computed or logged). Training is the same under all three, to the bit.",
-        default="all",
+        "Tokens of actor/step_kl, KL(pi_t || pi_t+1), a forward pass after the updates: subset (default; every "
+        "U-th row of the step, U = batch_size / mini_batch_size updates: an estimate from a mini-batch's worth "
+        "of rows, at that share of the pass's cost) | all (every token of the step) | none (not computed or "
+        "logged). Training is the same under all three, to the bit.",
+        default="subset",
     )
     progress: bool = option("Show a tqdm progress bar.", default=True)
     plot: bool = option("Write training.png into the run directory at the end.", default=True)
@@ -400,7 +401,7 @@ class TrainConfig:
                 f"({o.mini_batch_size} prompts x G={d.group_size} = {per_mini}), or be null",
             )
         _require(
-            not (o.shared_prompts and self.model.gradient_checkpointing),
+            not (o.shared_prompts is True and self.model.gradient_checkpointing),
             "optim.shared_prompts=true needs the KV cache, which model.gradient_checkpointing=true turns off; "
             "set one of them to false",
         )

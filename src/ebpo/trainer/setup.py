@@ -24,7 +24,7 @@ from ebpo.data.loaders import get_schema, load_records
 from ebpo.data.records import Record
 from ebpo.data.samplers import cluster_key, get_sampler, list_samplers
 from ebpo.generation import in_kernel_gqa
-from ebpo.logprobs import check_shared_prompt_attention
+from ebpo.logprobs import SHARED_PROMPT_ATTENTION, check_shared_prompt_attention
 from ebpo.losses import PolicyLossConfig, get_policy_loss
 from ebpo.models.base_model import build_base_model
 from ebpo.persist import find_model
@@ -57,6 +57,9 @@ class Policy(NamedTuple):
     base_path: Path
     """The initial weights: ``model.path``, or the built-in base model."""
     pad_id: int
+    shared_prompts: bool
+    """Whether the log-prob passes run each distinct prompt once (``optim.shared_prompts``, null resolved
+    against the loaded model)."""
 
 
 class Algorithm(NamedTuple):
@@ -224,8 +227,7 @@ def load_policy(cfg: TrainConfig, checkpoint: Path | None, device: torch.device)
     if m.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     in_kernel_gqa(model)  # sampling and the passes without gradient: same numbers, less copying
-    if cfg.optim.shared_prompts:
-        check_shared_prompt_attention(model, str(base_path))
+    shared_prompts = resolve_shared_prompts(cfg.optim.shared_prompts, model, m.gradient_checkpointing, base_path)
     ref_model = None
     if cfg.algorithm.kl_coef > 0:
         # never updated, so it needs no float32 copy: held in model.dtype (as verl holds its reference), and
@@ -237,7 +239,30 @@ def load_policy(cfg: TrainConfig, checkpoint: Path | None, device: torch.device)
         ref_model.eval()
         in_kernel_gqa(ref_model)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    return Policy(model=model, ref_model=ref_model, tokenizer=tokenizer, base_path=base_path, pad_id=pad_id)
+    return Policy(
+        model=model,
+        ref_model=ref_model,
+        tokenizer=tokenizer,
+        base_path=base_path,
+        pad_id=pad_id,
+        shared_prompts=shared_prompts,
+    )
+
+
+def resolve_shared_prompts(setting: bool | None, model: Any, gradient_checkpointing: bool, base_path: Path) -> bool:
+    """``optim.shared_prompts`` for ``model``: true is checked against its attention (a ConfigError names the
+    fix), false stays off, and null turns it on where the attention takes its mask and the KV cache is on,
+    saying so in one line when it stays off."""
+    if setting is not None:
+        if setting:
+            check_shared_prompt_attention(model, str(base_path))
+        return setting
+    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if gradient_checkpointing or attention not in SHARED_PROMPT_ATTENTION:
+        why = "model.gradient_checkpointing=true" if gradient_checkpointing else f"{attention!r} attention"
+        print(f"optim.shared_prompts: off with {why} (each row runs its own copy of the prompt)", flush=True)
+        return False
+    return True
 
 
 def mixed_precision(model: torch.nn.Module, dtype: str) -> None:

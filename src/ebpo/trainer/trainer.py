@@ -113,7 +113,7 @@ class Trainer:
         policy = load_policy(cfg, checkpoint, self.device)
         check_prompt_lengths(policy, prompts, cfg.rollout.max_new_tokens)
         self.train_records, self.val_records, self.sampler, self.reward_fn, self.cluster_of = prompts
-        self.model, self.ref_model, self.tokenizer, self.base_path, self.pad_id = policy
+        self.model, self.ref_model, self.tokenizer, self.base_path, self.pad_id, shared_prompts = policy
         # one seeded stream for the rollouts, the mini-batch shuffles and Clip-Cov's choice of tokens
         self.generator = torch.Generator(device="cpu").manual_seed(cfg.run.seed)
         self.estimator, self.policy_loss, self.loss_cfg = build_algorithm(cfg, self.generator)
@@ -129,11 +129,11 @@ class Trainer:
             generator=self.generator,
             estimator=self.estimator,
         )
-        # how every log-prob pass runs (ebpo.logprobs: the exact paths, and the opt-in ones that trade bits)
+        # how every log-prob pass runs (ebpo.logprobs: the fast paths by default, the exact ones as options)
         self.logprob_options = LogprobOptions(
             temperature=cfg.rollout.temperature,
             part_size=cfg.optim.micro_batch_size,
-            shared_prompts=cfg.optim.shared_prompts,
+            shared_prompts=shared_prompts,
             old_logp=cfg.rollout.old_logp,
             step_kl=cfg.run.step_kl,
         )
