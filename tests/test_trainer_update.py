@@ -84,8 +84,9 @@ def test_first_update_serves_its_rows_old_logprobs_to_the_bit(tiny_model_dir, tm
     from ebpo.logprobs import reference_logprobs, step_kl
     from ebpo.losses import masked_mean
 
-    # 4 prompts x G = 4, one prompt per update: the first update holds 4 of the 16 rows
-    cfg = tiny_config(tiny_model_dir, "run.steps=1", "data.batch_size=4", *extra)
+    # 4 prompts x G = 4, one prompt per update: the first update holds 4 of the 16 rows; the exact paths
+    # (recomputed old log-probs, every row its own prompt), which the reference computes
+    cfg = tiny_config(tiny_model_dir, "run.steps=1", "data.batch_size=4", *EXACT, *extra)
     trainer = Trainer(cfg, run_dir=tmp_path / "run")
     seen = {}
 
@@ -131,13 +132,17 @@ def test_step_kl_scope_changes_that_metric_and_nothing_else(tiny_model_dir, tmp_
     assert all("actor/step_kl" not in row for row in runs["none"][1])
 
 
+EXACT = ("rollout.old_logp=recompute", "optim.shared_prompts=false")
+"""The exact log-prob paths: old log-probs recomputed, every row its own copy of the prompt."""
+
+
 def _one_step_within_rounding(model_dir, tmp_path, setting):
-    """One step with the defaults and with ``setting`` (an opt-in that changes float rounding only): the same
-    responses, the update within rounding, the entropy within 1e-5; returns both runs' metric rows."""
+    """One step on the exact paths and with ``setting`` (a fast path that changes float rounding only): the
+    same responses, the update within rounding, the entropy within 1e-5; returns both runs' metric rows."""
     from helpers.trainer import training_rows
 
-    default = _one_step(model_dir, tmp_path / "default")
-    changed = _one_step(model_dir, tmp_path / "changed", setting)
+    default = _one_step(model_dir, tmp_path / "default", *EXACT)
+    changed = _one_step(model_dir, tmp_path / "changed", *EXACT, setting)
     assert _max_diff(default, changed) < 1e-6  # measured 3.7e-9 for both settings
     (a,) = training_rows(tmp_path / "default")[1:]
     (b,) = training_rows(tmp_path / "changed")[1:]
@@ -154,7 +159,7 @@ def test_sampler_old_logprobs_train_as_recomputed_ones_up_to_rounding(tiny_model
 
 
 def test_shared_prompts_train_as_the_default_up_to_rounding(tiny_model_dir, tmp_path, monkeypatch):
-    """optim.shared_prompts=true (updates, recompute and step-KL passes on cached prompts) trains as the default
+    """optim.shared_prompts=true (updates, recompute and step-KL passes on cached prompts) trains as false does
     within rounding; a model whose attention takes no 4-D mask, or gradient checkpointing (which turns the
     cache off), is refused by name."""
     from ebpo.errors import ConfigError
@@ -169,3 +174,25 @@ def test_shared_prompts_train_as_the_default_up_to_rounding(tiny_model_dir, tmp_
         Trainer(tiny_config(tiny_model_dir, "optim.shared_prompts=true"), run_dir=tmp_path / "flash")
     with pytest.raises(ConfigError, match="optim.shared_prompts.*model.gradient_checkpointing"):
         tiny_config(tiny_model_dir, "optim.shared_prompts=true", "model.gradient_checkpointing=true")
+
+
+def test_shared_prompts_by_default_where_the_model_allows_them(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """optim.shared_prompts left at null is on for the shipped attention (sdpa), and off, in one line, with an
+    attention that takes no 4-D mask or with gradient checkpointing (no KV cache), where true is refused."""
+    trainer = Trainer(tiny_config(tiny_model_dir), run_dir=tmp_path / "sdpa")
+    assert trainer.logprob_options.shared_prompts is True
+    trainer.run.release()
+
+    trainer = Trainer(tiny_config(tiny_model_dir, "model.gradient_checkpointing=true"), run_dir=tmp_path / "ckpt")
+    assert trainer.logprob_options.shared_prompts is False
+    assert "optim.shared_prompts: off with model.gradient_checkpointing=true" in capsys.readouterr().out
+    trainer.run.release()
+
+    monkeypatch.setattr(
+        "ebpo.trainer.setup.in_kernel_gqa",
+        lambda model: setattr(model.config, "_attn_implementation", "flash_attention_2"),
+    )
+    trainer = Trainer(tiny_config(tiny_model_dir), run_dir=tmp_path / "flash")
+    assert trainer.logprob_options.shared_prompts is False
+    assert "optim.shared_prompts: off with 'flash_attention_2' attention" in capsys.readouterr().out
+    trainer.run.release()

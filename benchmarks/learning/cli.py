@@ -167,6 +167,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")
     b.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a trainer override every run takes (repeatable); settings at the trainer's earlier defaults "
+        "leave run keys unchanged, e.g. the exact log-prob paths: --set rollout.old_logp=recompute "
+        "--set run.step_kl=all --set optim.shared_prompts=false",
+    )
+    b.add_argument(
         "--model-path", default=None, help="initial policy (default: src/ebpo/configs/ebpo.yaml's model)"
     )
     b.add_argument(
@@ -216,6 +226,7 @@ def budget_from(args: argparse.Namespace) -> Budget:
         test_n=_pick(args, "test_n", 8),
         test_best=args.test_best,
         threads=args.threads,
+        settings=tuple(args.settings),
     )
 
 
@@ -275,7 +286,8 @@ def describe(plan: matrix.Plan, root: Path, budget: Budget) -> list[str]:
         f"budget per run: {budget.steps} steps, P = {budget.prompts} prompts (fixed-prompts), R = {budget.responses} "
         f"responses (equal-responses), {budget.updates} updates per step, lr {budget.lr}, <= {budget.max_new_tokens} "
         f"tokens, validation {budget.val_size} x {budget.eval_n} every {budget.eval_every} steps, test "
-        f"{budget.test_size or 'all'} x {budget.test_n}",
+        f"{budget.test_size or 'all'} x {budget.test_n}"
+        + (f"; every run also {' '.join(budget.settings)}" if budget.settings else ""),
     ]
 
 

@@ -35,9 +35,10 @@ KEYED_ONLY_OFF_DEFAULT = {
     ("run", "step_kl"): "all",
     ("optim", "shared_prompts"): False,
 }
-"""Config fields added after runs were first keyed, whose default reproduces those runs (the trainer then does
-what it did before the field existed): at that default a field is left out of the key, so the earlier runs
-keep their keys and finished results; any other value enters it."""
+"""Config fields added after runs were first keyed, with the value that reproduces those runs (what the trainer
+did before the field existed; the trainer's defaults have since moved to the fast paths): at that value a field
+is left out of the key, so the earlier runs keep their keys and finished results; any other value, the present
+default included, enters it (``--set`` plans the earlier runs)."""
 
 KEYED_AS_GIVEN = {"estimator_options": "ebpo", "loss_options": "loss"}
 """The ``algorithm`` sections keyed as the run's values and overrides give them, under the names runs were
@@ -65,6 +66,8 @@ class Budget:
         test_temperature: test sampling temperature.
         test_best: also test the paper's checkpoint (best validation maj@k; EBPO-diff the last).
         threads: torch threads per run (1: two single-threaded runs use 2 cores best).
+        settings: ``key=value`` trainer overrides every run takes, after the method's and the sizes above
+            (e.g. the exact log-prob paths that reproduce runs made before they became optional).
     """
 
     steps: int | None = None
@@ -82,6 +85,7 @@ class Budget:
     test_temperature: float = 1.0
     test_best: bool = False
     threads: int = 1
+    settings: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in (
@@ -297,6 +301,7 @@ def build_spec(
         "run.progress=false",
         "run.plot=false",
         f"model.path={model_path}",
+        *b.settings,
     ]
     test = (
         ("size", b.test_size),

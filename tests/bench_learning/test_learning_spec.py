@@ -129,31 +129,35 @@ def test_key_is_the_config_not_the_cell_name(configs_dir):
     assert again == base and again.key == base.key and again.label == base.label
 
 
-def test_fields_added_later_enter_the_key_only_off_their_default(configs_dir):
-    """rollout.old_logp, run.step_kl and optim.shared_prompts came after runs were keyed: at their defaults
-    (what the trainer did before they existed) the key is the one those runs had; another value is another
-    run."""
+def test_fields_added_later_enter_the_key_only_off_their_earlier_default(configs_dir):
+    """rollout.old_logp, run.step_kl and optim.shared_prompts came after runs were keyed: at their earlier
+    defaults (recompute, all, false: what the trainer did before they existed) they stay out of the key, so
+    those runs keep theirs (the committed matrix's keys, tested below); any other value, today's defaults
+    included, is another run."""
     budget = Budget(steps=3, prompts=8).resolve(configs_dir)
     grpo = M.get_method(M.PUBLISHED, "grpo")
     plain = build_spec(grpo, FIXED_PROMPTS, 4, 0, budget, "/m", configs=configs_dir)
+    exact = ("rollout.old_logp=recompute", "run.step_kl=all", "optim.shared_prompts=false")
 
     def key_with(*overrides: str) -> str:
         return RunSpec(plain.values_json, plain.overrides + overrides, "/m", plain.test, plain.checkpoint).key
 
-    assert plain.load_config().rollout.old_logp == "recompute" and plain.load_config().run.step_kl == "all"
-    assert not plain.load_config().optim.shared_prompts
-    assert (
-        key_with("rollout.old_logp=recompute", "run.step_kl=all", "optim.shared_prompts=false") == plain.key
-    )
+    config = plain.load_config()
+    assert (config.rollout.old_logp, config.run.step_kl, config.optim.shared_prompts) == ("sampler", "subset", None)
     keys = {
-        key_with("rollout.old_logp=sampler"),
-        key_with("run.step_kl=subset"),
-        key_with("run.step_kl=none"),
-        key_with("optim.shared_prompts=true"),
+        key_with(*exact, "rollout.old_logp=sampler"),
+        key_with(*exact, "run.step_kl=subset"),
+        key_with(*exact, "run.step_kl=none"),
+        key_with(*exact, "optim.shared_prompts=true"),
+        plain.key,
     }
-    assert len(keys) == 4 and plain.key not in keys
-    # the fields are left out of the hashed config only at their defaults
-    assert {name for _, name in KEYED_ONLY_OFF_DEFAULT} == {"old_logp", "step_kl", "shared_prompts"}
+    assert len(keys) == 5 and key_with(*exact) not in keys
+    # the fields are left out of the hashed config only at their earlier defaults
+    assert dict(KEYED_ONLY_OFF_DEFAULT) == {
+        ("rollout", "old_logp"): "recompute",
+        ("run", "step_kl"): "all",
+        ("optim", "shared_prompts"): False,
+    }
 
 
 def test_key_follows_the_model_weights_not_the_model_path(configs_dir, tmp_path):
@@ -371,12 +375,37 @@ def test_the_options_key_alike_under_either_spelling(configs_dir):
     assert other.key != published.key
 
 
+EARLIER_DEFAULTS = (
+    ["--lr", "2e-4"]
+    + ["--set", "rollout.old_logp=recompute", "--set", "run.step_kl=all", "--set", "optim.shared_prompts=false"]
+)
+"""The flags that plan the runs of docs/results/learning_matrix_cells.csv: its rate, and the exact log-prob
+paths that were the trainer's defaults when it ran."""
+
+
+def test_settings_come_last_and_key_only_what_they_change(configs_dir):
+    """--set puts a trainer override after the run's own, so it wins; one at the trainer's default keys the
+    same run as no setting, one elsewhere another run. (That the exact paths key runs as they were keyed
+    before those fields existed is the next test's: the committed matrix's keys.)"""
+    method = M.get_method(M.ESTIMATORS, "grpo")
+    exact = ("rollout.old_logp=recompute", "run.step_kl=all", "optim.shared_prompts=false")
+
+    def spec_with(settings):
+        budget = Budget(steps=3, prompts=8, settings=settings).resolve(configs_dir)
+        return build_spec(method, FIXED_PROMPTS, 4, 0, budget, "/m", configs=configs_dir)
+
+    plain, earlier, at_default = spec_with(()), spec_with(exact), spec_with(("rollout.old_logp=sampler",))
+    assert earlier.overrides[-3:] == exact and earlier.config["rollout"]["old_logp"] == "recompute"
+    assert plain.config["rollout"]["old_logp"] == "sampler" and at_default.key == plain.key
+    assert earlier.key != plain.key
+
+
 def test_the_committed_results_are_runs_the_default_matrix_plans():
     """Every key of docs/results/learning_matrix_cells.csv is a run that `python -m benchmarks.learning` (and
-    `--select-options`) plans with the shipped presets and base model: a change to the config that changed
-    keys would orphan the published results."""
+    `--select-options`) plans with the shipped presets and base model, given the rate and log-prob paths of
+    its time (EARLIER_DEFAULTS): a change to the config that changed keys would orphan the published results."""
     planned = set()
-    for argv in ([], ["--select-options"]):
+    for argv in (EARLIER_DEFAULTS, ["--select-options", *EARLIER_DEFAULTS]):
         args = bench_parser().parse_args(argv)
         budget = budget_from(args).resolve(M.CONFIGS)
         selection = (
