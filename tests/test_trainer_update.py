@@ -183,7 +183,9 @@ def test_shared_prompts_by_default_where_the_model_allows_them(tiny_model_dir, t
     assert trainer.logprob_options.shared_prompts is True
     trainer.run.release()
 
-    trainer = Trainer(tiny_config(tiny_model_dir, "model.gradient_checkpointing=true"), run_dir=tmp_path / "ckpt")
+    trainer = Trainer(
+        tiny_config(tiny_model_dir, "model.gradient_checkpointing=true"), run_dir=tmp_path / "ckpt"
+    )
     assert trainer.logprob_options.shared_prompts is False
     assert "optim.shared_prompts: off with model.gradient_checkpointing=true" in capsys.readouterr().out
     trainer.run.release()

@@ -143,7 +143,11 @@ def test_fields_added_later_enter_the_key_only_off_their_earlier_default(configs
         return RunSpec(plain.values_json, plain.overrides + overrides, "/m", plain.test, plain.checkpoint).key
 
     config = plain.load_config()
-    assert (config.rollout.old_logp, config.run.step_kl, config.optim.shared_prompts) == ("sampler", "subset", None)
+    assert (config.rollout.old_logp, config.run.step_kl, config.optim.shared_prompts) == (
+        "sampler",
+        "subset",
+        None,
+    )
     keys = {
         key_with(*exact, "rollout.old_logp=sampler"),
         key_with(*exact, "run.step_kl=subset"),
@@ -375,10 +379,14 @@ def test_the_options_key_alike_under_either_spelling(configs_dir):
     assert other.key != published.key
 
 
-EARLIER_DEFAULTS = (
-    ["--lr", "2e-4"]
-    + ["--set", "rollout.old_logp=recompute", "--set", "run.step_kl=all", "--set", "optim.shared_prompts=false"]
-)
+EARLIER_DEFAULTS = ["--lr", "2e-4"] + [
+    "--set",
+    "rollout.old_logp=recompute",
+    "--set",
+    "run.step_kl=all",
+    "--set",
+    "optim.shared_prompts=false",
+]
 """The flags that plan the runs of docs/results/learning_matrix_cells.csv: its rate, and the exact log-prob
 paths that were the trainer's defaults when it ran."""
 

@@ -227,7 +227,9 @@ def load_policy(cfg: TrainConfig, checkpoint: Path | None, device: torch.device)
     if m.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     in_kernel_gqa(model)  # sampling and the passes without gradient: same numbers, less copying
-    shared_prompts = resolve_shared_prompts(cfg.optim.shared_prompts, model, m.gradient_checkpointing, base_path)
+    shared_prompts = resolve_shared_prompts(
+        cfg.optim.shared_prompts, model, m.gradient_checkpointing, base_path
+    )
     ref_model = None
     if cfg.algorithm.kl_coef > 0:
         # never updated, so it needs no float32 copy: held in model.dtype (as verl holds its reference), and
@@ -249,7 +251,9 @@ def load_policy(cfg: TrainConfig, checkpoint: Path | None, device: torch.device)
     )
 
 
-def resolve_shared_prompts(setting: bool | None, model: Any, gradient_checkpointing: bool, base_path: Path) -> bool:
+def resolve_shared_prompts(
+    setting: bool | None, model: Any, gradient_checkpointing: bool, base_path: Path
+) -> bool:
     """``optim.shared_prompts`` for ``model``: true is checked against its attention (a ConfigError names the
     fix), false stays off, and null turns it on where the attention takes its mask and the KV cache is on,
     saying so in one line when it stays off."""
