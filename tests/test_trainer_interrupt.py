@@ -9,6 +9,7 @@ validation, the log-prob passes, the updates); to an ``ebpo train`` process, aft
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import re
@@ -50,6 +51,9 @@ def _count_forwards(trainer: Trainer, at: dict[int, int] | None = None) -> list[
     calls = [0, 0]
     forward = trainer.model.forward
 
+    # functools.wraps keeps forward's signature, which the sampler reads (logits_to_keep): without it the
+    # counted runs would sample through another path, whose log-probs round differently
+    @functools.wraps(forward)
     def counting(*args, **kwargs):
         calls[0] += 1
         calls[1] += trainer.step < trainer.cfg.run.steps - 1
