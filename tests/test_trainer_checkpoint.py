@@ -6,6 +6,7 @@ user on ``--resume`` or ``ebpo eval``. Checkpoints written without a manifest st
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -41,6 +42,7 @@ def halfway(tiny_model_dir, tmp_path, monkeypatch):
     trainer = Trainer(tiny_config(tiny_model_dir, f"run.steps={STEPS}"), run_dir="run")
     forward, sent = trainer.model.forward, []
 
+    @functools.wraps(forward)  # keeps forward's signature, which the sampler reads (logits_to_keep)
     def forward_then_ctrl_c(*args, **kwargs):
         if trainer.step == 1 and not sent:
             sent.append(os.kill(os.getpid(), signal.SIGINT))

@@ -1,7 +1,7 @@
 """EBPO with TRL: ``EBPOTrainer`` on the built-in ``arith`` task or any records file.
 
     # a laptop run: the shipped arith base model on generated arithmetic, `ebpo train`'s demo through TRL
-    # (32 prompts x G = 8 per generation block, 4 prompts per update, lr 2e-4, KL 0.001, 150 blocks), with
+    # (32 prompts x G = 8 per generation block, 4 prompts per update, lr 1e-4, KL 0.001, 150 blocks), with
     # validation pass@1 before and after training, measured as `ebpo train` measures it
     python examples/trl/train_ebpo.py --output_dir runs/trl-ebpo --use_cpu
 
@@ -44,7 +44,7 @@ LAPTOP_DEFAULTS: dict[str, Any] = dict(
     gradient_accumulation_steps=1,
     num_iterations=1,  # optim.epochs
     max_steps=1200,  # 150 blocks (run.steps) x 8 updates
-    learning_rate=2e-4,
+    learning_rate=1e-4,
     lr_scheduler_type="constant",
     max_grad_norm=1.0,
     beta=0.001,  # algorithm.kl_coef, k3
