@@ -76,6 +76,7 @@ __all__ = [
     "OldLogprobs",
     "StepKLScope",
     "Tokens",
+    "attention_of",
     "check_shared_prompt_attention",
     "logprobs",
     "reference_logprobs",
@@ -290,10 +291,15 @@ SHARED_PROMPT_ATTENTION = ("sdpa", IN_KERNEL_GQA, "eager")
 ``sdpa``, additive for ``eager``); the flash-attention kernels take no such mask."""
 
 
+def attention_of(model: torch.nn.Module) -> str | None:
+    """The attention implementation ``model`` loaded with (its config's ``_attn_implementation``)."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None)
+
+
 def check_shared_prompt_attention(model: torch.nn.Module, name: str = "the model") -> str:
     """The attention implementation of ``model`` (``name`` says which, in the message); a
     :class:`~ebpo.errors.ConfigError` unless ``shared_prompts`` runs with it (:data:`SHARED_PROMPT_ATTENTION`)."""
-    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    attention = attention_of(model)
     if attention not in SHARED_PROMPT_ATTENTION:
         raise ConfigError(
             f"optim.shared_prompts=true needs sdpa or eager attention; {name} loads with {attention!r}. Load it "

@@ -24,7 +24,7 @@ from ebpo.data.loaders import get_schema, load_records
 from ebpo.data.records import Record
 from ebpo.data.samplers import cluster_key, get_sampler, list_samplers
 from ebpo.generation import in_kernel_gqa
-from ebpo.logprobs import SHARED_PROMPT_ATTENTION, check_shared_prompt_attention
+from ebpo.logprobs import SHARED_PROMPT_ATTENTION, attention_of, check_shared_prompt_attention
 from ebpo.losses import PolicyLossConfig, get_policy_loss
 from ebpo.models.base_model import build_base_model
 from ebpo.persist import find_model
@@ -261,7 +261,7 @@ def resolve_shared_prompts(
         if setting:
             check_shared_prompt_attention(model, str(base_path))
         return setting
-    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    attention = attention_of(model)
     if gradient_checkpointing or attention not in SHARED_PROMPT_ATTENTION:
         why = "model.gradient_checkpointing=true" if gradient_checkpointing else f"{attention!r} attention"
         print(f"optim.shared_prompts: off with {why} (each row runs its own copy of the prompt)", flush=True)
