@@ -220,3 +220,21 @@ def test_ebpo_train_stops_with_one_line_and_the_command_that_continues(
     finally:
         os.chdir(cwd)
     _assert_same_as_straight(tmp_path / "run", straight_process_run)
+
+
+def test_ctrl_c_during_the_final_summary_says_the_run_is_complete(
+    tiny_model_dir, tmp_path, monkeypatch, capsys
+):
+    # training returned and saved; Ctrl-C while the table prints cuts only the summary short: one line, 130
+    from ebpo.cli import main
+    from ebpo.trainer import report
+
+    def interrupted_table(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "print_eval_table", interrupted_table)
+    run = tmp_path / "run"
+    assert main(["train", "--run-dir", str(run), *tiny_overrides(tiny_model_dir), "run.steps=1"]) == 130
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == f"ebpo train: interrupted; the run is complete in {run}"
+    assert (run / "checkpoints" / "last").is_dir()

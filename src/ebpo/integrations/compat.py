@@ -19,11 +19,18 @@ import sys
 import warnings
 from importlib import metadata
 
-__all__ = ["TRL_CONFLICT_FIX", "trl_conflict", "check_environment"]
+__all__ = ["TRL_CONFLICT_FIX", "VERL_MISSING", "trl_conflict", "check_environment"]
 
 TRL_CONFLICT_FIX = (
     "use a separate environment for verl: `make verl-env` (or `python -m venv .venv-verl && "
     '.venv-verl/bin/pip install torch==2.13.0 -e ".[verl]"`), or `pip uninstall trl` here'
+)
+
+
+VERL_MISSING = (
+    "verl is not installed in this environment: install `ebpo[verl]` in an environment of its own, without "
+    "TRL 1.x: `make verl-env` (or `python -m venv .venv-verl && .venv-verl/bin/pip install torch==2.13.0 "
+    '-e ".[verl]"`)'
 )
 
 
@@ -68,8 +75,9 @@ def _launched_as_cli() -> bool:
 
 def check_environment() -> None:
     """Fail when verl cannot train in this environment: one line on stderr and exit status 2 for our CLI,
-    ``ImportError`` with the same line for an import (``VERL_USE_EXTERNAL_MODULES``, user code)."""
-    problem = trl_conflict()
+    ``ImportError`` with the same line for an import (``VERL_USE_EXTERNAL_MODULES``, user code). verl missing
+    is named before any TRL conflict: it is the first thing to fix."""
+    problem = VERL_MISSING if importlib.util.find_spec("verl") is None else trl_conflict()
     if problem is None:
         return
     if _launched_as_cli():

@@ -143,16 +143,20 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(signum, signal.SIG_IGN)
         print(f"ebpo train: {_stopped(trainer, err)}", file=sys.stderr)
         return getattr(err, "exit_code", 130)
-    print()
-    print_eval_table(result.eval_before, result.eval_after)
-    if result.best_step is not None:
-        print(
-            f"best checkpoint: step {result.best_step} (maj@{cfg.run.eval_k} {result.best_score:.3f}) "
-            f"in {result.run_dir / 'checkpoints' / 'best'}"
-        )
-    if cfg.run.plot:
-        print(f"plot: {result.run_dir / 'training.png'}")
-    print(f"run directory: {result.run_dir}")
+    try:
+        print()
+        print_eval_table(result.eval_before, result.eval_after)
+        if result.best_step is not None:
+            print(
+                f"best checkpoint: step {result.best_step} (maj@{cfg.run.eval_k} {result.best_score:.3f}) "
+                f"in {result.run_dir / 'checkpoints' / 'best'}"
+            )
+        if cfg.run.plot:
+            print(f"plot: {result.run_dir / 'training.png'}")
+        print(f"run directory: {result.run_dir}")
+    except KeyboardInterrupt:  # training is over and saved: only the summary is cut short
+        print(f"\nebpo train: interrupted; the run is complete in {result.run_dir}", file=sys.stderr)
+        return 130
     return 0
 
 
