@@ -1,16 +1,23 @@
 """Tables and figure of docs/results/diagnose/README.md from the six runs' CSVs in this folder.
 
     .venv/bin/python docs/results/diagnose/analyze.py          # prints the tables, writes diagnose_grid.png
+    .venv/bin/python docs/results/diagnose/analyze.py learning CSV   # PREREGISTRATION.md's three predictions
 
 Each run folder (``<model>-<pool>``) holds what ``ebpo diagnose`` wrote: ``diagnose.csv`` (one row per estimator
 and G, intervals included) and ``batches.csv`` (one row per estimator, G and batch). Differences between two
 estimators that the tool did not print (EBPO against REINFORCE++-baseline, EBPO's twin with S = 0) are paired by
 batch from ``batches.csv`` with the tool's own t-interval (``ebpo.diagnostics.measures.mean_interval``).
+
+``learning CSV`` reads the learning benchmark's per-cell CSV of the pre-registered learning test and prints the
+sensitivity check (published GRPO, G = 16 - G = 4) and the three predictions of PREREGISTRATION.md, each a paired
+95% t-interval over the seeds with its outcome by the pre-registered rule (above 0: confirmed, below 0: refuted,
+containing 0: not shown).
 """
 
 from __future__ import annotations
 
 import csv
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -125,7 +132,53 @@ def figure(path: Path) -> None:
     fig.savefig(path, dpi=90)
 
 
+def learning(path: str) -> str:
+    sys.path.insert(0, str(HERE.parents[2]))
+    from benchmarks.learning.stats import MeanCI, mean_ci, paired_ci
+
+    rows = [r for r in read(Path(path)) if r["variant"] == "fixed-prompts"]
+
+    def values(arm: str, method: str, G: int, metric: str) -> dict[int, float]:
+        return {
+            int(r["seed"]): float(r[metric])
+            for r in rows
+            if (r["arm"], r["method"], r["group_size"]) == (arm, method, str(G)) and r[metric] != ""
+        }
+
+    def gain(G: int, metric: str) -> dict[int, float]:  # EBPO - GRPO per seed, arm (a)
+        ebpo, grpo = values("estimators", "ebpo", G, metric), values("estimators", "grpo", G, metric)
+        return {s: ebpo[s] - grpo[s] for s in sorted(set(ebpo) & set(grpo))}
+
+    def outcome(ci: MeanCI) -> str:
+        if not ci.excludes_zero:
+            return "not shown"
+        return "confirmed" if ci.mean > 0 else "refuted"
+
+    g4, g16 = values("published", "grpo", 4, "auc"), values("published", "grpo", 16, "auc")
+    sens = paired_ci(g16, g4)
+    lines = [
+        f"sensitivity check, GRPO G16 - G4 validation AUC: {sens.format(100.0, 1, signed=True)} points "
+        f"(n = {sens.n}): {'passes' if sens.excludes_zero and sens.mean > 0 else 'does not pass'}",
+        "",
+        "| prediction | EBPO - GRPO, paired by seed | n | outcome |",
+        "|---|---|---|---|",
+    ]
+    predictions = [
+        ("primary: validation AUC at G = 2", mean_ci(gain(2, "auc").values())),
+        ("secondary 1: test Pass@1 at G = 2", mean_ci(gain(2, "pass1").values())),
+        ("secondary 2: (G = 2) - (G = 4), validation AUC", paired_ci(gain(2, "auc"), gain(4, "auc"))),
+        ("(not predicted) validation AUC at G = 4", mean_ci(gain(4, "auc").values())),
+        ("(not predicted) test Pass@1 at G = 4", mean_ci(gain(4, "pass1").values())),
+    ]
+    for name, ci in predictions:
+        lines.append(f"| {name} | {ci.format(100.0, 1, signed=True)} points | {ci.n} | {outcome(ci)} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["learning"] and len(sys.argv) == 3:
+        print(learning(sys.argv[2]))
+        sys.exit(0)
     print(tables())
     figure(HERE / "diagnose_grid.png")
     print(f"wrote {HERE / 'diagnose_grid.png'}")

@@ -5,13 +5,17 @@ Run from the repository root:
     .venv/bin/python docs/results/lr_and_seeds/analyze.py reproduce NEW.csv COMMITTED.csv
     .venv/bin/python docs/results/lr_and_seeds/analyze.py sensitivity NEW.csv
     .venv/bin/python docs/results/lr_and_seeds/analyze.py lr LR=CSV [LR=CSV ...]
+    .venv/bin/python docs/results/lr_and_seeds/analyze.py rates LR=CSV[,CSV ...] [LR=CSV[,CSV ...] ...]
     .venv/bin/python docs/results/lr_and_seeds/analyze.py figures OUT_DIR SENS.csv MATRIX.csv LR=CSV [LR=CSV ...]
 
 ``reproduce`` compares every row of NEW whose cell (arm, method, variant, G, seed) is in COMMITTED, on every
 column but ``command`` and ``timing_*``, for exact equality of the stored text. ``sensitivity`` prints GRPO
 G16 - G4 (published arm, fixed prompts) paired by seed over all seeds, seeds 0-4 and seeds 5-9. ``lr`` picks each
 method's learning rate by its mean validation AUC over seeds (never the test set) and pairs the methods by seed
-at their chosen rates.
+at their chosen rates. ``rates`` does the choice for every method in the CSVs (G = 4, fixed prompts) and applies
+the shared-rate rule of docs/results/defaults (section 2, rule 2) to all of them together: r* is the rate, among
+those every method was measured at, with the highest mean over methods of their mean validation AUC, and each
+method's AUC at r* minus its AUC at its own best rate is paired by seed.
 ``figures`` draws ``lr.png`` (each method's test Pass@1 and validation AUC against the rate) and
 ``literature.png`` (the paired differences the literature predicts: DAPO - GRPO at each rate, G16 - G4 at fixed
 prompts from SENS, 64 x 4 - 16 x 16 at an equal response budget from MATRIX).
@@ -136,11 +140,64 @@ def lr_tables(pairs: list[str]) -> int:
     return 0
 
 
+def rates(pairs: list[str]) -> int:
+    per_lr = read_lrs(pairs)
+    lrs = list(per_lr)
+    runs: dict[tuple[str, str], set[str]] = {}
+    for rows in per_lr.values():
+        for r in rows:
+            runs.setdefault((r["arm"], r["method"]), set()).add(r["key"])
+    # a method in both arms (GRPO) is one set of runs: counted once, under its first arm
+    methods = [m for i, m in enumerate(sorted(runs)) if all(runs[m] != runs[o] for o in sorted(runs)[:i])]
+
+    def auc(arm: str, method: str, lr: str) -> dict[int, float]:
+        return by_seed(per_lr[lr], "auc", arm=arm, method=method)
+
+    measured = {m: [lr for lr in lrs if auc(*m, lr)] for m in methods}
+    common = [lr for lr in lrs if all(lr in measured[m] for m in methods)]
+    if not common:
+        print("no rate at which every method was measured", file=sys.stderr)
+        return 1
+    mean_auc = {(m, lr): mean_ci(auc(*m, lr).values()).mean for m in methods for lr in measured[m]}
+    best = {m: max(measured[m], key=lambda lr: mean_auc[m, lr]) for m in methods}
+    shared = max(common, key=lambda lr: sum(mean_auc[m, lr] for m in methods) / len(methods))
+    print(f"rates every method was measured at: {', '.join(common)}; r* = {shared}")
+    for lr in common:
+        print(
+            f"  lr {lr}: mean over methods of mean validation AUC {100 * sum(mean_auc[m, lr] for m in methods) / len(methods):.1f}"
+        )
+    lines = [
+        "| arm / method | metric | "
+        + " | ".join(f"lr {lr}" for lr in lrs)
+        + " | best lr | AUC at r* - at best |",
+        "|---|---|" + "---|" * len(lrs) + "---|---|",
+    ]
+    apart = []
+    for m in methods:
+        gap = paired_ci(auc(*m, shared), auc(*m, best[m])) if best[m] != shared else None
+        if gap is not None and gap.excludes_zero:
+            apart.append("/".join(m))
+        for metric, name in (("auc", "validation AUC %"), ("pass1", "test Pass@1 %")):
+            cis = [
+                fmt(mean_ci(by_seed(per_lr[lr], metric, arm=m[0], method=m[1]).values()), False)
+                if lr in measured[m]
+                else ""
+                for lr in lrs
+            ]
+            tail = (fmt(gap) if gap is not None else "0 (r* is its best)") if metric == "auc" else ""
+            lines.append(f"| {'/'.join(m)} | {name} | " + " | ".join(cis) + f" | {best[m]} | {tail} |")
+    print("\n".join(lines))
+    verdict = "per method: " + ", ".join(apart) + " differ" if apart else f"one shared rate, {shared}"
+    print(f"\nshared-rate rule: {verdict}")
+    return 0
+
+
 def read_lrs(pairs: list[str]) -> dict[str, list[dict[str, str]]]:
     out = {}
     for pair in pairs:
         lr, path = pair.split("=", 1)
-        out[lr] = [r for r in read(path) if r["variant"] == "fixed-prompts" and r["group_size"] == "4"]
+        rows = [r for one in path.split(",") for r in read(one)]
+        out[lr] = [r for r in rows if r["variant"] == "fixed-prompts" and r["group_size"] == "4"]
     return out
 
 
@@ -234,6 +291,8 @@ def main(argv: list[str]) -> int:
         return sensitivity(argv[1])
     if len(argv) >= 2 and argv[0] == "lr":
         return lr_tables(argv[1:])
+    if len(argv) >= 2 and argv[0] == "rates":
+        return rates(argv[1:])
     if len(argv) >= 5 and argv[0] == "figures":
         return figures(argv[1], argv[2], argv[3], argv[4:])
     print(__doc__)
