@@ -346,7 +346,7 @@ def _main(args: argparse.Namespace, command: str) -> int:
     if not args.report_only:
         ensure_model(model_path)
         outcome = matrix.run_matrix(
-            plan.runs, root, jobs=args.jobs, keep_checkpoints=args.keep_checkpoints, command=command
+            plan.runs, root, jobs=args.jobs, keep_checkpoints=args.keep_checkpoints, command=command, tag=tag
         )
         print(
             f"matrix wall time {outcome.wall_s / 60:.1f} min: {outcome.finished} runs finished, "
@@ -377,7 +377,7 @@ def _main(args: argparse.Namespace, command: str) -> int:
         headline=design.headline,
         sensitivity_pair=design.sensitivity,
         threshold=threshold,
-        sessions=matrix.read_sessions(root),
+        sessions=matrix.read_sessions(root, tag),
         best_how=plan.best_how,
     ):
         print(f"wrote {path}")

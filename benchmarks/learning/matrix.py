@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import shlex
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -209,11 +210,12 @@ def run_matrix(
     jobs: int = 1,
     keep_checkpoints: bool = False,
     command: str = "",
+    tag: str = "",
     log: Callable[[str], None] = print,
     worker: Callable[[RunSpec, str, bool, str], tuple[str, str]] = execute_logged,
 ) -> Outcome:
     """Execute every run of ``runs`` without a finished result, ``jobs`` at a time (1: in this process);
-    append this invocation to ``<root>/sessions.jsonl``. A kill loses at most the runs in flight, which
+    append this invocation (its command and ``tag``) to ``<root>/sessions.jsonl``. A kill loses at most the runs in flight, which
     continue from their last checkpoint when the same command is run again."""
     root = Path(root)
     with DirectoryLock(
@@ -221,7 +223,7 @@ def run_matrix(
         what="benchmark runs directory",
         hint="two invocations would run the same runs twice; wait for it, or give this one another --runs-dir",
     ):
-        return _run_pending(runs, root, jobs, keep_checkpoints, command, log, worker)
+        return _run_pending(runs, root, jobs, keep_checkpoints, command, tag, log, worker)
 
 
 def _run_pending(
@@ -230,6 +232,7 @@ def _run_pending(
     jobs: int,
     keep_checkpoints: bool,
     command: str,
+    tag: str,
     log: Callable[[str], None],
     worker: Callable[[RunSpec, str, bool, str], tuple[str, str]],
 ) -> Outcome:
@@ -280,6 +283,7 @@ def _run_pending(
         wall = time.perf_counter() - started
         session = {
             "command": command,
+            "tag": tag,
             "started_utc": started_utc,
             "wall_s": round(wall, 1),
             "jobs": jobs,
@@ -293,8 +297,20 @@ def _run_pending(
     return Outcome(len(runs), len(runs) - len(pending), finished - len(failed), failed, wall)
 
 
-def read_sessions(root: Path) -> list[dict[str, Any]]:
-    """The invocations recorded in ``<root>/sessions.jsonl`` (a torn last line is skipped)."""
+def session_tag(session: dict[str, Any]) -> str:
+    """The ``--tag`` of a recorded invocation: its ``tag`` field, or for a record without one, read from its
+    command (``--tag X``, else the mode's default: options, quick or matrix)."""
+    if session.get("tag"):
+        return str(session["tag"])
+    words = shlex.split(str(session.get("command", "")))
+    if "--tag" in words[:-1]:
+        return words[words.index("--tag") + 1]
+    return "options" if "--select-options" in words else "quick" if "--quick" in words else "matrix"
+
+
+def read_sessions(root: Path, tag: str | None = None) -> list[dict[str, Any]]:
+    """The invocations recorded in ``<root>/sessions.jsonl`` (a torn last line is skipped); with ``tag``,
+    only those of that ``--tag`` (several designs may share one runs directory, and their runs)."""
     path = Path(root) / SESSIONS_FILE
     if not path.is_file():
         return []
@@ -304,7 +320,7 @@ def read_sessions(root: Path) -> list[dict[str, Any]]:
             out.append(json.loads(line))
         except json.JSONDecodeError:
             continue
-    return out
+    return out if tag is None else [s for s in out if session_tag(s) == tag]
 
 
 # ---------------------------------------------------------------------------------------------------

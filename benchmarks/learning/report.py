@@ -282,7 +282,7 @@ def run_time_lines(rows: Sequence[Row], sessions: Sequence[dict[str, Any]]) -> l
     if sessions:
         wall = sum(s.get("wall_s", 0.0) for s in sessions)
         lines.append(
-            f"- **Matrix wall time** (sum over the {len(sessions)} invocations in `sessions.jsonl`, jobs "
+            f"- **Matrix wall time** (sum over the {len(sessions)} invocations of this tag in `sessions.jsonl`, jobs "
             f"{sorted({s.get('jobs') for s in sessions})}): {wall / 60:.1f} min."
         )
     else:

@@ -102,6 +102,18 @@ def test_killed_matrix_continues_run_by_run(configs_dir, tmp_path):
     assert (outcome.already_done, outcome.finished, outcome.failed) == (2, 3, {})
     sessions = matrix.read_sessions(tmp_path)  # both invocations recorded, the killed one too
     assert [s["finished"] for s in sessions] == [2, 3] and all(s["wall_s"] >= 0 for s in sessions)
+    # another design sharing the runs directory: each report sums the invocations of its own tag
+    matrix.run_matrix(runs, tmp_path, worker=killed_on_third, log=lambda _: None, command="c", tag="other")
+    assert len(matrix.read_sessions(tmp_path)) == 3 and len(matrix.read_sessions(tmp_path, "other")) == 1
+    with open(
+        tmp_path / matrix.SESSIONS_FILE, "a"
+    ) as handle:  # a record without a tag field: read from its command
+        handle.write(
+            json.dumps({"command": "python -m benchmarks.learning --tag lr1e-4 --jobs 2", "wall_s": 1.0})
+        )
+        handle.write("\n" + json.dumps({"command": "python -m benchmarks.learning --select-options"}) + "\n")
+    assert [s["wall_s"] for s in matrix.read_sessions(tmp_path, "lr1e-4")] == [1.0]
+    assert len(matrix.read_sessions(tmp_path, "options")) == 1
     # a torn result or one written under another key is not finished
     (run_dir(tmp_path, runs[0]) / RESULT_FILE).write_text('{"key": ')
     assert read_result(tmp_path, runs[0]) is None
