@@ -293,13 +293,17 @@ def run_time_lines(rows: Sequence[Row], sessions: Sequence[dict[str, Any]]) -> l
 def describe_model(path: str) -> str:
     """The base model as the results page names it: its path relative to the working directory (the
     repository root, where the benchmark runs) when it lies inside it, else with ``~`` for the home
-    directory, and the recipe key of a ``ebpo base-model`` build, so a page reads the same in any checkout."""
+    directory, and the recipe key of a ``ebpo base-model`` build, so a page reads the same in any checkout. A
+    model shipped in the package (``src/ebpo/models/<name>``) is named so from any checkout: runs made in
+    another checkout of the repository name it there."""
     p = Path(path)
     try:
         shown = str(p.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         home = str(Path.home())
         shown = "~" + path[len(home) :] if path.startswith(home + "/") else path
+        if p.parts[-4:-1] == ("src", "ebpo", "models"):
+            shown = "/".join(p.parts[-4:])
     try:
         key = json.loads((p / "build_info.json").read_text()).get("key")
     except (OSError, ValueError):  # not a base-model build (a model of the user's own): no key to show

@@ -161,3 +161,6 @@ def test_the_page_names_the_model_by_a_path_any_checkout_shares_and_its_recipe_k
     (cached / "build_info.json").write_text("{not json")
     assert report.describe_model(str(cached)) == "`~/.cache/ebpo/base_models/arith-30e4105233de`"
     assert report.describe_model("/elsewhere/model") == "`/elsewhere/model`"
+    # the shipped model of another checkout (runs made there, reported here): named as in this one
+    elsewhere = tmp_path / "other-checkout" / "src" / "ebpo" / "models" / "arith_base"
+    assert report.describe_model(str(elsewhere)) == "`src/ebpo/models/arith_base`"
