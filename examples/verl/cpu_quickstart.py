@@ -18,8 +18,7 @@ reward, EBPO's prior mean and shrinkage, seconds) and ebpo's own messages; verl'
 At the end it prints the mean training reward of the first and the last step and the checkpoint directory.
 Two runs of the same command train alike: the same rewards at every step, the same final weights. The same command trains on a cluster without
 ``trainer.device=cpu`` and with a real model and data (``examples/verl/run_paper.sh``).
-``tests/integrations/verl/test_verl_v1_e2e.py`` (v1) and ``tests/integrations/verl/test_verl_e2e.py`` (legacy
-trainer) run it, with resumes.
+``tests/integrations/verl/test_verl_e2e.py`` runs it (v1 and the legacy trainer), with resumes.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The verl end-to-end runs, started once for the whole session in two lanes (``verl_helpers.Lanes``) as soon as
-the session's first test runs, so they overlap the unit tests; the tests of ``test_verl_e2e.py`` and
-``test_verl_plugin.py`` wait for the runs they read.
+the session's first test runs; the tests that read them (``e2e`` fixture: ``test_verl_e2e.py`` and one of
+``test_verl_plugin.py``) come last, so that every other test runs while the runs do.
 
 Every run is ``python -m ebpo.integrations.verl trainer.device=cpu`` with the quickstart's overrides
 (``examples/verl/cpu_quickstart.py``: a tiny ``arith`` model fine-tuned for a second, the ``ebpo_cpu``
@@ -9,12 +9,14 @@ rollout, FSDP2 on gloo), then its own:
 | lane | run | trainer | what it is for |
 |---|---|---|---|
 | 1 | ``v1_a`` | v1 | the quickstart for 8 steps, checkpoints every 2: learning, prior = replay, topic stream |
-| 1 | ``v1_dapo`` | v1 | ``algorithm.filter_groups`` with the topic stream, 4 steps: evicted groups in the prior once |
 | 1 | ``legacy_a``, ``legacy_b`` | legacy | 2 ranks, ``balance_batch``, ``filter_groups``, a resume at step 2 |
+| 1 | ``launcher`` | verl's own | ``python -m verl.trainer.main_ppo`` stopped by our checkpoint callback |
 | 2 | ``v1_b`` | v1 | ``v1_a``'s command again for 2 steps (reproducible) |
 | 2 | ``v1_c`` | v1 | a resume of ``v1_b`` at step 2, to step 4 (= ``v1_a``'s steps 3-4) |
-| 2 | ``v1r_a``, ``v1r_b`` | v1 | 2 ranks, ``DifficultySampler``, ``prior_scope=cluster``, a resume at step 2 |
-| 2 | ``launcher`` | verl's own | ``python -m verl.trainer.main_ppo`` stopped by our checkpoint callback |
+| 2 | ``v1r_a``, ``v1r_b`` | v1 | 2 ranks, ``algorithm.filter_groups`` (DAPO), ``DifficultySampler``, ``prior_scope=cluster``, a resume at step 2 |
+
+A run costs about 100 s of CPU before its first step (a dozen processes, each importing verl): a property
+is tested in a run that exists for another where the two do not hide each other's faults.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from verl_helpers import Lanes, entry_point, quickstart
+from verl_helpers import Lanes, entry_point, fresh_import, quickstart
 
 from ebpo.integrations.verl.cpu.config import legacy_cpu_refusal
 
@@ -47,15 +49,18 @@ def legacy_data(root: Path) -> Path:
 
 
 def curriculum_data(root: Path) -> Path:
-    """16 prompts of two topics (``max``, ``mod``), each with a distinct pass rate in ``extra_info.difficulty``
-    (the curriculum's key), for the v1 2-rank runs."""
+    """16 distinct prompts of two topics (``max`` rows 0-7, ``mod`` rows 8-15), each with a distinct pass rate
+    in ``extra_info.difficulty`` (the curriculum's key), for the v1 2-rank runs (their tests find a dumped
+    row's dataset row by its prompt)."""
     from ebpo.integrations.verl.data import write_verl_parquet
     from ebpo.tasks import arith
 
     root.mkdir(parents=True, exist_ok=True)
     quickstart.sft_arith_model(root / "model")
     records = arith.generate("train", 8, seed=0, topics=["max"], levels=[1])
-    records += arith.generate("train", 8, seed=1, topics=["mod"], levels=[1])
+    mod = {r.prompt: r for r in arith.generate("train", 24, seed=1, topics=["mod"], levels=[1])}
+    records += list(mod.values())[:8]
+    assert len({r.prompt for r in records}) == 16
     for i, record in enumerate(records):
         record.difficulty = ((i * 5) % 16) / 15  # all different: the curriculum's order is fixed
     write_verl_parquet(records, root / "train.parquet", data_source="arith", instruction="")
@@ -96,16 +101,6 @@ def e2e_lanes(root: Path) -> Lanes:
     curriculum = curriculum_data(root / "curriculum")
     launcher = torn_checkpoint(root / "launcher")
     every_2 = ("trainer.save_freq=2",)
-    dapo = (
-        "data.train_batch_size=8",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.rollout.n=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",  # a mini-batch: 2 prompts x 4
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32",  # a step: 8 prompts x 4
-        "algorithm.filter_groups.enable=True",
-        "algorithm.filter_groups.metric=acc",  # verl's reward managers record the score as acc (0.9.0 and 0.9.1)
-        f"trainer.default_local_dir={qs / 'ckpt_dapo'}",
-    )
     legacy_runs = (
         "trainer.use_v1=false",
         "trainer.n_gpus_per_node=2",
@@ -134,7 +129,10 @@ def e2e_lanes(root: Path) -> Lanes:
         "++data.sampler.class_name=DifficultySampler",
         "+algorithm.ebpo.prior_scope=cluster",
         "+algorithm.ebpo.cluster_min_groups=2",
-        f"reward.custom_reward_function.path={HERE / 'verl_reward_by_answer.py'}",
+        "algorithm.filter_groups.enable=True",
+        "algorithm.filter_groups.metric=acc",  # verl's reward managers record the score as acc (0.9.0 and 0.9.1)
+        f"reward.custom_reward_function.path={HERE / 'verl_positional_reward.py'}",
+        f"+reward.custom_reward_function.reward_kwargs.group_size={RANKS_N}",
     )
     verls_launcher = [
         sys.executable,
@@ -157,7 +155,6 @@ def e2e_lanes(root: Path) -> Lanes:
                 qs,
                 entry_point(qs, "v1_a", 8, *every_2, f"trainer.default_local_dir={qs / 'ckpt_a'}"),
             ),
-            ("v1_dapo", qs, entry_point(qs, "v1_dapo", 4, *dapo)),
             *(
                 [
                     ("legacy_a", legacy, entry_point(legacy, "legacy_a", 2, *legacy_runs)),
@@ -170,6 +167,7 @@ def e2e_lanes(root: Path) -> Lanes:
                 if legacy_cpu_refusal() is None
                 else []
             ),
+            *([("launcher", launcher, verls_launcher)] if launcher_testable() else []),
         ],
         [
             (
@@ -195,10 +193,21 @@ def e2e_lanes(root: Path) -> Lanes:
                 curriculum,
                 entry_point(curriculum, "v1r_b", 4, *curriculum_runs, "trainer.resume_mode=auto"),
             ),
-            *([("launcher", launcher, verls_launcher)] if launcher_testable() else []),
         ],
     ]
     return Lanes(lanes)
+
+
+@pytest.fixture(scope="session")
+def fresh_verl_import() -> dict:
+    """:func:`fresh_import` with verl's plugin loading as installed: one interpreter for the tests of
+    registration (an import of verl takes seconds of CPU)."""
+    return fresh_import()
+
+
+def pytest_collection_modifyitems(items):
+    """The tests that read the end-to-end runs last (in their order): every other one runs while they run."""
+    items[:] = sorted(items, key=lambda item: "e2e" in getattr(item, "fixturenames", ()))
 
 
 @pytest.fixture(autouse=True)

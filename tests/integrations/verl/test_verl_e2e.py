@@ -32,7 +32,9 @@ from verl_helpers import (  # noqa: E402
     dumped_rows,
     quickstart,
     replay,
+    replay_estimator,
     saved_prior,
+    saved_state,
     slope,
     step_groups,
     step_metrics,
@@ -60,15 +62,17 @@ def timing(*names: str) -> str:
     )
 
 
-def prompt_index(root: Path) -> dict[str, int]:
-    """Prompt text -> its ``extra_info.index`` in ``root/train.parquet``."""
+def prompt_info(root: Path) -> dict[str, dict]:
+    """Prompt text -> its ``extra_info`` (``index``, ``topic``, ``difficulty``, ...) in ``root/train.parquet``."""
     import pandas as pd
 
     frame = pd.read_parquet(root / "train.parquet")
-    return {
-        row[0]["content"].strip(): int(info["index"])
-        for row, info in zip(frame["prompt"], frame["extra_info"])
-    }
+    return {row[0]["content"].strip(): dict(info) for row, info in zip(frame["prompt"], frame["extra_info"])}
+
+
+def prompt_index(root: Path) -> dict[str, int]:
+    """Prompt text -> its ``extra_info.index`` in ``root/train.parquet``."""
+    return {text: int(info["index"]) for text, info in prompt_info(root).items()}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -188,97 +192,133 @@ def test_a_resumed_run_goes_on_exactly_as_the_uninterrupted_one(e2e):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# v1: DAPO's filter with the topic stream
+# v1 on 2 ranks: DAPO's filter with the curriculum and a cluster prior, across a resume
 # ----------------------------------------------------------------------------------------------------------
-def test_v1_dapo_evicted_groups_reach_the_prior_once_and_the_stream_goes_on(e2e):
-    e2e.succeeded("v1_dapo")
-    qs, n = e2e.root_of("v1_dapo"), 4
-    metrics = step_metrics(qs / "v1_dapo.metrics.jsonl")
-    rows = dumped_rows(qs / "v1_dapo-rollouts")
-    rewards = step_rewards(qs / "v1_dapo-rollouts")
-    assert sorted(metrics) == sorted(rewards) == [1, 2, 3, 4]
-
-    # every step trains on a full batch of kept groups: the evicted groups' rows are gone and replaced by
-    # fresh prompts (a masked group would still be dumped, with its equal rewards)
-    for step, values in rewards.items():
-        assert len(values) == 8 * n, step
-        groups = values.view(8, n)
-        assert bool((groups.max(dim=1).values > groups.min(dim=1).values).all()), (step, groups)
-
-    # every group verl cleared untrained (evicted, or surplus of a refill) reached the prior exactly once:
-    # our buffer's dump of the observed groups holds as many as verl counted, each evicted one with equal
-    # rewards, no uid twice; the prior = the core estimator fed, per step, those groups and then the batch
-    text_of = {i: text for text, i in prompt_index(qs).items()}
-    steps, evicted_total, fetched = [], 0, {}
-    for step in range(1, 5):
-        evicted = int(metrics[step].get("training/filter_groups/evicted_samples", 0))
-        surplus = int(metrics[step].get("training/filter_groups/discarded_surplus_samples", 0))
-        path = qs / "v1_dapo-rollouts" / "observed" / f"{step}.jsonl"
-        observed = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-        assert len(observed) == evicted + surplus == int(metrics[step].get("ebpo/observed_groups", 0)), step
-        assert all(len(group["rewards"]) == n for group in observed), step
-        assert sum(len(set(group["rewards"])) == 1 for group in observed) >= evicted, step
-        steps.append(([torch.tensor(group["rewards"]) for group in observed], rewards[step], None))
-        evicted_total += evicted
-        fetched.update({group["uid"]: text_of[group["index"]] for group in observed})
-        fetched.update({row["uid"].rsplit("_", 2)[0]: row["input"].strip() for row in rows[step]})
-    assert evicted_total > 0, "no group was filtered: the test did not exercise the filter"
-    prior = saved_prior(qs, 4, "ckpt_dapo")
-    assert_prior_equal(prior, replay(steps, n))
-    assert int(prior["W_glob"]["count"]) == 4 * 8 * n + sum(len(observed) for observed, _, _ in steps) * n
-
-    # the prompts were fetched one at a time, in the topic stream's order, none skipped or repeated: the
-    # trained and the cleared groups, in the order their uids say they were fetched, are the stream's start
-    order = [fetched[uid] for uid in sorted(fetched)]
-    stream = stream_prompts(qs, "topic", 8, 1 + len(order) // 8)
-    assert order == [text for batch in stream for text in batch][: len(order)]
-    print(f"\n[verl v1 dapo] groups evicted {evicted_total}, fetched {len(order)}; {timing('v1_dapo')}")
-
-
-# ----------------------------------------------------------------------------------------------------------
-# v1 on 2 ranks: the curriculum and a cluster prior, with a resume
-# ----------------------------------------------------------------------------------------------------------
-def test_v1_two_ranks_curriculum_and_cluster_prior_across_a_resume(e2e):
-    # 2 FSDP ranks, balance_batch (it reorders rows across the ranks), DifficultySampler (easiest first),
-    # prior_scope=cluster over two topics; the reward ignores the response (answer mod 3, halved). Steps 1-2,
-    # then a resume at step 2 for steps 3-4.
+def dapo_runs(e2e) -> tuple[Path, dict[int, list[dict]], dict[int, list[dict]], dict[int, dict]]:
+    """Runs ``v1r_a`` (steps 1-2) and ``v1r_b`` (resumed at step 2, steps 3-4) read back: their folder and, by
+    step, the trained rows (verl's dump), the groups cleared untrained (our buffer's dump) and the metrics."""
     e2e.succeeded("v1r_a", "v1r_b")
     root = e2e.root_of("v1r_a")
-    code, log = e2e.result("v1r_b")
+    rows, observed, metrics = {}, {}, {}
+    for name in ("v1r_a", "v1r_b"):
+        rows |= dumped_rows(root / f"{name}-rollouts")
+        metrics |= step_metrics(root / f"{name}.metrics.jsonl")
+        for path in (root / f"{name}-rollouts" / "observed").glob("*.jsonl"):
+            observed[int(path.stem)] = [json.loads(line) for line in path.read_text().splitlines()]
+    assert sorted(rows) == sorted(metrics) == [1, 2, 3, 4]
+    return root, rows, observed, metrics
+
+
+def trained_groups(step_rows: list[dict]) -> dict[str, list[dict]]:
+    """A step's trained rows by prompt uid (the key ``{uid}_{session}_{index}`` without its last two parts)."""
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for row in step_rows:
+        groups[row["uid"].rsplit("_", 2)[0]].append(row)
+    return groups
+
+
+def test_v1_dapo_on_two_ranks_goes_on_with_the_curriculum_across_a_resume(e2e):
+    # 2 FSDP ranks, balance_batch, algorithm.filter_groups (verl's v1 replay buffer evicts the finished groups
+    # whose rewards are all equal and refills the batch with fresh prompts, fetched one at a time),
+    # DifficultySampler (easiest first). The positional reward (verl_positional_reward.py) gives prompt i
+    # i mod 5 successes of 4 in each of its groups whatever was sampled: prompts 0, 4, 5, 9, 10, 14, 15 are
+    # evicted every time, the others kept. Steps 1-2, then a resume at step 2 for steps 3-4: the prompts
+    # handed out and the sampler's state are the uninterrupted run's, which the data, the curriculum and the
+    # reward fix
+    root, rows, observed, metrics = dapo_runs(e2e)
+    _, log = e2e.result("v1r_b")
     assert "setting global step to 2" in log
     shards = sorted(p.name for p in (root / "ckpt" / "global_step_4" / "actor").glob("model_world_size_*"))
     assert shards == ["model_world_size_2_rank_0.pt", "model_world_size_2_rank_1.pt"]
+    index = prompt_index(root)
+    text_of = {i: text for text, i in index.items()}
 
+    # every step trains a full batch of kept groups (4 prompts x 4 rows) scored by the positional reward;
+    # every group cleared untrained has its prompt's rewards too (evicted: all equal; surplus of a refill)
+    fetched = {}
+    for step in range(1, 5):
+        groups = trained_groups(rows[step])
+        assert len(groups) == 4 and all(len(members) == RANKS_N for members in groups.values()), step
+        for uid, members in groups.items():
+            prompt = members[0]["input"].strip()
+            assert {row["input"].strip() for row in members} == {prompt}
+            wins = successes(index[prompt], RANKS_N)
+            assert 0 < wins < RANKS_N and sum(row["score"] for row in members) == wins, (step, prompt)
+            fetched[uid] = prompt
+        for group in observed.get(step, []):
+            assert len(group["rewards"]) == RANKS_N
+            assert sum(group["rewards"]) == successes(group["index"], RANKS_N), (step, group)
+            fetched[group["uid"]] = text_of[group["index"]]
+
+    # the prompts were handed out one at a time in the curriculum's order, none skipped or repeated, also
+    # across the resume and into the second epoch: trained and cleared groups, in the order their uids say
+    # they were fetched, are the stream's start
+    order = [fetched[uid] for uid in sorted(fetched)]
+    stream = stream_prompts(root, "difficulty", 4, 1 + len(order) // 4)
+    assert order == [text for batch in stream for text in batch][: len(order)]
+    assert len(order) > 16 and any(uid.startswith("s00000003") for uid in fetched)
+    difficulty = {text: info["difficulty"] for text, info in prompt_info(root).items()}
+    first_epoch = [difficulty[text] for text in order[:16]]
+    assert first_epoch == sorted(first_epoch, reverse=True) and len(set(first_epoch)) == 16  # easiest first
+    # the cursor saved at step 4 is that of a sampler that handed out exactly these prompts
     import pandas as pd
+    from omegaconf import OmegaConf
+
+    from ebpo.integrations.verl.samplers import DifficultySampler
 
     frame = pd.read_parquet(root / "train.parquet")
-    info = {row[0]["content"].strip(): extra for row, extra in zip(frame["prompt"], frame["extra_info"])}
-    rows = {**dumped_rows(root / "v1r_a-rollouts"), **dumped_rows(root / "v1r_b-rollouts")}
-    assert sorted(rows) == [1, 2, 3, 4]
-    # each step's prompts are the curriculum's next batch, easiest first, also across the resume
-    expected = stream_prompts(root, "difficulty", 4, 4)
-    for step in range(1, 5):
-        prompts = [row["input"].strip() for row in rows[step]][::RANKS_N]
-        assert prompts == expected[step - 1], step
-    from ebpo.data.samplers import get_sampler
+    sampler = DifficultySampler(
+        [{"extra_info": info} for info in frame["extra_info"]],
+        OmegaConf.create({"train_batch_size": 4, "seed": 0}),
+    )
+    handed_out = 0
+    while handed_out < len(order):  # the dataloader starts a new pass at the end of each epoch
+        for _ in zip(range(len(order) - handed_out), sampler):
+            handed_out += 1
+    saved = torch.load(root / "ckpt" / "global_step_4" / SAMPLER_STATE_FILE, weights_only=False)
+    assert saved == sampler.state_dict() and saved["epoch"] == 1
+    evicted = sum(int(metrics[s].get("training/filter_groups/evicted_samples", 0)) for s in metrics)
+    print(
+        f"\n[verl v1 dapo 2 ranks] fetched {len(order)}, groups evicted {evicted}; {timing('v1r_a', 'v1r_b')}"
+    )
 
-    difficulty = [float(extra["difficulty"]) for extra in frame["extra_info"]]
-    stream = get_sampler("difficulty", difficulty, 4, seed=0)
-    pass_rates = [difficulty[i] for _ in range(4) for i in stream.next_batch()]
-    assert pass_rates == sorted(pass_rates, reverse=True) and len(set(pass_rates)) == 16  # easiest first
 
-    # the prior = the core estimator with one prior per topic, fed every step's rewards with their topics
-    steps = []
+def test_v1_dapo_cleared_groups_reach_the_cluster_prior_once_across_a_resume(e2e):
+    # the same runs: every group verl cleared untrained (evicted, or surplus of a refill) reached the prior
+    # exactly once, in its topic's prior (prior_scope=cluster over max / mod), also across the resume (the
+    # prior of step 2 came back): our buffer's dump of the cleared groups holds as many as verl counted, and
+    # the prior saved at step 4 = the core estimator fed, step by step, those groups and then the batch
+    root, rows, observed, metrics = dapo_runs(e2e)
+    info = prompt_info(root)
+    topic = {int(extra["index"]): extra["topic"] for extra in info.values()}
+    steps, evicted_total = [], 0
     for step in range(1, 5):
+        evicted = int(metrics[step].get("training/filter_groups/evicted_samples", 0))
+        surplus = int(metrics[step].get("training/filter_groups/discarded_surplus_samples", 0))
+        cleared = observed.get(step, [])
+        assert len(cleared) == evicted + surplus == int(metrics[step].get("ebpo/observed_groups", 0)), step
+        assert sum(len(set(group["rewards"])) == 1 for group in cleared) >= evicted, step
+        assert len({group["uid"] for group in cleared} | set(trained_groups(rows[step]))) == len(cleared) + 4
+        evicted_total += evicted
         rewards = torch.tensor([row["score"] for row in rows[step]])
-        assert rewards.tolist() == [(int(row["gts"]) % 3) / 2 for row in rows[step]]
-        steps.append(([], rewards, [info[row["input"].strip()]["topic"] for row in rows[step]]))
-    options = {"prior_scope": "cluster", "cluster_min_groups": 2}
-    assert_prior_equal(saved_prior(root, 4), replay(steps, RANKS_N, **options))
-    metrics = {**step_metrics(root / "v1r_a.metrics.jsonl"), **step_metrics(root / "v1r_b.metrics.jsonl")}
-    assert sorted(metrics) == [1, 2, 3, 4]
-    assert all("ebpo/cluster_prior_frac" in metrics[s] for s in metrics)
-    print(f"\n[verl v1 2 ranks] {timing('v1r_a', 'v1r_b')}")
+        steps.append(
+            (
+                [(torch.tensor(group["rewards"]), topic[group["index"]]) for group in cleared],
+                rewards,
+                [info[row["input"].strip()]["topic"] for row in rows[step]],
+            )
+        )
+        assert "ebpo/cluster_prior_frac" in metrics[step]
+    assert evicted_total > 0, "no group was evicted: the test did not exercise the filter"
+    assert {cluster for _, _, clusters in steps for cluster in clusters} == {"max", "mod"}
+    # the global prior and each topic's: equal structure and numbers (clusters compared by name)
+    saved = saved_state(root, 4)
+    expected = replay_estimator(steps, RANKS_N, prior_scope="cluster", cluster_min_groups=2).state_dict()
+    assert_prior_equal(saved["prior"], expected["prior"])
+    assert sorted(dict(saved["cluster_priors"])) == ["max", "mod"]
+    assert_prior_equal(dict(saved["cluster_priors"]), dict(expected["cluster_priors"]), "cluster_priors")
+    groups_seen = sum(len(cleared) for cleared, _, _ in steps) + 4 * 4
+    assert int(saved["prior"]["W_glob"]["count"]) == groups_seen * RANKS_N
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -10,9 +10,6 @@ point where our callback stops a resume.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from importlib import metadata
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,7 +27,7 @@ if trl_conflict():
 
 from omegaconf import OmegaConf  # noqa: E402
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync  # noqa: E402
-from verl_helpers import verl_config  # noqa: E402
+from verl_helpers import fresh_import, verl_config  # noqa: E402
 
 import ebpo.integrations.verl as ev  # noqa: E402
 from ebpo.integrations import ESTIMATOR_STATE_FILE  # noqa: E402
@@ -54,31 +51,16 @@ def entry_point_installed() -> bool:
 # ----------------------------------------------------------------------------------------------------------
 # registration through the plugin group
 # ----------------------------------------------------------------------------------------------------------
-def test_importing_verl_registers_our_estimators_through_the_entry_point():
+def test_importing_verl_registers_our_estimators_through_the_entry_point(fresh_verl_import):
     if not entry_point_installed():
         pytest.skip(
             "ebpo's verl.plugins entry point is not installed here (pip install -e .[verl] installs it)"
         )
-    code = (
-        "import sys, verl; from verl.trainer.ppo import core_algos; "
-        "print(sorted(n for n, f in core_algos.ADV_ESTIMATOR_REGISTRY.items() if hasattr(f, '__ebpo_estimator__')), "
-        "[m for m in ('verl.trainer.ppo.ray_trainer', 'verl.workers.engine_workers') if m in sys.modules])"
-    )
-    env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_PLATFORM")}
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
-    )
-    assert result.returncode == 0, result.stderr
-    # every name verl lacks, nothing heavy imported (no Ray trainer, no workers)
-    assert result.stdout.strip() == "['dr_grpo', 'ebpo', 'jspo', 'reinforce_pp_baseline'] []"
-    off = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env={**env, "VERL_USE_EXTERNAL_PLUGINS": "none"},  # verl's switch: no plugins, so none of ours
-        timeout=300,
-    )
-    assert off.returncode == 0 and off.stdout.strip() == "[] []", off.stderr
+    # `import verl` alone: every name verl lacks, nothing heavy imported (no Ray trainer, no workers)
+    after_verl = fresh_verl_import["after_verl"]
+    assert after_verl == {"ours": ["dr_grpo", "ebpo", "jspo", "reinforce_pp_baseline"], "heavy": []}
+    off = fresh_import(VERL_USE_EXTERNAL_PLUGINS="none")  # verl's switch: no plugins, so none of ours
+    assert off["after_verl"] == {"ours": [], "heavy": []}
 
 
 # ----------------------------------------------------------------------------------------------------------

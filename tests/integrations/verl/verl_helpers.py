@@ -19,6 +19,7 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -49,6 +50,42 @@ def verl_config(*overrides: str):
 
     with initialize_config_dir(config_dir=_config_dir(), version_base=None):
         return compose(config_name="ppo_trainer", overrides=list(overrides))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# a fresh interpreter's imports
+# ---------------------------------------------------------------------------------------------------------
+#: modules of verl's Ray trainer and workers: registering our estimators must not import them
+HEAVY_MODULES = ("verl.trainer.ppo.ray_trainer", "verl.workers.engine", "verl.workers.engine_workers")
+
+FRESH_IMPORT = f"""
+import json, sys
+import verl
+from verl.trainer.ppo import core_algos
+def state():
+    ours = sorted(n for n, f in core_algos.ADV_ESTIMATOR_REGISTRY.items() if hasattr(f, "__ebpo_estimator__"))
+    return {{"ours": ours, "heavy": [m for m in {HEAVY_MODULES!r} if m in sys.modules]}}
+after_verl = state()
+import ebpo.integrations.verl as v
+print(json.dumps({{"after_verl": after_verl, "after_ebpo": {{**state(), "registered": v.REGISTERED}}}}))
+"""
+
+
+def fresh_import(**env: str) -> dict:
+    """A fresh interpreter's ``import verl`` (verl loads the ``verl.plugins`` entry points, ours among them)
+    then ``import ebpo.integrations.verl``: after each, our names in verl's advantage registry and which of
+    :data:`HEAVY_MODULES` are loaded; after the second, ``REGISTERED``. ``env``: added to the environment,
+    from which ``VERL_USE_EXTERNAL_MODULES`` and ``VERL_PLATFORM`` are removed."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_PLATFORM")}
+    result = subprocess.run(
+        [sys.executable, "-c", FRESH_IMPORT],
+        capture_output=True,
+        text=True,
+        env={**clean, **env},
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -314,10 +351,15 @@ def stream_prompts(root: Path, kind: str, batch: int, steps: int, seed: int = 0)
     return [[prompts[i] for i in stream.next_batch()] for _ in range(steps)]
 
 
-def saved_prior(root: Path, step: int, ckpt: str = "ckpt") -> dict:
-    """The estimator's prior in ``root/ckpt/global_step_<step>/ebpo_estimator.pt``."""
+def saved_state(root: Path, step: int, ckpt: str = "ckpt") -> dict:
+    """The estimator's state (global prior, cluster priors) in ``root/ckpt/global_step_<step>/ebpo_estimator.pt``."""
     state = torch.load(root / ckpt / f"global_step_{step}" / ESTIMATOR_STATE_FILE, weights_only=False)
-    return state["ebpo"]["state"]["prior"]
+    return state["ebpo"]["state"]
+
+
+def saved_prior(root: Path, step: int, ckpt: str = "ckpt") -> dict:
+    """The estimator's global prior in ``root/ckpt/global_step_<step>/ebpo_estimator.pt``."""
+    return saved_state(root, step, ckpt)["prior"]
 
 
 def actor_weights(root: Path, step: int, ckpt: str = "ckpt") -> dict[str, torch.Tensor]:
@@ -328,15 +370,26 @@ def actor_weights(root: Path, step: int, ckpt: str = "ckpt") -> dict[str, torch.
     return {name: getattr(value, "_local_tensor", value).clone() for name, value in state.items()}
 
 
-def replay(steps: list[tuple[list[torch.Tensor], torch.Tensor, list | None]], n: int, **options) -> dict:
-    """The core estimator fed, step by step, the groups the replay buffer cleared (``observe``) and then the
-    batch (group of row i = i // n; ``cluster``: one key per row, or None): the state the prior must have."""
+def replay_estimator(
+    steps: list[tuple[list[tuple[torch.Tensor, Any]], torch.Tensor, list | None]], n: int, **options
+):
+    """The core estimator fed, step by step, the groups the replay buffer cleared (``observe``: each a
+    ``(rewards, cluster key or None)``) and then the batch (group of row i = i // n; ``cluster``: one key per
+    row, or None): the state the adapter's estimator must have."""
     est = ebpo.get_estimator("ebpo", **options)
     for observed, rewards, cluster in steps:
-        for group in observed:
-            est.observe(group, torch.zeros(len(group), dtype=torch.long))
+        for group, key in observed:
+            index = torch.zeros(len(group), dtype=torch.long)
+            est.observe(group, index, cluster=None if key is None else [key] * len(group))
         est(rewards, torch.arange(len(rewards)) // n, cluster=cluster)
-    return est.state_dict()["prior"]
+    return est
+
+
+def replay(
+    steps: list[tuple[list[tuple[torch.Tensor, Any]], torch.Tensor, list | None]], n: int, **options
+) -> dict:
+    """The global prior of :func:`replay_estimator`."""
+    return replay_estimator(steps, n, **options).state_dict()["prior"]
 
 
 def assert_prior_equal(saved, expected, path: str = "prior") -> None:

@@ -1,8 +1,9 @@
 """A verl ``compute_score`` whose rewards depend only on the prompt and the sample's position, for
-the legacy 2-rank runs of conftest.py (``reward.custom_reward_function.path=<this file>``).
+the 2-rank runs of conftest.py, on both trainers (``reward.custom_reward_function.path=<this file>``).
 
 Prompt ``index`` (its ``extra_info.index``) gets ``index mod (N + 1)`` successes among its N samples of a
-step: calls for one prompt are counted in the reward worker, and the k-th call (k mod N) of a step scores 1
+step: calls for one prompt are counted in the process that scores them (the legacy trainer's, or the v1 CPU
+mode's one reward worker), and the k-th call (k mod N) of a step scores 1
 when ``k mod N < index mod (N + 1)``. Within a step the N calls of a prompt may come in any order (verl
 scores them concurrently), so which sample gets which reward varies, but each group's rewards, as a
 multiset, are fixed: the prior, which sees a group through its rewards' count, mean and variance, is then the

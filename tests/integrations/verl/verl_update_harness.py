@@ -23,6 +23,8 @@ the old ones plus noise (the KL term and the entropy bonus are on, so every part
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 import sys
 from pathlib import Path
@@ -35,7 +37,12 @@ DROPPED = (1, 4, 5)  # the groups the filter drops: 20 of 32 rows stay
 LR = 0.5
 
 
-def compose_config(model_dir: str, world: int, prompts_per_update: int, loss_agg_mode: str):
+@functools.cache
+def _composed(model_dir: str, world: int):
+    """verl's ``ppo_trainer.yaml`` with the harness's settings and the CPU mode's, composed once per process
+    (a Hydra compose costs about a second; the cases differ only in the two keys :func:`compose_config` sets,
+    which verl's config reads through interpolations, so setting them afterwards is the same as composing
+    them)."""
     from hydra import compose, initialize_config_dir
 
     from ebpo.integrations.verl.cpu.config import apply_cpu_mode, overridden_keys
@@ -47,10 +54,9 @@ def compose_config(model_dir: str, world: int, prompts_per_update: int, loss_agg
         f"actor_rollout_ref.model.path={model_dir}",
         f"actor_rollout_ref.rollout.n={N}",
         f"data.train_batch_size={GROUPS}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts_per_update}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={GROUPS}",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
-        f"actor_rollout_ref.actor.loss_agg_mode={loss_agg_mode}",
         "actor_rollout_ref.actor.optim.optimizer=SGD",
         f"actor_rollout_ref.actor.optim.lr={LR}",
         "actor_rollout_ref.actor.optim.weight_decay=0",
@@ -64,6 +70,17 @@ def compose_config(model_dir: str, world: int, prompts_per_update: int, loss_agg
     with initialize_config_dir(config_dir=_config_dir(), version_base=None):
         config = compose(config_name="ppo_trainer", overrides=overrides)
     apply_cpu_mode(config, overridden_keys(overrides))
+    return config
+
+
+def compose_config(model_dir: str, world: int, prompts_per_update: int, loss_agg_mode: str):
+    """The config of one case: :func:`_composed`'s, with its mini-batch size (prompts) and ``loss_agg_mode``."""
+    from omegaconf import open_dict
+
+    config = copy.deepcopy(_composed(model_dir, world))
+    with open_dict(config):
+        config.actor_rollout_ref.actor.ppo_mini_batch_size = prompts_per_update
+        config.actor_rollout_ref.actor.loss_agg_mode = loss_agg_mode
     return config
 
 
