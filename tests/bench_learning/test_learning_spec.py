@@ -387,8 +387,17 @@ EARLIER_DEFAULTS = ["--lr", "2e-4"] + [
     "--set",
     "optim.shared_prompts=false",
 ]
-"""The flags that plan the runs of docs/results/learning_matrix_cells.csv: its rate, and the exact log-prob
-paths that were the trainer's defaults when it ran."""
+"""The flags that plan the runs of docs/results/superseded/lr2e-4/learning_matrix_cells.csv: its rate, and the
+exact log-prob paths that were the trainer's defaults when it ran."""
+
+RESULTS = REPO / "docs" / "results"
+TEN_SEEDS = ["--seeds", *map(str, range(10))]
+VERDICT_CELLS = [
+    *("--methods", "grpo", "estimators/ebpo", "published/dapo"),
+    *("--sweep", "grpo", "estimators/ebpo", "--groups", "4", "16", "--budgets", "fixed-prompts"),
+    *("--seeds", *map(str, range(10, 20))),
+]
+"""The flags of the published matrix (seeds 0-9) and of its verdict cells on seeds 10-19."""
 
 
 def test_settings_come_last_and_key_only_what_they_change(configs_dir):
@@ -408,23 +417,43 @@ def test_settings_come_last_and_key_only_what_they_change(configs_dir):
     assert earlier.key != plain.key
 
 
-def test_the_committed_results_are_runs_the_default_matrix_plans():
-    """Every key of docs/results/learning_matrix_cells.csv is a run that `python -m benchmarks.learning` (and
-    `--select-options`) plans with the shipped presets and base model, given the rate and log-prob paths of
-    its time (EARLIER_DEFAULTS): a change to the config that changed keys would orphan the published results."""
+def planned_keys(argv: list[str], best_file: Path) -> set[str]:
+    """The run keys `python -m benchmarks.learning ARGV` and, for a whole matrix (no ``--methods``), its
+    `--select-options` plan with the shipped presets and base model, ebpo-best taken from ``best_file``."""
     planned = set()
-    for argv in (EARLIER_DEFAULTS, ["--select-options", *EARLIER_DEFAULTS]):
-        args = bench_parser().parse_args(argv)
+    for select in (False, True) if "--methods" not in argv else (False,):
+        args = bench_parser().parse_args(["--select-options", *argv] if select else argv)
         budget = budget_from(args).resolve(M.CONFIGS)
-        selection = (
-            None
-            if args.select_options
-            else M.read_selection(REPO / "docs" / "results" / "ebpo_best_options.json")
-        )
+        selection = None if select else M.read_selection(best_file)
         plan = matrix.plan(
             design_from(args), budget, model_path=model_path_from(), configs=M.CONFIGS, selection=selection
         )
         planned |= {spec.key for spec in plan.runs}
-    with open(REPO / "docs" / "results" / "learning_matrix_cells.csv") as handle:
-        committed = {row["key"] for row in csv.DictReader(handle)}
-    assert len(committed) > 100 and committed <= planned, sorted(committed - planned)
+    return planned
+
+
+def committed_keys(path: Path) -> set[str]:
+    with open(path) as handle:
+        return {row["key"] for row in csv.DictReader(handle)}
+
+
+@pytest.mark.parametrize(
+    "cells, argv, best_file",
+    [
+        ("learning_matrix_cells.csv", TEN_SEEDS, "ebpo_best_options.json"),
+        ("learning_matrix_seeds10-19_cells.csv", VERDICT_CELLS, "ebpo_best_options.json"),
+        (
+            "superseded/lr2e-4/learning_matrix_cells.csv",
+            EARLIER_DEFAULTS,
+            "superseded/lr2e-4/ebpo_best_options.json",
+        ),
+    ],
+)
+def test_the_committed_results_are_runs_the_matrix_plans(cells, argv, best_file):
+    """Every key of a published matrix CSV is a run that `python -m benchmarks.learning` plans with the shipped
+    presets and base model, given the flags of its command (seeds; for the superseded matrix the rate and log-prob
+    paths of its time) and the selection published beside it: a change to the config that changed keys would
+    orphan the published results."""
+    committed = committed_keys(RESULTS / cells)
+    planned = planned_keys(argv, RESULTS / best_file)
+    assert len(committed) > 40 and committed <= planned, sorted(committed - planned)
