@@ -146,8 +146,8 @@ class DiagnoseConfig:
     threads: int = field(
         default=1,
         metadata={
-            "help": "torch CPU threads (0: torch's choice); 1 as `ebpo train`: the small shipped model gains "
-            "little from intra-op threads, which spin-wait on a busy machine. Raise it for larger models"
+            "help": "torch CPU threads (0: torch's choice); 1 as `ebpo train`, for the small shipped model. "
+            "Raise it for larger models"
         },
     )
     out_dir: str = field(

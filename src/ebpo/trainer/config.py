@@ -50,11 +50,8 @@ class ModelConfig:
         default=None,
     )
     dtype: Literal["float32", "bfloat16"] = option(
-        "Compute dtype: float32 | bfloat16 (float16 would need loss scaling). bfloat16 runs every forward pass "
-        "(sampling, log-probs, updates) under torch.autocast in bfloat16 and keeps float32 weights, gradients "
-        "and optimizer state (mixed precision, as verl's FSDP and TRL's bf16=True), so small updates are not "
-        "rounded away; the frozen reference model is held in bfloat16. Checkpoints hold the float32 weights. "
-        "Default float32.",
+        "Compute dtype: float32 | bfloat16 (mixed precision: bfloat16 forward passes, float32 weights and "
+        "optimizer state; docs/training.md, Precision). Default float32.",
         default="float32",
     )
     gradient_checkpointing: bool = option(
@@ -91,15 +88,13 @@ class DataConfig:
     )
     val_size: int = option(
         "Number of generated validation problems (when no val_file); arith cycles through its 9 topics x 5 "
-        "levels, so a multiple of 45 (of 9 x len(levels)) covers every cell equally. Default 450 (45 cells x "
-        "10): the standard error of the built-in model's validation pass@1 is about 0.015 there.",
+        "levels, so a multiple of 45 (of 9 x len(levels)) covers every cell equally.",
         default=450,
         ge=1,
     )
     levels: list[int] | None = option(
-        "Only generate problems of these task levels (arith: 1..5); null = all levels. Applies to the "
-        "generated train and validation sets. Default null: the built-in base model has partial skill at "
-        "every arith level (docs/base_model.md).",
+        "Only generate problems of these task levels (arith: 1..5) in the generated train and validation "
+        "sets; null = all levels.",
         default=None,
     )
     topics: list[str] | None = option(
@@ -150,11 +145,9 @@ class RolloutConfig:
     top_p: float = option("Nucleus sampling threshold in (0, 1]; 1.0 = off.", default=1.0, gt=0, le=1)
     max_new_tokens: int = option("Longest response in tokens; longer ones are truncated.", default=24, ge=1)
     old_logp: Literal["recompute", "sampler"] = option(
-        "Where the PPO ratio's old log-probs (and actor/entropy) come from: sampler (default: the log-probs the "
-        "sampler drew with, no extra pass, docs/benchmarks.md) | recompute (verl's recompute_log_prob: a forward "
-        "pass of the sampling policy over the step's tokens, the step's first update supplying its own rows). The "
-        "two differ by float rounding, about 1e-5: each is deterministic on one machine, but their runs are not "
-        "bit-identical to each other.",
+        "Where the PPO ratio's old log-probs (and actor/entropy) come from: sampler (the log-probs the sampler "
+        "drew with, no extra pass) | recompute (verl's recompute_log_prob: a forward pass over the step's "
+        "tokens). They differ by float rounding, so their runs are not bit-identical (docs/training.md, Speed).",
         default="sampler",
     )
 
@@ -257,9 +250,8 @@ class OptimConfig:
     """AdamW and the PPO-style update schedule."""
 
     lr: float = option(
-        "AdamW learning rate (the paper: 1e-6 on 7-8B models). Default 1e-4 for the small built-in base "
-        "model with 32 prompts per step: the best validation AUC of 2.5e-5 to 2e-4 for GRPO, EBPO and DAPO "
-        "(docs/results/defaults).",
+        "AdamW learning rate (the paper: 1e-6 on 7-8B models). Default 1e-4, the rate docs/results/defaults "
+        "chose for the built-in base model.",
         default=1e-4,
         gt=0,
     )
@@ -280,10 +272,9 @@ class OptimConfig:
         ge=1,
     )
     micro_batch_size: int | None = option(
-        "Sequences per forward/backward pass inside a mini-batch (gradient accumulation, for memory). Each "
-        "part's loss is weighted by its share of the mini-batch's tokens (token-mean) or sequences, so with "
-        "the vanilla loss the gradient equals the whole mini-batch's; clip_cov and kl_cov pick their tokens "
-        "within each part, so with them it changes the loss. Default null = the whole mini-batch at once.",
+        "Sequences per forward/backward pass inside a mini-batch (gradient accumulation, for memory): the "
+        "vanilla loss's gradient equals the whole mini-batch's; clip_cov and kl_cov pick their tokens within "
+        "each part, so with them it changes the loss. Default null = the whole mini-batch at once.",
         default=None,
         ge=1,
     )
@@ -291,13 +282,10 @@ class OptimConfig:
         "Clip the global gradient norm to this value (0 = no clipping).", default=1.0, ge=0, note="0 = off"
     )
     shared_prompts: bool | None = option(
-        "Forward passes of the updates, the old-log-prob recompute and actor/step_kl run each distinct "
-        "prompt once, packed with the others with little padding, and its responses on that prompt's cached keys "
-        "and values, as the sampler does. The same math with fewer positions (docs/benchmarks.md measures the "
-        "time); the sums run in another order, so log-probs differ from false's by float rounding (about 1e-6) "
-        "and runs are not bit-identical to false's. Needs sdpa or eager attention and the KV cache (not "
-        "model.gradient_checkpointing). Default null = on where the model allows it, off otherwise (said at "
-        "start); true = required; false = every row runs its own copy of the prompt.",
+        "Run each distinct prompt once per forward pass, its responses on the prompt's cached keys and values "
+        "(the same math, summed in another order: docs/training.md, Speed). Needs sdpa or eager attention and "
+        "the KV cache. null = on where the model allows it (said at start); true = required; false = every "
+        "row runs its own copy of the prompt.",
         default=None,
         note="or null: on where the model allows it",
     )
@@ -345,18 +333,15 @@ class RunConfig:
     )
     device: str = option("auto (cuda if available) | cpu | cuda | cuda:N.", default="auto")
     threads: int | None = option(
-        "torch CPU threads, set before the base model is built (null = torch's choice). Default 1: the "
-        "small built-in model gains little from intra-op threads, and on a busy machine they spin-wait and "
-        "slow the run down. Raise it for larger models.",
+        "torch CPU threads, set before the base model is built (null = torch's choice). Default 1, for the "
+        "small built-in model; raise it for larger models.",
         default=1,
         ge=1,
         note="or null for torch's choice",
     )
     step_kl: Literal["all", "subset", "none"] = option(
-        "Tokens of actor/step_kl, KL(pi_t || pi_t+1), a forward pass after the updates: subset (default; every "
-        "U-th row of the step, U = batch_size / mini_batch_size updates: an estimate from a mini-batch's worth "
-        "of rows, at that share of the pass's cost) | all (every token of the step) | none (not computed or "
-        "logged). Training is the same under all three, to the bit.",
+        "Tokens of actor/step_kl, KL(pi_t || pi_t+1), a forward pass after the updates: subset (every U-th "
+        "row, U = updates per step) | all | none (not computed). Training is the same under all three.",
         default="subset",
     )
     progress: bool = option("Show a tqdm progress bar.", default=True)
