@@ -19,6 +19,7 @@ VERL_PY := $(VERL_VENV)/bin/python
 VERL_STAMP := $(VERL_VENV)/.ebpo-installed
 VERL_TESTS := tests/integrations/verl
 TORCH_VERSION ?= 2.13.0
+TEST_WORKERS ?= 2
 TORCH_INDEX ?=
 export TORCH_INDEX  # the wheel test (tests/test_package.py) installs torch from the same index
 TORCH_INSTALL = install -q torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
@@ -48,8 +49,10 @@ demo: $(STAMP)
 
 test: test-main test-verl
 
+# The .venv suite runs in TEST_WORKERS processes (pytest-xdist), each test file in one of them; the verl suite
+# runs in one, since its end-to-end runs already keep every core busy (tests/integrations/verl/conftest.py).
 test-main: $(STAMP)
-	$(PY) -m pytest -q --durations=10
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=10
 
 test-verl: $(VERL_STAMP)
 	$(VERL_PY) -m pytest -q --durations=15 $(VERL_TESTS)
