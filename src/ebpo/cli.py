@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import select
 import sys
 
 # subcommand -> module that defines add_parser(subparsers)
@@ -43,7 +45,25 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 0 if args.command is None else 2
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise
+        # Python flushes stdout again at exit: point it at /dev/null, so that the flush cannot fail too
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print("ebpo: standard output was closed (its reader exited); stopped", file=sys.stderr)
+        return 141  # the status of a process that SIGPIPE ended (`ebpo train --help-config | head`)
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has exited (its write end polls as an error)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(event & select.POLLERR for _, event in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll on this platform, or stdout is not a file
+        return False
 
 
 if __name__ == "__main__":

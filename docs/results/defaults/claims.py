@@ -31,6 +31,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import sys
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -592,6 +593,9 @@ def main(argv: list[str]) -> int:
     except InputError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as SIGPIPE would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     print(__doc__)
     return 2
 
