@@ -9,8 +9,9 @@ Run. Runs without a finished result are executed ``jobs`` at a time, each in its
 (``concurrent.futures.ProcessPoolExecutor``, spawned: a forked torch process can hang in its thread pool),
 handed out one by one as workers free up, so that Ctrl-C stops the matrix after the runs in flight; a
 failed run is reported and the others go on. An invocation locks the runs directory (a second one is
-refused with one line). Every invocation appends its wall time to
-``<runs-dir>/sessions.jsonl``: the matrix wall time is their sum, the sum of run times is not.
+refused with one line). Every invocation records its wall time in ``<runs-dir>/sessions.jsonl`` after each
+run and as it ends (a killed one's up to its last finished run): the matrix wall time is their sum, the sum of
+run times is not.
 
 Estimate. CPU seconds of finished runs are split into a fixed cost per run, training (per training
 response, by cost class) and sampling (per validation or test answer); a planned run costs its responses
@@ -24,6 +25,7 @@ import json
 import multiprocessing
 import shlex
 import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
@@ -215,8 +217,9 @@ def run_matrix(
     worker: Callable[[RunSpec, str, bool, str], tuple[str, str]] = execute_logged,
 ) -> Outcome:
     """Execute every run of ``runs`` without a finished result, ``jobs`` at a time (1: in this process);
-    append this invocation (its command and ``tag``) to ``<root>/sessions.jsonl``. A kill loses at most the runs in flight, which
-    continue from their last checkpoint when the same command is run again."""
+    record this invocation (its command, ``tag`` and wall time so far) in ``<root>/sessions.jsonl`` after each
+    run and as it ends. A kill loses at most the runs in flight, which continue from their last checkpoint when
+    the same command is run again."""
     root = Path(root)
     with DirectoryLock(
         root,
@@ -242,6 +245,26 @@ def _run_pending(
     )
     started, started_utc = time.perf_counter(), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     finished, failed = 0, {}
+    session_id = uuid.uuid4().hex
+
+    def record(ended: bool) -> None:
+        """Append this invocation's record as it stands; the last record of an ``id`` is the one read, so a
+        SIGKILL loses at most the time since the last run finished."""
+        session = {
+            "id": session_id,
+            "command": command,
+            "tag": tag,
+            "started_utc": started_utc,
+            "wall_s": round(time.perf_counter() - started, 1),
+            "jobs": jobs,
+            "planned": len(runs),
+            "to_run": len(pending),
+            "finished": finished - len(failed),
+            "failed": len(failed),
+            "ended": ended,
+        }
+        with open(root / SESSIONS_FILE, "a") as handle:
+            handle.write(json.dumps(session) + "\n")
 
     def report(spec: RunSpec, error: str) -> None:
         nonlocal finished
@@ -256,6 +279,7 @@ def _run_pending(
             status = f"test pass@1 {result['test']['pass@1']:.3f}, {cpu:.0f} CPU s"
         elapsed = time.perf_counter() - started
         log(f"[{finished}/{len(pending)}] {spec.label} {spec.key}: {status} (matrix at {elapsed:.0f} s)")
+        record(ended=False)
 
     try:
         if jobs <= 1:
@@ -280,20 +304,8 @@ def _run_pending(
                             error = f"worker died: {type(err).__name__}: {err}"
                         report(spec, error)
     finally:
-        wall = time.perf_counter() - started
-        session = {
-            "command": command,
-            "tag": tag,
-            "started_utc": started_utc,
-            "wall_s": round(wall, 1),
-            "jobs": jobs,
-            "planned": len(runs),
-            "to_run": len(pending),
-            "finished": finished - len(failed),
-            "failed": len(failed),
-        }
-        with open(root / SESSIONS_FILE, "a") as handle:
-            handle.write(json.dumps(session) + "\n")
+        record(ended=True)
+    wall = time.perf_counter() - started
     return Outcome(len(runs), len(runs) - len(pending), finished - len(failed), failed, wall)
 
 
@@ -309,17 +321,21 @@ def session_tag(session: dict[str, Any]) -> str:
 
 
 def read_sessions(root: Path, tag: str | None = None) -> list[dict[str, Any]]:
-    """The invocations recorded in ``<root>/sessions.jsonl`` (a torn last line is skipped); with ``tag``,
-    only those of that ``--tag`` (several designs may share one runs directory, and their runs)."""
+    """The invocations recorded in ``<root>/sessions.jsonl`` (a torn line is skipped), one per invocation: the
+    last record of each ``id`` (an invocation appends one after each run and one as it ends; ``ended`` false
+    in the last means it was killed), each record without an ``id`` on its own. With ``tag``, only those of
+    that ``--tag`` (several designs may share one runs directory, and their runs)."""
     path = Path(root) / SESSIONS_FILE
     if not path.is_file():
         return []
-    out = []
-    for line in path.read_text().splitlines():
+    by_id: dict[Any, dict[str, Any]] = {}
+    for number, line in enumerate(path.read_text().splitlines()):
         try:
-            out.append(json.loads(line))
+            session = json.loads(line)
         except json.JSONDecodeError:
             continue
+        by_id[session.get("id", number)] = session  # a later record of an id replaces it in place
+    out = list(by_id.values())
     return out if tag is None else [s for s in out if session_tag(s) == tag]
 
 
