@@ -98,8 +98,7 @@ def paired_vs(rows: Sequence[Row], metric: str, method: str, reference: str, **w
 
 def _fmt(ci: MeanCI, metric: str, signed: bool = False) -> str:
     m = METRICS[metric]
-    text = ci.format(m.scale, m.digits, signed=signed)
-    return f"**{text}**" if signed and ci.excludes_zero else text
+    return ci.format_difference(m.scale, m.digits) if signed else ci.format(m.scale, m.digits)
 
 
 def commands_line(rows: Sequence[Row]) -> str:

@@ -62,6 +62,11 @@ class MeanCI:
             text += f" ± {self.half_width * scale:.{digits}f}"
         return text
 
+    def format_difference(self, scale: float = 100.0, digits: int = 1) -> str:
+        """A difference for a Markdown table: signed, in bold when its interval excludes 0."""
+        text = self.format(scale, digits, signed=True)
+        return f"**{text}**" if self.excludes_zero else text
+
 
 EMPTY = MeanCI(float("nan"), float("nan"), 0)
 

@@ -9,6 +9,7 @@ import sys
 import pytest
 from benchmarks.learning.stats import (
     T_975,
+    MeanCI,
     curve_mean,
     mean_ci,
     median_censored,
@@ -44,6 +45,14 @@ def test_paired_ci_by_hand_uses_common_seeds_only():
     # differences 0.10, 0.11, 0.12: mean 0.11, s = 0.01, half = 4.303 * 0.01 / sqrt(3) = 0.0248 < 0.11
     tight = paired_ci({0: 0.3, 1: 0.31, 2: 0.32}, {0: 0.2, 1: 0.2, 2: 0.2})
     assert tight.excludes_zero and tight.half_width == pytest.approx(0.0248, abs=1e-4)
+
+
+def test_a_difference_is_signed_and_bold_only_when_its_interval_excludes_zero():
+    # 0.012 ± 0.005 -> [0.007, 0.017] excludes 0; 0.012 ± 0.02 does not; one seed has no interval
+    assert MeanCI(0.012, 0.005, 3).format_difference() == "**+1.2 ± 0.5**"
+    assert MeanCI(0.012, 0.02, 3).format_difference() == "+1.2 ± 2.0"
+    assert MeanCI(-0.004, float("nan"), 1).format_difference() == "-0.4"
+    assert MeanCI(0.5, 0.1, 4).format_difference(scale=1.0, digits=2) == "**+0.50 ± 0.10**"
 
 
 def test_t_quantile_matches_scipy_and_falls_back_to_a_wider_table(monkeypatch):

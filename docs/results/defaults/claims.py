@@ -220,7 +220,11 @@ class Section:
     def delta(self, cell: Cell, reference: Cell, column: str, scale: float = 100.0, digits: int = 1) -> str:
         """The paired difference cell - reference, bold when its interval excludes 0."""
         ci = paired_ci(self.matrix.values(cell, column), self.matrix.values(reference, column))
-        return bold(ci, scale, digits) + self._short(ci.n, cell, reference) if ci.n else f"no paired {column}"
+        return (
+            ci.format_difference(scale, digits) + self._short(ci.n, cell, reference)
+            if ci.n
+            else f"no paired {column}"
+        )
 
     def differences(self, pairs: Iterable[tuple[str, Cell, Cell]]) -> list[list[str]]:
         """A row ``name | n | Δ test Pass@1 | Δ validation AUC`` per ``(name, cell, reference)`` in the CSV."""
@@ -258,11 +262,6 @@ class Section:
         if self.absent:
             self.lines += [f"Not in the CSV, left out above: {'; '.join(self.absent)}.", ""]
         return "\n".join(self.lines)
-
-
-def bold(ci: MeanCI, scale: float = 100.0, digits: int = 1) -> str:
-    text = ci.format(scale, digits, signed=True)
-    return f"**{text}**" if ci.excludes_zero else text
 
 
 def seed_text(seeds: Iterable[int]) -> str:
@@ -579,7 +578,7 @@ def interval(ci: MeanCI) -> str:
     if ci.n < 2 or math.isnan(ci.half_width):
         return f"{ci.format(100.0, 1, signed=True)} | - | -"
     low, high = 100 * (ci.mean - ci.half_width), 100 * (ci.mean + ci.half_width)
-    return f"{bold(ci)} | [{low:+.2f}, {high:+.2f}] | {'yes' if ci.excludes_zero else 'no'}"
+    return f"{ci.format_difference()} | [{low:+.2f}, {high:+.2f}] | {'yes' if ci.excludes_zero else 'no'}"
 
 
 def main(argv: list[str]) -> int:

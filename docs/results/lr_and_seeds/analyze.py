@@ -45,8 +45,7 @@ def read(path: str) -> list[dict[str, str]]:
 
 
 def fmt(ci: MeanCI, signed: bool = True) -> str:
-    text = ci.format(100.0, 1, signed=signed)
-    return f"**{text}**" if signed and ci.excludes_zero else text
+    return ci.format_difference() if signed else ci.format(100.0, 1)
 
 
 def cell(row: dict[str, str]) -> tuple[str, ...]:
