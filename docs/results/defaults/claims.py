@@ -31,7 +31,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
+import signal
 import sys
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -592,12 +592,10 @@ def main(argv: list[str]) -> int:
     except InputError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as SIGPIPE would
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
     print(__doc__)
     return 2
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head`: end as a shell tool does when its reader exits
     sys.exit(main(sys.argv[1:]))

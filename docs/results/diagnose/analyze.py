@@ -17,6 +17,7 @@ containing 0: not shown).
 from __future__ import annotations
 
 import csv
+import signal
 import sys
 from pathlib import Path
 
@@ -176,6 +177,7 @@ def learning(path: str) -> str:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head`: end as a shell tool does when its reader exits
     if sys.argv[1:2] == ["learning"] and len(sys.argv) == 3:
         print(learning(sys.argv[2]))
         sys.exit(0)

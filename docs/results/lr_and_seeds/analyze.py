@@ -24,6 +24,7 @@ prompts from SENS, 64 x 4 - 16 x 16 at an equal response budget from MATRIX).
 from __future__ import annotations
 
 import csv
+import signal
 import sys
 from pathlib import Path
 
@@ -299,4 +300,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head`: end as a shell tool does when its reader exits
     sys.exit(main(sys.argv[1:]))
