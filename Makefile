@@ -49,10 +49,11 @@ demo: $(STAMP)
 
 test: test-main test-verl
 
-# The .venv suite runs in TEST_WORKERS processes (pytest-xdist), each test file in one of them; the verl suite
-# runs in one, since its end-to-end runs already keep every core busy (tests/integrations/verl/conftest.py).
+# The .venv suite runs in TEST_WORKERS processes (pytest-xdist), each test file in one of them, the files with a
+# slow test first (tests/conftest.py); the verl suite runs in one, since its end-to-end runs already keep every
+# core busy (tests/integrations/verl/conftest.py).
 test-main: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=10
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=10
 
 test-verl: $(VERL_STAMP)
 	$(VERL_PY) -m pytest -q --durations=15 $(VERL_TESTS)

@@ -81,9 +81,13 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip_gpu)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # in several processes (`make test-main`, one file per process at a time, in this order): the files
+        # with a slow test first, so that no process ends the run alone on one of them
+        slow_files = {item.path for item in items if "slow" in item.keywords}
+        items.sort(key=lambda item: item.path not in slow_files)
+    if not torch.cuda.is_available():
+        skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip_gpu)

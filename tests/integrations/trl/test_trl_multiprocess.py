@@ -25,6 +25,8 @@ import trl_multiprocess_worker as worker  # noqa: E402  (this folder is on sys.p
 
 from ebpo.integrations.trl import ESTIMATOR_STATE_FILE  # noqa: E402
 
+pytestmark = pytest.mark.slow  # two 2-process TRL runs and a 1-process one
+
 WORKER = Path(worker.__file__)
 # global_step when each of the 3 blocks is generated: a block serves 6 optimizer steps
 BLOCK_STEPS = [0, 6, 12]
