@@ -100,7 +100,8 @@ def test_interrupted_then_resumed_run_writes_the_same_file(arith_jsonl, tiny_mod
     with open(partial_path(resumed), "a") as fh:
         fh.write('{"id": "half-writ')
     reward = CountingReward()
-    annotate_difficulty(arith_jsonl, resumed, _cfg(tiny_model_dir), reward=reward, progress=False)
+    with pytest.warns(RuntimeWarning, match=r"partial\.jsonl, line 3: dropped a torn last line"):
+        annotate_difficulty(arith_jsonl, resumed, _cfg(tiny_model_dir), reward=reward, progress=False)
     assert reward.calls == 2  # chunks 2 and 3 only
     assert resumed.read_bytes() == full.read_bytes()
     assert not partial_path(resumed).exists()

@@ -429,8 +429,9 @@ def test_judge_cache_torn_line_does_not_poison_the_next_append(raw_judge, tmp_pa
     assert first.label(["plain: one"]) == ["Algebra & Number Theory"]
     with open(cache, "a", encoding="utf-8") as fh:
         fh.write('{"key": "abc", "lab')  # killed mid-append
-    second = JudgeTopicClassifier(base_url=judge.url, model="m", cache_path=cache)
-    assert second.label(["plain: two"]) == ["Algebra & Number Theory"]
+    with pytest.warns(RuntimeWarning, match=r"cache\.jsonl, line 2: dropped a torn last line"):
+        second = JudgeTopicClassifier(base_url=judge.url, model="m", cache_path=cache)
+        assert second.label(["plain: two"]) == ["Algebra & Number Theory"]
     assert judge.requests == ["plain: one", "plain: two"]
     lines = cache.read_text().splitlines()
     assert len(lines) == 2 and all(json.loads(line)["label"] for line in lines)  # every line parses

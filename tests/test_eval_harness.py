@@ -257,7 +257,8 @@ def test_torn_last_line_is_dropped_and_redone(tmp_path):
     lines = cache.read_text().splitlines(keepends=True)
     cache.write_text("".join(lines[:2]) + lines[2][: len(lines[2]) // 2])  # killed while writing problem 2
     gen = SeededGenerator()
-    redone = evaluate(None, records, ExactReward(), sampling, generate_fn=gen, cache_path=cache)
+    with pytest.warns(RuntimeWarning, match=r"run\.jsonl, line 3: dropped a torn last line"):
+        redone = evaluate(None, records, ExactReward(), sampling, generate_fn=gen, cache_path=cache)
     assert gen.calls == [["question 2"], ["question 3"]]
     assert [p.to_dict() for p in redone.problems] == [p.to_dict() for p in full.problems]
     assert len(cache.read_text().splitlines()) == 4
