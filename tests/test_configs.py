@@ -8,7 +8,7 @@ import yaml
 
 from ebpo.dataclass_cli import parse_yaml
 from ebpo.errors import ConfigError
-from ebpo.trainer.config import PRESETS_DIR, list_presets, load_config, resolve_config
+from ebpo.trainer.config_files import PRESETS_DIR, list_presets, load_config, resolve_config
 
 CONFIGS = PRESETS_DIR
 PRESETS = sorted(CONFIGS.glob("*.yaml"))

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import ebpo
-from ebpo.trainer.config import list_presets
+from ebpo.trainer.config_files import list_presets
 
 REPO = Path(__file__).resolve().parents[1]
 TORCH_VERSION = "2.13.0"  # the Makefile's TORCH_VERSION
@@ -77,7 +77,7 @@ def test_wheel_in_a_fresh_venv_trains_and_evaluates_from_an_empty_directory(tmp_
     assert _run([ebpo_cmd, "--version"], cwd=empty, env=env).strip() == f"ebpo {ebpo.__version__}"
     where = _run([python, "-c", "import ebpo; print(ebpo.__file__)"], cwd=empty, env=env).strip()
     assert Path(where).is_relative_to(venv) and not Path(where).is_relative_to(REPO / "src")  # not editable
-    preset = "from ebpo.trainer.config import load_config; print(load_config('grpo').algorithm.estimator)"
+    preset = "from ebpo.trainer import load_config; print(load_config('grpo').algorithm.estimator)"
     assert _run([python, "-c", preset], cwd=empty, env=env).strip() == "grpo"  # a preset by name
 
     out = _run([ebpo_cmd, "train", "run.steps=2"], cwd=empty, env=env)

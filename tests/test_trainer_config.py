@@ -18,14 +18,8 @@ from ebpo.advantages import EBPOOptions
 from ebpo.errors import ConfigError
 from ebpo.losses import PolicyLossOptions
 from ebpo.trainer import setup
-from ebpo.trainer.config import (
-    PRESETS_DIR,
-    AlgorithmConfig,
-    TrainConfig,
-    describe,
-    load_config,
-    save_config,
-)
+from ebpo.trainer.config import AlgorithmConfig, TrainConfig, describe
+from ebpo.trainer.config_files import PRESETS_DIR, load_config, save_config
 
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = sorted(PRESETS_DIR.glob("*.yaml"))

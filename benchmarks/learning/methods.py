@@ -25,7 +25,7 @@ from typing import Any
 
 from ebpo.dataclass_cli import merge_dicts, read_yaml
 from ebpo.registry import Registry, unknown_choice
-from ebpo.trainer.presets import PRESETS_DIR
+from ebpo.trainer.config_files import PRESETS_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = PRESETS_DIR  # the presets shipped with the package (src/ebpo/configs/)

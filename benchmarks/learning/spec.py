@@ -17,7 +17,8 @@ from typing import Any
 
 from benchmarks.learning.methods import CONFIGS, SHARED_PRESET, Method, model_identity, resolve_values
 from ebpo.dataclass_cli import apply_overrides
-from ebpo.trainer.config import TrainConfig, largest_divisor, load_config
+from ebpo.trainer.config import TrainConfig, largest_divisor
+from ebpo.trainer.config_files import load_config
 
 FIXED_PROMPTS = "fixed-prompts"
 EQUAL_RESPONSES = "equal-responses"

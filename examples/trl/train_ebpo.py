@@ -150,7 +150,7 @@ def validation(trainer, records, script: ScriptArguments, config) -> dict[str, f
     """``ebpo train``'s validation (``ebpo.trainer.validation.validate``: pass@1 over ``eval_n`` samples at
     temperature 1, per topic, maj@k) of the trainer's current model."""
     from ebpo.rewards import get_reward
-    from ebpo.trainer.config import load_config
+    from ebpo.trainer import load_config
     from ebpo.trainer.validation import validate
 
     cfg = load_config(

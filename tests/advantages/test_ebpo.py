@@ -258,7 +258,7 @@ def test_normalize_prior_flows_through_the_trainer_config():
     # the trainer passes algorithm.ebpo (EBPOOptions; algorithm.estimator_options with estimator ebpo) to
     # get_estimator; verl's +algorithm.ebpo.normalize and TRL's EBPOConfig.normalize do the same
     from ebpo.errors import ConfigError
-    from ebpo.trainer.config import load_config
+    from ebpo.trainer import load_config
 
     for spelling in ("ebpo", "estimator_options"):
         cfg = load_config(None, [f"algorithm.{spelling}.normalize=prior"])

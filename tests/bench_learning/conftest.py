@@ -15,7 +15,7 @@ if str(REPO) not in sys.path:
 
 from learning_helpers import SHARED_YAML  # noqa: E402
 
-from ebpo.trainer.config import PRESETS_DIR  # noqa: E402
+from ebpo.trainer.config_files import PRESETS_DIR  # noqa: E402
 
 
 @pytest.fixture

@@ -40,7 +40,7 @@ class EBPOOptions:
     The defaults are the paper's.
 
     Read by the estimator (``get_estimator("ebpo", **options)`` or ``EBPOEstimator(EBPOOptions(...))``),
-    ``ebpo train`` (``algorithm.estimator_options.<option>``), TRL (``EBPOConfig`` extends this class: these
+    ``ebpo train`` (``algorithm.ebpo.<option>``), TRL (``EBPOConfig`` extends this class: these
     are its fields and flags) and verl (``+algorithm.ebpo.<option>``); each checks them here at start, with
     the key at fault named (:func:`check_options`). Not frozen, because TRL's ``GRPOConfig`` is not.
     """

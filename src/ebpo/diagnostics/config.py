@@ -220,7 +220,7 @@ def parse_estimator(text: str) -> tuple[str, dict[str, Any]]:
 
 def estimator_specs(cfg: DiagnoseConfig) -> list[EstimatorSpec]:
     """The specs of ``cfg.estimators``, each with the preset its loss comes from (``cfg.preset``)."""
-    from ebpo.trainer.config import list_presets
+    from ebpo.trainer.config_files import list_presets
 
     specs = []
     for text in cfg.estimators:

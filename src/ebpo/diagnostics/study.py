@@ -162,13 +162,13 @@ class PolicyLoss(NamedTuple):
 
 
 def _preset_loss(preset: str, max_new_tokens: int, generator: torch.Generator) -> PolicyLoss:
-    """The policy loss of a training preset (``ebpo.trainer.config.load_config``): its ``policy_loss``,
+    """The policy loss of a training preset (``ebpo.trainer.load_config``): its ``policy_loss``,
     ``loss_agg_mode`` and ``loss`` options, as ``ebpo train`` builds them; ``max_new_tokens`` is the constant
     ``seq-mean-token-sum-norm`` divides by. The preset's KL term is not part of it."""
     import dataclasses
 
     from ebpo.losses import PolicyLossConfig, get_policy_loss
-    from ebpo.trainer.config import load_config
+    from ebpo.trainer import load_config
 
     a = load_config(preset).algorithm
     cfg = PolicyLossConfig(

@@ -1,6 +1,7 @@
 """The reference trainer behind ``ebpo train``: the loop (``trainer.py``) and one module per concern around it.
 
-``config.py`` (``TrainConfig``, read through ``ebpo.dataclass_cli``), ``setup.py`` (prompts, policy,
+``config.py`` (``TrainConfig``, read through ``ebpo.dataclass_cli``), ``config_files.py`` (presets, ``load_config``,
+``save_config``), ``setup.py`` (prompts, policy,
 estimator and loss, optimizer), ``rollout.py`` (scored groups, the typed batch, log-probs), ``checkpoint.py``
 (checkpoints, RNG), ``metrics_log.py``, ``validation.py``, ``report.py``, ``plots.py``, ``cli.py``. The run
 directory itself (lock, resume or overwrite, metrics journal, summary) is an ``ebpo.persist.RunDirectory``.
@@ -20,13 +21,14 @@ __all__ = ["ConfigError", "TrainConfig", "Trainer", "load_config"]
 _LAZY = {
     "ConfigError": "ebpo.errors",
     "TrainConfig": "ebpo.trainer.config",
-    "load_config": "ebpo.trainer.config",
+    "load_config": "ebpo.trainer.config_files",
     "Trainer": "ebpo.trainer.trainer",
 }
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time these come from __getattr__
     from ebpo.errors import ConfigError
-    from ebpo.trainer.config import TrainConfig, load_config
+    from ebpo.trainer.config import TrainConfig
+    from ebpo.trainer.config_files import load_config
     from ebpo.trainer.trainer import Trainer
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ebpo.dataclass_cli import add_command, dataclass_parser
-from ebpo.trainer.presets import list_presets
+from ebpo.trainer.config_files import list_presets
 
 
 @dataclass
@@ -90,9 +90,11 @@ def run(args: argparse.Namespace) -> int:
     """Run ``ebpo train``. Returns the exit code: 0; 2 for a bad config, path or checkpoint; 1 when the reward
     raised or the disk refused a write; 130 / 143 when Ctrl-C / SIGTERM stopped it (one line on stderr saying
     what was kept and the command that continues, never a traceback)."""
+    from ebpo.dataclass_cli import read_yaml
     from ebpo.errors import ConfigError
     from ebpo.persist import WriteError
-    from ebpo.trainer.config import describe, load_config, read_yaml
+    from ebpo.trainer.config import describe
+    from ebpo.trainer.config_files import load_config
 
     if args.help_config:
         for key, default, text in describe():

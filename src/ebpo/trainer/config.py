@@ -1,14 +1,13 @@
 """``ebpo train``'s configuration: ``TrainConfig``, six typed sections, every option declared once with its help.
 
-``load_config(path, overrides)``: the defaults, then a YAML file (a shipped preset by name: ``--config grpo``),
-then ``key=value`` overrides (``rollout.temperature=0.8``), read by ``ebpo.dataclass_cli`` as every command's
-options are: each value checked against its field's type (a fixed choice is a ``Literal``) and bounds, each
-section's ``__post_init__`` checking how its options combine and :class:`TrainConfig`'s how sections do, with
-one line naming the key and the fix. Names found in registries (estimator, policy loss, sampler, task, reward,
+``ebpo.dataclass_cli`` reads it as every command's options (``ebpo.trainer.config_files.load_config`` layers the
+defaults, a YAML file or shipped preset and ``key=value`` overrides): each value checked against its field's
+type (a fixed choice is a ``Literal``) and bounds, each section's ``__post_init__`` checking how its options
+combine and :class:`TrainConfig`'s how sections do, with one line naming the key and the fix. Names found in registries (estimator, policy loss, sampler, task, reward,
 schema) and whether the estimator learns from groups of one are checked at setup (``ebpo.trainer.setup``).
 
 ``algorithm.ebpo`` is ``ebpo.advantages.EBPOOptions`` (TRL's ``EBPOConfig``, verl's ``+algorithm.ebpo.<option>``)
-and ``algorithm.loss`` is ``ebpo.losses.PolicyLossOptions``; their earlier spellings still read (:data:`RENAMED`).
+and ``algorithm.loss`` is ``ebpo.losses.PolicyLossOptions``; their earlier spellings still read (``config_files.RENAMED``).
 The defaults are the built-in demo (EBPO on ``arith`` with the built-in base model, a few minutes on 2 CPU
 cores); the presets scale the paper's settings down.
 """
@@ -17,18 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 from ebpo import dataclass_cli
 from ebpo.advantages import EBPOOptions, OptionError
-from ebpo.dataclass_cli import option, read_yaml
+from ebpo.dataclass_cli import option
 from ebpo.errors import ConfigError
 from ebpo.losses import AggMode, KLEstimator, PolicyLossOptions
-from ebpo.persist import write_text_atomic
-from ebpo.trainer.presets import PRESETS_DIR as PRESETS_DIR  # where `--config NAME` looks
-from ebpo.trainer.presets import list_presets as list_presets
-from ebpo.trainer.presets import resolve_config
 
 SEED_MAX = 2**32 - 1
 """The largest seed NumPy accepts (``np.random.seed`` takes [0, 2**32 - 1])."""
@@ -51,11 +45,11 @@ class ModelConfig:
     )
     dtype: Literal["float32", "bfloat16"] = option(
         "Compute dtype: float32 | bfloat16 (mixed precision: bfloat16 forward passes, float32 weights and "
-        "optimizer state; docs/training.md, Precision). Default float32.",
+        "optimizer state; docs/training.md, Precision).",
         default="float32",
     )
     gradient_checkpointing: bool = option(
-        "Recompute activations in the backward pass (saves memory on large models). Default false.",
+        "Recompute activations in the backward pass (saves memory on large models).",
         default=False,
     )
 
@@ -65,7 +59,7 @@ class DataConfig:
     """Where prompts come from and how they are grouped into batches."""
 
     task: str = option(
-        "Built-in task suite (`ebpo.tasks`) that generates train/validation records. Default arith.",
+        "Built-in task suite (`ebpo.tasks`) that generates train/validation records.",
         default="arith",
     )
     train_file: str | None = option(
@@ -108,7 +102,7 @@ class DataConfig:
     )
     sampler: str = option(
         "Prompt sampler (`ebpo.data.samplers`): random (the paper's EBPO-naive) | topic (topic-coherent "
-        "batches, EBPO-topic) | difficulty (easy-to-hard curriculum, EBPO-diff). Default random.",
+        "batches, EBPO-topic) | difficulty (easy-to-hard curriculum, EBPO-diff).",
         default="random",
     )
     batch_size: int = option(
@@ -118,7 +112,7 @@ class DataConfig:
     cluster_key: Literal["none", "topic", "difficulty"] = option(
         "Cluster key handed to the advantage estimator: none | topic (record.topic) | difficulty "
         "(record.difficulty bucketed, or record.level when difficulty is missing). Used by "
-        "`algorithm.ebpo.prior_scope: cluster`. Default none.",
+        "`algorithm.ebpo.prior_scope: cluster`.",
         default="none",
     )
     difficulty_source: Literal["record", "level"] = option(
@@ -187,7 +181,7 @@ class AlgorithmConfig:
     )
     kl_coef: float = option(
         "Coefficient of the KL penalty to the frozen initial policy (the paper: 0.001; 0 disables it and "
-        "skips the reference model). Default 0.001, the paper's.",
+        "skips the reference model).",
         default=0.001,
         ge=0,
     )
@@ -424,50 +418,6 @@ class TrainConfig:
 def largest_divisor(n: int, at_most: int) -> int:
     """The largest k <= ``at_most`` that divides ``n`` (e.g. a mini-batch size that divides the batch)."""
     return max(k for k in range(1, min(n, at_most) + 1) if n % k == 0)
-
-
-# ---------------------------------------------------------------------------------------------------
-# presets, files and overrides
-
-RENAMED = {"algorithm.loss_options": "algorithm.loss"}
-"""Earlier spellings of keys, read as their present ones; so is ``algorithm.estimator_options`` as
-``algorithm.ebpo`` when the estimator is ``ebpo`` (:func:`load_config`; for other estimators it holds their
-own options)."""
-
-
-def load_config(
-    path: str | Path | None = None,
-    overrides: list[str] | None = None,
-    *,
-    base: dict[str, Any] | None = None,
-) -> TrainConfig:
-    """Defaults <- ``base`` (a nested dict: a run's saved config.yaml) <- the YAML file ``path`` (a file, or a
-    preset name: :func:`resolve_config`) <- ``overrides`` (``key=value``), each checked; ``ConfigError`` names
-    the key at fault (and the file, when it came from one)."""
-    layers = [base or {}]
-    if path is not None:
-        path = resolve_config(path)
-        layers.append(read_yaml(path))
-    overrides = list(overrides or [])
-    # algorithm.estimator_options is EBPO's section only when the estimator is ebpo: find the estimator first
-    algorithm = dataclass_cli.merge(layers, overrides).get("algorithm")
-    estimator = algorithm.get("estimator", "ebpo") if isinstance(algorithm, dict) else "ebpo"
-    renames = {
-        **RENAMED,
-        **({"algorithm.estimator_options": "algorithm.ebpo"} if estimator == "ebpo" else {}),
-    }
-    try:
-        return dataclass_cli.build(TrainConfig, dataclass_cli.merge(layers, overrides, renames))
-    except ConfigError as err:
-        where = f" (in {path})" if path is not None else ""
-        raise ConfigError(f"{err}{where}") from None
-
-
-def save_config(cfg: TrainConfig, path: str | Path) -> None:
-    """Write ``cfg`` as YAML, atomically (a kill leaves the old file or the new one, never half of one)."""
-    import yaml
-
-    write_text_atomic(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
 
 def describe() -> list[tuple[str, str, str]]:

@@ -45,7 +45,8 @@ from ebpo.logprobs import LogprobOptions, OldLogprobs, logprobs, step_kl
 from ebpo.losses import agg_loss, kl_penalty, masked_mean
 from ebpo.persist import RunDirectory
 from ebpo.trainer import checkpoint as ckpt
-from ebpo.trainer.config import TrainConfig, save_config
+from ebpo.trainer.config import TrainConfig
+from ebpo.trainer.config_files import save_config
 from ebpo.trainer.interrupt import StopRequest, stop_at_step_boundary
 from ebpo.trainer.metrics_log import MetricsLogger, StepClock
 from ebpo.trainer.plots import plot_training

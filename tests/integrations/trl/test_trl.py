@@ -609,7 +609,7 @@ def test_the_paper_command_builds_the_paper_settings(example, tmp_path, monkeypa
 
 
 def test_the_laptop_defaults_are_the_ebpo_train_demo(example, tmp_path):
-    from ebpo.trainer.config import load_config
+    from ebpo.trainer import load_config
 
     demo = load_config("ebpo")
     _, config = example.parse_arguments(["--output_dir", str(tmp_path), "--use_cpu"])
