@@ -302,9 +302,9 @@ def test_an_earlier_spelling_is_renamed_and_the_later_layer_wins_whichever_it_us
 def test_describe_lists_every_option_of_every_section():
     assert dataclass_cli.describe(Outer) == [
         ("count", "1", "how many"),
-        ("inner.mode", "'a'", "a choice"),
+        ("inner.mode", "a", "a choice"),
         ("inner.rate", "0.5", "a number in (0, 1]"),
-        ("inner.names", "None", "optional names"),
+        ("inner.names", "null", "optional names"),
         ("extra", "{}", "free options"),
     ]
 

@@ -413,8 +413,14 @@ def leaves(cls: type, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field
 
 
 def describe(cls: type) -> list[tuple[str, str, str]]:
-    """(dotted key, default, help) of every option of ``cls`` (``ebpo train --help-config``)."""
-    return [(key, repr(field_default(f)), f.metadata.get("help", "")) for key, f in leaves(cls)]
+    """(dotted key, default, help) of every option of ``cls`` (``ebpo train --help-config``), the default
+    written as a ``key=value`` override or a YAML file takes it (``null``, ``false``, ``[0.9, 0.999]``)."""
+    import yaml
+
+    def as_yaml(value: Any) -> str:
+        return yaml.safe_dump(value, default_flow_style=True).removesuffix("...\n").strip()
+
+    return [(key, as_yaml(field_default(f)), f.metadata.get("help", "")) for key, f in leaves(cls)]
 
 
 # ---------------------------------------------------------------------------------------------------
