@@ -1,10 +1,10 @@
 """The reference trainer behind ``ebpo train``: the loop (``trainer.py``) and one module per concern around it.
 
-``config.py`` (``TrainConfig``, read through ``ebpo.dataclass_cli``), ``config_files.py`` (presets, ``load_config``,
-``save_config``), ``setup.py`` (prompts, policy,
-estimator and loss, optimizer), ``rollout.py`` (scored groups, the typed batch, log-probs), ``checkpoint.py``
-(checkpoints, RNG), ``metrics_log.py``, ``validation.py``, ``report.py``, ``plots.py``, ``cli.py``. The run
-directory itself (lock, resume or overwrite, metrics journal, summary) is an ``ebpo.persist.RunDirectory``.
+``config.py`` (``TrainConfig``, read through ``ebpo.dataclass_cli``), ``config_files.py`` (presets,
+``load_config``, ``save_config``), ``setup.py`` (prompts, policy, estimator and loss, optimizer), ``rollout.py``
+(scored groups, the typed batch, log-probs), ``checkpoint.py`` (checkpoints, RNG), ``metrics_log.py``,
+``validation.py``, ``report.py``, ``plots.py``, ``cli.py``. The run directory itself (lock, resume or
+overwrite, metrics journal, summary) is an ``ebpo.persist.RunDirectory``.
 
 ``Trainer``, ``TrainConfig``, ``load_config`` and ``ConfigError`` are imported on first use (PEP 562
 ``__getattr__``), so ``import ebpo.trainer`` (and ``ebpo --help``, which imports ``ebpo.trainer.cli``) does not

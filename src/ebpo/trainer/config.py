@@ -1,13 +1,15 @@
 """``ebpo train``'s configuration: ``TrainConfig``, six typed sections, every option declared once with its help.
 
-``ebpo.dataclass_cli`` reads it as every command's options (``ebpo.trainer.config_files.load_config`` layers the
-defaults, a YAML file or shipped preset and ``key=value`` overrides): each value checked against its field's
-type (a fixed choice is a ``Literal``) and bounds, each section's ``__post_init__`` checking how its options
-combine and :class:`TrainConfig`'s how sections do, with one line naming the key and the fix. Names found in registries (estimator, policy loss, sampler, task, reward,
-schema) and whether the estimator learns from groups of one are checked at setup (``ebpo.trainer.setup``).
+``ebpo.dataclass_cli`` reads it as it reads every command's options (``ebpo.trainer.config_files.load_config``
+layers the defaults, a YAML file or shipped preset and ``key=value`` overrides): each value checked against its
+field's type (a fixed choice is a ``Literal``) and bounds, each section's ``__post_init__`` checking how its
+options combine and :class:`TrainConfig`'s how sections do, with one line naming the key and the fix. Names
+found in registries (estimator, policy loss, sampler, task, reward, schema) and whether the estimator learns
+from groups of one are checked at setup (``ebpo.trainer.setup``).
 
 ``algorithm.ebpo`` is ``ebpo.advantages.EBPOOptions`` (TRL's ``EBPOConfig``, verl's ``+algorithm.ebpo.<option>``)
-and ``algorithm.loss`` is ``ebpo.losses.PolicyLossOptions``; their earlier spellings still read (``config_files.RENAMED``).
+and ``algorithm.loss`` is ``ebpo.losses.PolicyLossOptions``; their earlier spellings still read
+(``config_files.RENAMED``).
 The defaults are the built-in demo (EBPO on ``arith`` with the built-in base model, a few minutes on 2 CPU
 cores); the presets scale the paper's settings down.
 """

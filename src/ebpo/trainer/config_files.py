@@ -3,8 +3,8 @@
 ``load_config`` layers the defaults of :class:`ebpo.trainer.config.TrainConfig`, a run's saved ``config.yaml``
 (``--resume``), a YAML file or a preset shipped in ``src/ebpo/configs/`` (``--config grpo``) and ``key=value``
 overrides, reading earlier spellings of keys as their present ones (:data:`RENAMED`); ``save_config`` writes
-a run's configuration. Standard library only at import (``TrainConfig`` and PyYAML are imported on use), so
-that ``ebpo train --help`` lists the presets without importing torch.
+a run's configuration. Nothing heavy at import (``TrainConfig``, which needs torch, and PyYAML are imported on
+use), so that ``ebpo train --help`` lists the presets without importing torch.
 """
 
 from __future__ import annotations
