@@ -276,7 +276,9 @@ def test_v1_dapo_on_two_ranks_goes_on_with_the_curriculum_across_a_resume(e2e):
         for _ in zip(range(len(order) - handed_out), sampler):
             handed_out += 1
     saved = torch.load(root / "ckpt" / "global_step_4" / SAMPLER_STATE_FILE, weights_only=False)
-    assert saved == sampler.state_dict() and saved["epoch"] == 1
+    # past the first epoch (16 prompts); how far past depends on how many prompts the refills fetched, which
+    # the order the groups finish in decides: 33 over the four steps (epoch 2, position 1) is one outcome
+    assert saved == sampler.state_dict() and saved["epoch"] >= 1
     evicted = sum(int(metrics[s].get("training/filter_groups/evicted_samples", 0)) for s in metrics)
     print(
         f"\n[verl v1 dapo 2 ranks] fetched {len(order)}, groups evicted {evicted}; {timing('v1r_a', 'v1r_b')}"
