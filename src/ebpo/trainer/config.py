@@ -342,6 +342,14 @@ class RunConfig:
     )
     progress: bool = option("Show a tqdm progress bar.", default=True)
     plot: bool = option("Write training.png into the run directory at the end.", default=True)
+    report_to: list[str] = option(
+        "Experiment trackers that get every metric of metrics.jsonl, the config, the summary and training.png "
+        "(TRL's report_to, verl's trainer.logger): tensorboard (in the run directory) | wandb (pip install "
+        "'ebpo[wandb]'; WANDB_MODE, WANDB_PROJECT, ... apply) | mlflow (pip install 'ebpo[mlflow]'; "
+        "MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME apply); [] for none. --resume continues each tracker's "
+        "run (docs/training.md, Trackers).",
+        default_factory=lambda: ["tensorboard"],
+    )
 
     def __post_init__(self) -> None:
         _require(
