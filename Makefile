@@ -6,7 +6,7 @@
 # (pip's own configuration applies either way: a machine whose pip has a local wheel folder uses it).
 # Two environments, because verl 0.9's workers cannot run beside TRL 1.x (verl's FSDP engine
 # imports a TRL class that TRL 1.x removed; docs/integrations.md):
-#   .venv       core + TRL + embeddings  (`ebpo[dev,trl,embed]`): the demo, the whole suite
+#   .venv       core + TRL + embeddings + trackers  (`ebpo[dev,trl,embed,wandb,mlflow]`): the demo, the whole suite
 #   .venv-verl  core + verl              (`ebpo[dev,verl]`): the verl adapter's tests, incl. the CPU end-to-end run
 # `make test` builds both and runs the suite in .venv, then the verl tests in .venv-verl (CI runs `make test`).
 SHELL := /bin/bash
@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) $(TORCH_INSTALL)
-	$(PIP) install -q -e ".[dev,trl,embed]"
+	$(PIP) install -q -e ".[dev,trl,embed,wandb,mlflow]"
 	touch $(STAMP)
 
 $(VERL_STAMP): pyproject.toml

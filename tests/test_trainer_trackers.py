@@ -200,3 +200,21 @@ def test_a_tracker_that_cannot_start_is_one_line(tmp_path, monkeypatch, offline)
         "wandb.login(key=[your_api_key]); log in with `wandb login`, or set WANDB_MODE=offline to log locally "
         "(`wandb sync` uploads it later)"
     )
+
+
+def test_mlflows_default_store_takes_a_run(tmp_path, monkeypatch, offline):
+    # what `pip install 'ebpo[mlflow]'` adds to mlflow-skinny: MLflow's default store, sqlite:///mlflow.db in
+    # the working directory (the other tests use its file store, which needs nothing more)
+    for module in ("sqlalchemy", "alembic"):
+        pytest.importorskip(module, reason=f"needs the mlflow extra's {module} (pip install 'ebpo[mlflow]')")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    monkeypatch.chdir(tmp_path)
+    check_trackers(["mlflow"])
+    logger = MetricsLogger(tmp_path / "run", ["mlflow"], config={"run": {"steps": 2}})
+    logger.log(0, {"eval/pass@1": 0.25})
+    logger.log(1, {"reward/mean": 0.5, "eval/pass@1": 0.375})
+    logger.close()
+    saved = saved_runs(tmp_path / "run")["mlflow"]
+    assert saved["tracking_uri"] == f"sqlite:///{tmp_path}/mlflow.db"
+    expected = {0: {"eval/pass_at_1": 0.25}, 1: {"reward/mean": 0.5, "eval/pass_at_1": 0.375}}
+    assert mlflow_history(saved["tracking_uri"], saved["run_id"]) == expected

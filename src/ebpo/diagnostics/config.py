@@ -155,6 +155,14 @@ class DiagnoseConfig:
         metadata={"help": "folder for diagnose.md, diagnose.csv, batches.csv, diagnose.png"},
     )
     quiet: bool = field(default=False, metadata={"help": "no progress bar"})
+    report_to: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "experiment trackers that get the table, the files and these settings, one run each: "
+            "tensorboard (in --out-dir) | wandb | mlflow, as `ebpo train`'s run.report_to (wandb and mlflow "
+            "are extras: pip install 'ebpo[wandb]'; their environment variables apply); default none"
+        },
+    )
 
     def __post_init__(self) -> None:
         checks = {
@@ -181,6 +189,12 @@ class DiagnoseConfig:
             )
         if len(set(self.estimators)) != len(self.estimators):
             raise ConfigError(f"--estimators lists one twice: {' '.join(self.estimators)}")
+        from ebpo.trainer.metrics_log import check_trackers
+
+        try:  # before anything runs: each name a tracker, its package installed
+            check_trackers(self.report_to)
+        except ConfigError as err:
+            raise ConfigError(f"--report-to: {err}") from None
 
 
 @dataclass(frozen=True)
