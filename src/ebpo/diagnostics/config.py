@@ -159,8 +159,9 @@ class DiagnoseConfig:
         default_factory=list,
         metadata={
             "help": "experiment trackers that get the table, the files and these settings, one run each: "
-            "tensorboard (in --out-dir) | wandb | mlflow, as `ebpo train`'s run.report_to (wandb and mlflow "
-            "are extras: pip install 'ebpo[wandb]'; their environment variables apply); default none"
+            "tensorboard (a folder in the output folder) | wandb | mlflow, as `ebpo train`'s run.report_to "
+            "(wandb and mlflow are extras: pip install 'ebpo[wandb]'; their environment variables apply); "
+            "default none"
         },
     )
 
