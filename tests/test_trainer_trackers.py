@@ -43,6 +43,19 @@ class Killed(BaseException):
     """Stands in for SIGKILL: a BaseException, so no ``except Exception`` on the way can swallow it."""
 
 
+def killed_in_step(step: int, trainer: Trainer, monkeypatch) -> None:
+    """Train until ``Killed`` is raised at the start of step ``step``."""
+    train_step = trainer._train_step
+
+    def dies():
+        if trainer.step == step - 1:
+            raise Killed
+        return train_step()
+
+    monkeypatch.setattr(trainer, "_train_step", dies)
+    trainer.train()
+
+
 def jsonl(run_dir) -> dict[int, dict[str, float]]:
     """step -> metrics of ``metrics.jsonl``."""
     from ebpo.trainer.metrics_log import read_metrics
@@ -123,17 +136,8 @@ def test_a_kill_leaves_no_step_twice_and_every_value_as_metrics_jsonl(
     # once with metrics.jsonl's value (the timings of the two step-3s differ, so a stale one would show).
     wandb_dir, uri = offline
     run = tmp_path / "run"
-    trainer = Trainer(tiny_config(tiny_model_dir, "run.steps=4", ALL), run_dir=run)
-    train_step = trainer._train_step
-
-    def dies_in_step_4():
-        if trainer.step == 3:
-            raise Killed
-        return train_step()
-
-    monkeypatch.setattr(trainer, "_train_step", dies_in_step_4)
     with pytest.raises(Killed):
-        trainer.train()
+        killed_in_step(4, Trainer(tiny_config(tiny_model_dir, "run.steps=4", ALL), run_dir=run), monkeypatch)
     killed = saved_runs(run)
     killed_step_3 = jsonl(run)[3]
 
@@ -155,6 +159,35 @@ def test_a_kill_leaves_no_step_twice_and_every_value_as_metrics_jsonl(
     assert wandb_history(segments, killed["wandb"]["id"]) == old
     assert mlflow_history(uri, now["mlflow"]["run_id"]) == in_mlflow(rows)
     assert mlflow_history(uri, killed["mlflow"]["run_id"]) == in_mlflow(old)
+
+
+def test_a_wandb_run_its_process_did_not_close_is_replaced(tiny_model_dir, tmp_path, monkeypatch, offline):
+    # Killed in step 3, after the checkpoint at step 2: nothing to rewind, but the process died without ending
+    # its tracker runs. wandb's service writes a run's log in blocks, so a run its process did not close may
+    # lack the last steps: it is replaced (history replayed). MLflow writes each call through and TensorBoard
+    # flushes each step, so their runs continue.
+    from ebpo.trainer import metrics_log
+
+    wandb_dir, uri = offline
+    run = tmp_path / "run"
+    with monkeypatch.context() as killed_process, pytest.raises(Killed):
+        killed_process.setattr(
+            metrics_log.TrackerRuns, "close", lambda self, status="finished": None
+        )  # ends none
+        killed_in_step(3, Trainer(tiny_config(tiny_model_dir, "run.steps=4", ALL), run_dir=run), monkeypatch)
+    killed = saved_runs(run)
+    assert not killed["wandb"]["closed"] and not killed["mlflow"]["closed"]
+
+    resumed = Trainer(tiny_config(tiny_model_dir, "run.steps=4", ALL), resume=run)
+    assert resumed.step == 2 and not resumed.rewound
+    resumed.train()
+    rows = jsonl(run)
+    now = saved_runs(run)
+    assert now["wandb"]["id"] != killed["wandb"]["id"] and now["wandb"]["closed"]
+    assert now["mlflow"]["run_id"] == killed["mlflow"]["run_id"] and now["mlflow"]["closed"]
+    assert wandb_history(wandb_segments(wandb_dir), now["wandb"]["id"]) == rows
+    assert mlflow_history(uri, now["mlflow"]["run_id"]) == in_mlflow(rows)
+    assert tensorboard_scalars(run / "tensorboard") == rows
 
 
 def test_names_and_packages_are_checked_before_the_run(

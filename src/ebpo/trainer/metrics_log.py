@@ -14,7 +14,10 @@ that each tracker's run holds every step of ``metrics.jsonl`` once, with its val
   journal's history up to the checkpoint is replayed into it, and the old run is left as it was (a line
   names both);
 - a tracker's run started on a resume (a tracker added to ``run.report_to``, or a new run as above) gets the
-  history replayed the same way.
+  history replayed the same way;
+- wandb's service writes a run's log, and uploads, in blocks, so a killed process may take its last steps with
+  it: a wandb run that its process did not end (``trackers.json`` marks each run closed when it ends) is
+  replaced the same way, even when the resume drops nothing.
 
 The trackers' packages are imported when a run starts (wandb and MLflow are extras: ``pip install
 'ebpo[wandb]'``); :func:`check_trackers` names the missing extra before anything runs. Each reads its own
@@ -117,6 +120,9 @@ class Tracker(ABC):
     """ebpo's extra that installs :attr:`module` (None: a dependency of ebpo itself)."""
     rewinds: ClassVar[bool] = False
     """Whether a continued run can drop the steps logged after the checkpoint it resumes from."""
+    buffered: ClassVar[bool] = False
+    """Whether what it was sent can be lost when its process is killed (it writes, or uploads, in batches
+    later): a run that its process did not close is then not continued."""
     continued: bool
     """Whether :meth:`open` continued the saved run (False: a new run, into which history is replayed)."""
 
@@ -135,6 +141,11 @@ class Tracker(ABC):
     @abstractmethod
     def state(self) -> dict[str, Any]:
         """What continues this run later (its id), JSON-serialisable; kept in ``trackers.json``."""
+
+    @classmethod
+    def saved_run(cls, state: dict[str, Any]) -> str:
+        """The run a saved :meth:`state` names, in a line to the user."""
+        return json.dumps(state, sort_keys=True)
 
     def describe(self) -> str | None:
         """One line saying where the run is, printed when it starts; None prints nothing."""
@@ -302,6 +313,7 @@ class WandbTracker(Tracker):
     name = "wandb"
     module = "wandb"
     extra = "wandb"
+    buffered = True  # its service process writes the run's log, and uploads, in blocks
 
     def __init__(self, run: Any, continued: bool) -> None:
         self.run, self.continued = run, continued
@@ -333,8 +345,16 @@ class WandbTracker(Tracker):
     def state(self) -> dict[str, Any]:
         return {"id": self.run.id, "project": self.run.project}
 
+    @classmethod
+    def saved_run(cls, state: dict[str, Any]) -> str:
+        return str(state.get("id"))
+
     def describe(self) -> str:
-        where = f"offline in {self.run.dir}" if self.run.offline else (self.run.url or self.run.project)
+        where = (
+            f"offline in {Path(self.run.dir).parent}"
+            if self.run.offline
+            else (self.run.url or self.run.project)
+        )
         return f"wandb: run {self.run.id} ({'continued' if self.continued else 'new'}), {where}"
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -458,6 +478,10 @@ class MLflowTracker(Tracker):
     def state(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "experiment_id": self.experiment_id, "tracking_uri": self.uri}
 
+    @classmethod
+    def saved_run(cls, state: dict[str, Any]) -> str:
+        return str(state.get("run_id"))
+
     def describe(self) -> str:
         new = "continued" if self.continued else "new"
         return f"mlflow: run {self.run_id} ({new}), experiment {self.experiment_id} in {self.uri}"
@@ -475,7 +499,8 @@ class MLflowTracker(Tracker):
             for name, value in row.items()
             if name != "step"
         ]
-        _batches(lambda part: self.client.log_batch(self.run_id, metrics=part), metrics)
+        # written through (not MLFLOW_ENABLE_ASYNC_LOGGING's queue): a logged step is in the store
+        _batches(lambda part: self.client.log_batch(self.run_id, metrics=part, synchronous=True), metrics)
 
     def log_summary(self, summary: dict[str, Any], files: Sequence[Path]) -> None:
         self.client.log_dict(self.run_id, summary, "summary.json")
@@ -534,6 +559,8 @@ class TrackerRuns:
         self.trackers: list[Tracker] = []
         self.failed = False
         """Whether a call failed: :meth:`close` is then quiet, as the first error is on its way."""
+        self.closed: list[Tracker] = []
+        """The trackers whose runs :meth:`close` ended."""
 
     def add(self, tracker: Tracker, note: str | None = None) -> None:
         """Keep ``tracker`` and print where its run is (after ``note``, if any)."""
@@ -572,6 +599,7 @@ class TrackerRuns:
         for tracker in self.trackers:
             try:
                 self.send(tracker, "end its run", tracker.close, status)
+                self.closed.append(tracker)
             except Exception as err:
                 first = first or err
         self.trackers = []
@@ -600,25 +628,30 @@ class MetricsLogger:
         run = RunDirectory(run_dir)
         self.journal = run.metrics
         self.runs = TrackerRuns()
-        saved_path = run.path / RunDirectory.TRACKERS
-        saved = json.loads(saved_path.read_text()) if saved_path.is_file() else {}
+        self.saved_path = run.path / RunDirectory.TRACKERS
+        # the runs to continue: a resume's (a new run starts new tracker runs, whatever an earlier one left)
+        saved = {}
+        if resumed_at is not None and self.saved_path.is_file():
+            saved = json.loads(self.saved_path.read_text())
         history: list[dict[str, float]] | None = None
         try:
             for name in report_to:
                 kind = TRACKERS.get(name)
                 state = saved.get(name)
-                superseded = state is not None and rewound and not kind.rewinds
-                tracker = kind.open(
-                    TrackerStart(
-                        run.path, run.path.name, config or {}, None if superseded else state, resumed_at
-                    )
+                why = None
+                if state is not None and rewound and not kind.rewinds:
+                    why = f"holds steps after the checkpoint's step {resumed_at}, which {name} cannot delete"
+                elif state is not None and kind.buffered and not state.get("closed"):
+                    why = f"was not closed (its process was killed): it may lack the last steps {name} had not written"
+                start = TrackerStart(
+                    run.path, run.path.name, config or {}, None if why else state, resumed_at
                 )
+                tracker = kind.open(start)
                 note = None
-                if superseded:
+                if why is not None and state is not None:
                     note = (
-                        f"{name}: the run {state} holds steps past the checkpoint's step {resumed_at}, which "
-                        f"{name} cannot delete; they are left there, and the history up to step {resumed_at} "
-                        "is replayed into a new run:"
+                        f"{name}: run {kind.saved_run(state)} {why}; it is left as it is, and a new run gets the "
+                        f"history up to step {resumed_at}:"
                     )
                 self.runs.add(tracker, note)
                 if not tracker.continued:
@@ -627,9 +660,13 @@ class MetricsLogger:
         except BaseException:
             self.runs.close("failed")
             raise
-        # exactly the trackers of this run: one dropped now starts a new run when it comes back
-        states = {tracker.name: tracker.state() for tracker in self.runs.trackers}
-        write_text_atomic(saved_path, json.dumps(states, indent=2, sort_keys=True))
+        # exactly the trackers of this run (one dropped now starts a new run when it comes back), each marked
+        # closed when this process ends its run
+        self.states = {tracker.name: {**tracker.state(), "closed": False} for tracker in self.runs.trackers}
+        self._save()
+
+    def _save(self) -> None:
+        write_text_atomic(self.saved_path, json.dumps(self.states, indent=2, sort_keys=True))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Append one row and send it to every tracker. A non-finite value is never stored: it is left out,
@@ -648,8 +685,20 @@ class MetricsLogger:
         self.runs.log_summary(summary, files)
 
     def close(self, status: Status = "finished") -> None:
-        """End the trackers' runs (quietly after a failure: :meth:`TrackerRuns.close`)."""
-        self.runs.close(status)
+        """End the trackers' runs (quietly after a failure: :meth:`TrackerRuns.close`), and mark them closed in
+        ``trackers.json``."""
+        quiet = self.runs.failed or status != "finished"
+        try:
+            self.runs.close(status)
+        finally:
+            if self.runs.closed:
+                for tracker in self.runs.closed:
+                    self.states[tracker.name]["closed"] = True
+                try:
+                    self._save()
+                except WriteError:
+                    if not quiet:
+                        raise
 
 
 def report(
