@@ -171,9 +171,8 @@ def test_a_wandb_run_its_process_did_not_close_is_replaced(tiny_model_dir, tmp_p
     wandb_dir, uri = offline
     run = tmp_path / "run"
     with monkeypatch.context() as killed_process, pytest.raises(Killed):
-        killed_process.setattr(
-            metrics_log.TrackerRuns, "close", lambda self, status="finished": None
-        )  # ends none
+        # a killed process ends none of its tracker runs
+        killed_process.setattr(metrics_log.TrackerRuns, "close", lambda self, status="finished": None)
         killed_in_step(3, Trainer(tiny_config(tiny_model_dir, "run.steps=4", ALL), run_dir=run), monkeypatch)
     killed = saved_runs(run)
     assert not killed["wandb"]["closed"] and not killed["mlflow"]["closed"]
