@@ -82,6 +82,23 @@ def test_mlflow_metric_names():
     assert mlflow_metric_name("eval/pass@1/x+y=?") == "eval/pass_at_1.x_y__"
 
 
+def test_mlflow_calls_keep_a_tracking_servers_limits():
+    # a tracking server takes at most 1000 metrics and 100 parameters a call: 2500 -> 1000 + 1000 + 500,
+    # 250 -> 100 + 100 + 50, each written through
+    from ebpo.trainer.metrics_log import _log_batches
+
+    calls = []
+
+    class Client:
+        def log_batch(self, run_id, metrics=(), params=(), synchronous=None):
+            calls.append((run_id, len(metrics), len(params), synchronous))
+
+    _log_batches(Client(), "r", metrics=list(range(2500)), params=list(range(250)))
+    assert calls == [("r", n, 0, True) for n in (1000, 1000, 500)] + [
+        ("r", 0, n, True) for n in (100, 100, 50)
+    ]
+
+
 def test_three_trackers_hold_metrics_jsonl_across_a_resume(tiny_model_dir, tmp_path, offline):
     wandb_dir, uri = offline
     run = tmp_path / "run"

@@ -110,8 +110,8 @@ class Tracker(ABC):
     summary, its files and tables. Registered in :data:`TRACKERS` by the name ``run.report_to`` lists.
 
     :meth:`open` starts a run or continues the one :meth:`state` described (``continued`` says which); the
-    values :meth:`log` gets are finite floats. Calls that fail raise; :class:`MetricsLogger` turns the error
-    into one :class:`TrackerError` line naming the tracker."""
+    values :meth:`log` gets are finite floats. Calls that fail raise; :class:`TrackerRuns` turns the error into
+    one :class:`TrackerError` line naming the tracker."""
 
     name: ClassVar[str]
     module: ClassVar[str]
@@ -410,8 +410,9 @@ def _flat_params(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
 _DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 """MLflow tracking stores that need SQLAlchemy and Alembic (which the mlflow-skinny package leaves out)."""
 
-_MLFLOW_BATCH = 1000
-"""The most metrics (and, over a REST store, far more than the 100 parameters) one ``log_batch`` takes."""
+_MLFLOW_METRICS_PER_CALL = 1000
+_MLFLOW_PARAMS_PER_CALL = 100
+"""The most metrics and parameters one ``log_batch`` takes (a tracking server's limits)."""
 
 
 @TRACKERS.register("mlflow")
@@ -469,7 +470,7 @@ class MLflowTracker(Tracker):
                 run = client.create_run(_experiment_id(client), run_name=start.name)
             params = {k: v for k, v in _flat_params(start.config).items() if k not in run.data.params}
             tracker = cls(client, run, uri, continued=run.info.run_id == saved.get("run_id"))
-            _batches(lambda part: client.log_batch(run.info.run_id, params=part), _params(params))
+            _log_batches(client, run.info.run_id, params=_params(params))
             client.log_text(run.info.run_id, yaml.safe_dump(start.config, sort_keys=False), "config.yaml")
         except MlflowException as err:
             raise TrackerError(f"mlflow: cannot start a run in {uri}: {_first_line(err)}") from err
@@ -499,8 +500,7 @@ class MLflowTracker(Tracker):
             for name, value in row.items()
             if name != "step"
         ]
-        # written through (not MLFLOW_ENABLE_ASYNC_LOGGING's queue): a logged step is in the store
-        _batches(lambda part: self.client.log_batch(self.run_id, metrics=part, synchronous=True), metrics)
+        _log_batches(self.client, self.run_id, metrics=metrics)
 
     def log_summary(self, summary: dict[str, Any], files: Sequence[Path]) -> None:
         self.client.log_dict(self.run_id, summary, "summary.json")
@@ -542,9 +542,17 @@ def _params(params: dict[str, str]) -> list[Any]:
     return [Param(key, value) for key, value in params.items()]
 
 
-def _batches(send: Callable[[list[Any]], Any], items: list[Any]) -> None:
-    for start in range(0, len(items), _MLFLOW_BATCH):
-        send(items[start : start + _MLFLOW_BATCH])
+def _log_batches(
+    client: Any, run_id: str, *, metrics: Sequence[Any] = (), params: Sequence[Any] = ()
+) -> None:
+    """``client.log_batch`` in calls a tracking server takes, each written through (not queued, whatever
+    ``MLFLOW_ENABLE_ASYNC_LOGGING`` says): a step logged is in the store."""
+    for items, size, key in (
+        (metrics, _MLFLOW_METRICS_PER_CALL, "metrics"),
+        (params, _MLFLOW_PARAMS_PER_CALL, "params"),
+    ):
+        for start in range(0, len(items), size):
+            client.log_batch(run_id, **{key: list(items[start : start + size])}, synchronous=True)
 
 
 # ---------------------------------------------------------------------------------------------------
