@@ -9,6 +9,8 @@ them) and ``MlflowClient``.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import subprocess
 import sys
@@ -35,10 +37,11 @@ SERVER_VARIABLES = (
 def offline_trackers(monkeypatch, tmp_path: Path) -> Iterator[tuple[Path, str]]:
     """A fixture's body (``yield from``): wandb offline into ``tmp_path/wandb`` and MLflow's file store in
     ``tmp_path/mlruns``; gives the wandb folder and the MLflow tracking URI. wandb reads its environment once
-    per process (``wandb.setup``), so its setup is torn down before and after."""
-    import wandb
-
-    wandb.teardown()
+    per process (``wandb.setup``), so its setup is torn down before and after (where wandb is installed)."""
+    teardown = (
+        importlib.import_module("wandb").teardown if importlib.util.find_spec("wandb") else lambda: None
+    )
+    teardown()
     for name in SERVER_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -49,7 +52,7 @@ def offline_trackers(monkeypatch, tmp_path: Path) -> Iterator[tuple[Path, str]]:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps its file store behind this switch
     yield tmp_path / "wandb", uri
-    wandb.teardown()
+    teardown()
 
 
 # ---------------------------------------------------------------------------------------------------
