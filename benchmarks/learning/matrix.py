@@ -10,8 +10,8 @@ Run. Runs without a finished result are executed ``jobs`` at a time, each in its
 handed out one by one as workers free up, so that Ctrl-C stops the matrix after the runs in flight; a
 failed run is reported and the others go on. An invocation locks the runs directory (a second one is
 refused with one line). Every invocation records its wall time in ``<runs-dir>/sessions.jsonl`` after each
-run and as it ends (a killed one's up to its last finished run): the matrix wall time is their sum, the sum of
-run times is not.
+run and as it ends, and once as it starts (a killed one's up to its last finished run, or its start): the
+matrix wall time is their sum, the sum of run times is not.
 
 Estimate. CPU seconds of finished runs are split into a fixed cost per run, training (per training
 response, by cost class) and sampling (per validation or test answer); a planned run costs its responses
@@ -217,8 +217,8 @@ def run_matrix(
     worker: Callable[[RunSpec, str, bool, str], tuple[str, str]] = execute_logged,
 ) -> Outcome:
     """Execute every run of ``runs`` without a finished result, ``jobs`` at a time (1: in this process);
-    record this invocation (its command, ``tag`` and wall time so far) in ``<root>/sessions.jsonl`` after each
-    run and as it ends. A kill loses at most the runs in flight, which continue from their last checkpoint when
+    record this invocation (its command, ``tag`` and wall time so far) in ``<root>/sessions.jsonl`` as it
+    starts, after each run and as it ends. A kill loses at most the runs in flight, which continue from their last checkpoint when
     the same command is run again."""
     root = Path(root)
     with DirectoryLock(
@@ -249,7 +249,7 @@ def _run_pending(
 
     def record(ended: bool) -> None:
         """Append this invocation's record as it stands; the last record of an ``id`` is the one read, so a
-        SIGKILL loses at most the time since the last run finished."""
+        SIGKILL loses at most the time since the invocation started or its last run finished."""
         session = {
             "id": session_id,
             "command": command,
@@ -281,6 +281,7 @@ def _run_pending(
         log(f"[{finished}/{len(pending)}] {spec.label} {spec.key}: {status} (matrix at {elapsed:.0f} s)")
         record(ended=False)
 
+    record(ended=False)  # before the first run: a kill during it still leaves the invocation on record
     try:
         if jobs <= 1:
             for spec in pending:

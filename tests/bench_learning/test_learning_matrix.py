@@ -121,32 +121,38 @@ def test_killed_matrix_continues_run_by_run(configs_dir, tmp_path):
     assert read_result(tmp_path, runs[1]) is None
 
 
-def test_a_matrix_killed_without_warning_keeps_its_time_up_to_its_last_finished_run(configs_dir, tmp_path):
+@pytest.mark.parametrize("dies_in", [1, 3])
+def test_a_matrix_killed_without_warning_keeps_its_time_up_to_its_last_finished_run(
+    configs_dir, tmp_path, dies_in
+):
+    """Killed during its first run (recorded as it started) or its third (recorded after the second)."""
     runs = _plan(configs_dir, arms=(PUBLISHED,), methods=("grpo",), seeds=(0,), sensitivity=None).runs
     calls = []
 
-    def dies_on_third(spec, root, keep, command):
+    def dies_during_a_run(spec, root, keep, command):
         calls.append(spec.key)
-        if len(calls) == 3:
+        if len(calls) == dies_in:
             os._exit(9)  # as SIGKILL or an out-of-memory kill: no finally, no exit handler runs
         return fake_worker(spec, root, keep, command)
 
     pid = os.fork()
-    if pid == 0:  # the matrix in a child process, which dies during its third run
+    if pid == 0:  # the matrix in a child process, which dies during run number dies_in
         try:
-            matrix.run_matrix(runs, tmp_path, worker=dies_on_third, log=lambda _: None, command="c", tag="t")
+            matrix.run_matrix(
+                runs, tmp_path, worker=dies_during_a_run, log=lambda _: None, command="c", tag="t"
+            )
         finally:
             os._exit(1)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 9
     (killed,) = matrix.read_sessions(tmp_path, "t")  # one invocation, as its last record left it
-    assert (killed["finished"], killed["ended"], killed["command"]) == (2, False, "c")
-    assert killed["wall_s"] >= 0
+    assert (killed["finished"], killed["ended"], killed["command"]) == (dies_in - 1, False, "c")
+    assert killed["wall_s"] >= 0 and killed["to_run"] == 5
     outcome = matrix.run_matrix(runs, tmp_path, worker=fake_worker, log=lambda _: None, command="c", tag="t")
-    assert outcome.finished == 3
+    assert outcome.finished == 5 - (dies_in - 1)
     assert [(s["finished"], s["ended"]) for s in matrix.read_sessions(tmp_path, "t")] == [
-        (2, False),
-        (3, True),
+        (dies_in - 1, False),
+        (5 - (dies_in - 1), True),
     ]
 
 
