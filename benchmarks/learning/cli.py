@@ -365,7 +365,14 @@ def _main(args: argparse.Namespace, command: str) -> int:
             for name in design.methods or OPTION_CANDIDATES
         }
         winner, how = select_best({name: values for name, values in scores.items() if values})
-        chosen = Selection(winner, how, design.seeds, model_path, command, model_identity(model_path))
+        chosen = Selection(
+            winner,
+            how,
+            design.seeds,
+            report.portable_path(model_path, "model-path"),
+            report.portable_command(command),
+            model_identity(model_path),
+        )
         write_json_atomic(best_file, chosen.to_dict())
         print(f"ebpo-best = {winner}: {how}\nwrote {best_file}")
     for path in report.write_report(

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.learning.methods import ARM_TITLES, ARMS, BEST, list_methods
+from benchmarks.learning.methods import ARM_TITLES, ARMS, BEST, REPO, list_methods
 from benchmarks.learning.spec import FIXED_PROMPTS, VARIANT_TITLES, VARIANTS, Cell
 from benchmarks.learning.stats import (
     MeanCI,
@@ -102,7 +102,7 @@ def _fmt(ci: MeanCI, metric: str, signed: bool = False) -> str:
 
 
 def commands_line(rows: Sequence[Row]) -> str:
-    commands = sorted({row.result.get("command") or "not recorded" for row in rows})
+    commands = sorted({portable_command(row.result.get("command") or "not recorded") for row in rows})
     return "Runs produced by: " + "; ".join(f"`{c}`" for c in commands)
 
 
@@ -289,20 +289,64 @@ def run_time_lines(rows: Sequence[Row], sessions: Sequence[dict[str, Any]]) -> l
     return lines
 
 
-def describe_model(path: str) -> str:
-    """The base model as the results page names it: its path relative to the working directory (the
-    repository root, where the benchmark runs) when it lies inside it, else with ``~`` for the home
-    directory, and the recipe key of a ``ebpo base-model`` build, so a page reads the same in any checkout. A
-    model shipped in the package (``src/ebpo/models/<name>``) is named so from any checkout: runs made in
-    another checkout of the repository name it there."""
-    p = Path(path)
+def portable_path(path: str, option: str = "") -> str:
+    """A path as a page prints it, true in any checkout and on any machine: relative to the repository when it
+    lies inside it; a model shipped in the package (``src/ebpo/models/<name>``) of another checkout under that
+    name; a folder of the base-model cache (``$EBPO_CACHE``) under the cache's documented default,
+    ``~/.cache/ebpo`` (``ebpo base-model`` builds a recipe there, its key in the folder's name); any other
+    absolute path (or one from ``~``) as the placeholder ``<option>`` (``<runs-dir>``; ``<path>`` without an
+    option), the reader's own folder. A relative path or a name (a hub id) is kept as given."""
+    if not path.startswith(("/", "~")):
+        return path
+    from ebpo.models.base_model import cache_root
+
+    p = Path(path).expanduser()
+    for root, shown in ((REPO, ""), (cache_root(), "~/.cache/ebpo/")):
+        try:
+            return shown + p.resolve().relative_to(root.resolve()).as_posix()
+        except ValueError:
+            pass
+    if p.parts[-4:-1] == ("src", "ebpo", "models"):
+        return "/".join(p.parts[-4:])
+    return f"<{option.lstrip('-') or 'path'}>"
+
+
+def portable_command(command: str) -> str:
+    """``command`` with every absolute path of its words written by :func:`portable_path`: an option's value
+    (``--runs-dir /x`` or ``--runs-dir=/x``) becomes ``<runs-dir>`` unless it lies in the repository or the
+    base-model cache, a ``key=/x`` setting ``<key>``, any other word ``<path>``."""
+    import shlex
+
     try:
-        shown = str(p.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        home = str(Path.home())
-        shown = "~" + path[len(home) :] if path.startswith(home + "/") else path
-        if p.parts[-4:-1] == ("src", "ebpo", "models"):
-            shown = "/".join(p.parts[-4:])
+        words = shlex.split(command)
+    except ValueError:  # unbalanced quotes: not a command line this benchmark recorded; left as it is
+        return command
+    out = []
+    for i, word in enumerate(words):
+        option = words[i - 1] if i and words[i - 1].startswith("--") and "=" not in words[i - 1] else ""
+        key, equals, value = word.partition("=")
+        if equals and value.startswith(("/", "~")):
+            shown = f"{key}={portable_path(value, key.lstrip('-'))}"
+        else:
+            shown = portable_path(word, option)
+        out.append(_quote(shown) if shown == word or "<" not in shown else shown)  # a placeholder unquoted
+    return " ".join(out)
+
+
+def _quote(word: str) -> str:
+    """``shlex.quote``, but a leading ``~/`` stays outside the quotes, where a shell expands it."""
+    import shlex
+
+    return "~/" + shlex.quote(word[2:]) if word.startswith("~/") else shlex.quote(word)
+
+
+def describe_model(path: str) -> str:
+    """The base model as the results page names it: by :func:`portable_path` (relative to the repository, the
+    shipped model of any checkout by its package path, a cached build under ``~/.cache/ebpo``, else
+    ``<model-path>``) and with the recipe key of a ``ebpo base-model`` build, so a page reads the same in any
+    checkout."""
+    p = Path(path)
+    shown = portable_path(path, "model-path")
     try:
         key = json.loads((p / "build_info.json").read_text()).get("key")
     except (OSError, ValueError):  # not a base-model build (a model of the user's own): no key to show
@@ -324,7 +368,7 @@ def report_markdown(
 ) -> str:
     """The generated results page."""
     if not rows:
-        return f"# Learning benchmark ({tag})\n\nNo finished runs yet. Run `{command}`.\n"
+        return f"# Learning benchmark ({tag})\n\nNo finished runs yet. Run `{portable_command(command)}`.\n"
     first = rows[0].result
     config = first["spec"]["values"]
     seeds = sorted({r.cell.seed for r in rows})
@@ -332,7 +376,7 @@ def report_markdown(
     lines = [
         f"# Learning benchmark ({tag})",
         "",
-        f"Generated by `{command}`: {len(rows)} cells from {len({r.result['key'] for r in rows})} distinct runs "
+        f"Generated by `{portable_command(command)}`: {len(rows)} cells from {len({r.result['key'] for r in rows})} distinct runs "
         f"({missing} planned cells not finished, left out); seeds {seeds}, paired across methods. Values are "
         "percent (dynamics: raw), mean ± 95% t-interval half-width over seeds; **bold** differences have an "
         "interval that excludes 0.",
@@ -474,7 +518,11 @@ def write_csv(rows: Sequence[Row], path: Path, threshold: float) -> None:
     table = []
     for row in sorted(rows, key=lambda r: r.cell):
         r = row.result
-        line: dict[str, Any] = {**row.cell.__dict__, "key": r["key"], "command": r.get("command", "")}
+        line: dict[str, Any] = {
+            **row.cell.__dict__,
+            "key": r["key"],
+            "command": portable_command(r.get("command", "")),
+        }
         for name, metric in METRICS.items():
             value = metric.value(r)
             line[name] = "" if value is None or (isinstance(value, float) and math.isnan(value)) else value

@@ -40,6 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
+from benchmarks.learning.report import portable_path  # noqa: E402
 from benchmarks.learning.stats import MeanCI, mean_ci, paired_ci  # noqa: E402
 
 A, B = "estimators", "published"
@@ -465,9 +466,11 @@ def claims(path: str, runs_dir: str | None) -> int:
     ]
     notes += [f"{dropped} rows listed twice counted once"] * bool(dropped)
     notes.append(
-        f"per-run figures from `{runs_dir}`" if runs_dir else "no `--runs`: the per-run figures left out"
+        f"per-run figures from `{portable_path(runs_dir, 'runs-dir')}`"
+        if runs_dir
+        else "no `--runs`: the per-run figures left out"
     )
-    print(f"## The claims table's figures from `{path}`\n")
+    print(f"## The claims table's figures from `{portable_path(path)}`\n")
     print(
         "; ".join(notes) + ". Mean ± 95% t half-width over seeds; Δ paired by seed, bold when its interval "
         "excludes 0.\n"
@@ -541,7 +544,7 @@ def pooled(paths: Sequence[str]) -> int:
     print("## Pooled comparisons (docs/results/defaults/README.md, section 4)\n")
     print(
         f"{len(runs)} rows from {len(paths)} CSV{'s' * (len(paths) > 1)} "
-        f"({', '.join(f'`{p}`' for p in paths)}), {dropped} rows listed twice counted once; seeds "
+        f"({', '.join(f'`{portable_path(p)}`' for p in paths)}), {dropped} rows listed twice counted once; seeds "
         f"{seed_text(m.seeds())}. Paired by seed over the seeds both cells have; Δ and 95% interval in points.\n"
     )
     print("| comparison | metric | seeds | n | Δ ± half-width | 95% interval | excludes 0 |")
