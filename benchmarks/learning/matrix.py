@@ -147,19 +147,29 @@ def plan(
     selection: Selection | None = None,
 ) -> Plan:
     """The matrix of ``design`` under ``budget`` (resolved here from ``src/ebpo/configs/ebpo.yaml``). Refuses
-    reported seeds that selected ``ebpo-best``, and budget variants a G does not divide."""
+    reported seeds that selected ``ebpo-best``, and budget variants a G does not divide. Without a resolved
+    selection the default rows leave ``ebpo-best`` out (``best_how`` says why); naming it is an error."""
     budget = budget if budget.resolved else budget.resolve(configs)
     pairs = _select(design.arms, design.methods)
     sweep = set(pairs if design.sweep is None else _select(design.arms, design.sweep))
     methods: dict[tuple[str, str], Method] = {}
     best_how = ""
     for arm, name in pairs + [SENSITIVITY_METHOD]:
-        if name == BEST:
-            methods[(arm, name)], best_how = best_method(selection, model_path)
-            if selection is not None:
-                check_disjoint(tuple(design.seeds), selection.seeds)
-        else:
+        if name != BEST:
             methods[(arm, name)] = get_method(arm, name)
+            continue
+        best, best_how = best_method(selection, model_path)
+        if best is None and design.methods is not None:
+            raise ValueError(
+                f"{arm}/{BEST} was asked for, but {best_how.removeprefix('no `ebpo-best` row: ')}; "
+                "name the options to run instead (estimators/ebpo, estimators/ebpo-pooled, ...)"
+            )
+        if best is None:
+            pairs = [pair for pair in pairs if pair != (arm, name)]
+            continue
+        methods[(arm, name)] = best
+        if selection is not None:
+            check_disjoint(tuple(design.seeds), selection.seeds)
     for variant in design.variants:  # fail before any run if a G does not divide the budget
         for G in design.groups:
             budget.prompts_per_step(variant, G)

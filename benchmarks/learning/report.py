@@ -391,8 +391,8 @@ def report_markdown(
     codes = sorted({r.result.get("code_fingerprint", "?") for r in rows})
     if len(codes) > 1:
         lines.append(f"- **Warning: runs ran different library code** (fingerprints {', '.join(codes)}).")
-    if best_how:
-        lines.append(f"- `ebpo-best` = {best_how}.")
+    if best_how:  # the ebpo-best row's selection, or why there is none; on the selection's page, its verdict
+        lines.append(f"- {best_how}.")
     lines += [
         "",
         "Definitions: *val AUC* = trapezoid area under validation pass@1 over the evaluated steps (0 to the "
