@@ -503,3 +503,64 @@ def test_the_committed_results_are_runs_the_matrix_plans(cells, argv, best_file,
     committed = committed_keys(RESULTS / cells)
     planned = planned_keys(argv, best_file)
     assert len(committed) >= at_least and committed <= planned, sorted(committed - planned)
+
+
+# --- the committed labels --------------------------------------------------------------------------------
+
+SELECTION_OF = {
+    ".": "ebpo_best_options.json",
+    "near_miss_model": "near_miss_model/ebpo_best_options.json",
+    "ten_seeds": "near_miss_model/ebpo_best_options.json",  # D2's matrix on ten seeds, D2's selection
+    "run_on_model": "run_on_model/ebpo_best_options.json",
+    "superseded/lr2e-4": "superseded/lr2e-4/ebpo_best_options.json",
+}
+"""The selection behind each folder of docs/results whose matrix had an ``ebpo-best`` row; any other folder's
+pages may name no such row."""
+
+
+@pytest.mark.parametrize("selection", sorted(set(SELECTION_OF.values())))
+def test_each_committed_selection_says_what_its_runs_give(selection):
+    """The leader and whether its lead over ebpo is resolved, recomputed from the selection's committed runs
+    (``learning_options_cells.csv`` beside it), are the file's."""
+    chosen = M.read_selection(RESULTS / selection)
+    assert chosen is not None
+    scores: dict[str, dict[int, float]] = {}
+    with open((RESULTS / selection).parent / "learning_options_cells.csv") as handle:
+        for row in csv.DictReader(handle):
+            scores.setdefault(row["method"], {})[int(row["seed"])] = float(row["auc"])
+    leader, resolved, how = M.select_best(scores)
+    assert (leader, resolved, how) == (chosen.method, chosen.resolved, chosen.chosen_by)
+    assert sorted(chosen.seeds) == sorted({seed for values in scores.values() for seed in values})
+
+
+def test_docs_results_names_ebpo_best_only_where_its_selection_resolved_it():
+    """A generated page's ``ebpo-best`` row or line (``| ebpo-best |``, ``- `ebpo-best` = ...``) and a CSV's
+    ``ebpo-best`` cells appear only in a folder whose selection's lead is resolved; elsewhere the runs are named
+    by their options (or, where the leader was ``ebpo`` itself, left to ``ebpo``'s rows)."""
+    resolved = {folder: M.read_selection(RESULTS / path).resolved for folder, path in SELECTION_OF.items()}
+    assert resolved == {  # the current selection, R1's and lr 2e-4's did not resolve; D2's did, just
+        ".": False,
+        "near_miss_model": True,
+        "ten_seeds": True,
+        "run_on_model": False,
+        "superseded/lr2e-4": False,
+    }
+    named = []
+    for path in sorted(RESULTS.rglob("learning_*")):
+        folder = path.parent.relative_to(RESULTS).as_posix()
+        if path.suffix == ".md":
+            lines = path.read_text().splitlines()
+            hits = [
+                i for i, line in enumerate(lines, 1) if line.startswith(("| ebpo-best |", "- `ebpo-best` ="))
+            ]
+        elif path.suffix == ".csv":
+            with open(path) as handle:
+                rows = list(csv.DictReader(handle))
+            hits = [i for i, row in enumerate(rows, 2) if row.get("method") == M.BEST]
+        else:
+            continue
+        if hits and not resolved.get(folder, False):
+            named.append(f"{path.relative_to(RESULTS)}: lines {hits[:5]}")
+    assert not named, "ebpo-best named without a resolved selection:\n" + "\n".join(named)
+    checked = [p for p in RESULTS.rglob("learning_*") if p.suffix in (".md", ".csv")]
+    assert len(checked) > 40  # the pages are read, not an empty glob

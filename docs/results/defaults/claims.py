@@ -317,7 +317,7 @@ def claim1(m: Matrix) -> Section:
             s.absent.append(f"arm {arm} at G = 4, fixed prompts")
         s.table([title, "n", "test Pass@1 %", "validation AUC %", "Δ test vs GRPO", "Δ AUC vs GRPO"], rows)
     dapo = Cell(B, "dapo")
-    ebpos = ["ebpo-naive", "ebpo-topic", "ebpo-diff"] + ["ebpo-best"] * m.has(Cell(B, "ebpo-best"))
+    ebpos = ["ebpo-naive", "ebpo-topic", "ebpo-diff"]
     rows = s.differences((f"{method} - dapo", Cell(B, method), dapo) for method in ebpos)
     s.table(["arm (b), vs DAPO", "n", "Δ test Pass@1", "Δ validation AUC"], rows)
     means = {
@@ -337,10 +337,12 @@ def claim1(m: Matrix) -> Section:
 
 def claim2(m: Matrix) -> Section:
     s = Section(m, "Claim 2: EBPO's margin is largest at small G (arm a)")
+    swept = {r.method for r in m.runs if r.arm == A and r.method.startswith("ebpo") and r.G != 4}
+    ebpos = ["ebpo"] + sorted(swept - {"ebpo"})  # the paper's options, then every EBPO variant run across G
     rows = []
     for variant in (FIXED, EQUAL):
         for G in (4, 8, 16):
-            for method in ("ebpo", "ebpo-best"):
+            for method in ebpos:
                 cell = Cell(A, method, G, variant)
                 if s.present(cell, grpo(G, variant)):
                     deltas = [s.delta(cell, grpo(G, variant), c) for c in ("pass1", "auc")]
