@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.learning.methods import ARM_TITLES, ARMS, BEST, REPO, list_methods
+from benchmarks.learning.methods import ARM_TITLES, ARMS, BEST, list_methods
 from benchmarks.learning.spec import FIXED_PROMPTS, VARIANT_TITLES, VARIANTS, Cell
 from benchmarks.learning.stats import (
     MeanCI,
@@ -28,6 +28,7 @@ from benchmarks.learning.stats import (
     steps_to_threshold,
     validation_auc,
 )
+from benchmarks.pages import portable_command, portable_path
 
 REFERENCE = "grpo"
 """Paired differences are taken against each arm's GRPO."""
@@ -287,57 +288,6 @@ def run_time_lines(rows: Sequence[Row], sessions: Sequence[dict[str, Any]]) -> l
     else:
         lines.append("- **Matrix wall time**: not recorded (no `sessions.jsonl` beside the runs).")
     return lines
-
-
-def portable_path(path: str, option: str = "") -> str:
-    """A path as a page prints it, true in any checkout and on any machine: relative to the repository when it
-    lies inside it; a model shipped in the package (``src/ebpo/models/<name>``) of another checkout under that
-    name; a folder of the base-model cache (``$EBPO_CACHE``) under the cache's documented default,
-    ``~/.cache/ebpo`` (``ebpo base-model`` builds a recipe there, its key in the folder's name); any other
-    absolute path (or one from ``~``) as the placeholder ``<option>`` (``<runs-dir>``; ``<path>`` without an
-    option), the reader's own folder. A relative path or a name (a hub id) is kept as given."""
-    if not path.startswith(("/", "~")):
-        return path
-    from ebpo.models.base_model import cache_root
-
-    p = Path(path).expanduser()
-    for root, shown in ((REPO, ""), (cache_root(), "~/.cache/ebpo/")):
-        try:
-            return shown + p.resolve().relative_to(root.resolve()).as_posix()
-        except ValueError:
-            pass
-    if p.parts[-4:-1] == ("src", "ebpo", "models"):
-        return "/".join(p.parts[-4:])
-    return f"<{option.lstrip('-') or 'path'}>"
-
-
-def portable_command(command: str) -> str:
-    """``command`` with every absolute path of its words written by :func:`portable_path`: an option's value
-    (``--runs-dir /x`` or ``--runs-dir=/x``) becomes ``<runs-dir>`` unless it lies in the repository or the
-    base-model cache, a ``key=/x`` setting ``<key>``, any other word ``<path>``."""
-    import shlex
-
-    try:
-        words = shlex.split(command)
-    except ValueError:  # unbalanced quotes: not a command line this benchmark recorded; left as it is
-        return command
-    out = []
-    for i, word in enumerate(words):
-        option = words[i - 1] if i and words[i - 1].startswith("--") and "=" not in words[i - 1] else ""
-        key, equals, value = word.partition("=")
-        if equals and value.startswith(("/", "~")):
-            shown = f"{key}={portable_path(value, key.lstrip('-'))}"
-        else:
-            shown = portable_path(word, option)
-        out.append(_quote(shown) if shown == word or "<" not in shown else shown)  # a placeholder unquoted
-    return " ".join(out)
-
-
-def _quote(word: str) -> str:
-    """``shlex.quote``, but a leading ``~/`` stays outside the quotes, where a shell expands it."""
-    import shlex
-
-    return "~/" + shlex.quote(word[2:]) if word.startswith("~/") else shlex.quote(word)
 
 
 def describe_model(path: str) -> str:

@@ -6,6 +6,7 @@ import csv
 from types import SimpleNamespace
 
 import pytest
+from benchmarks import pages
 from benchmarks.learning import matrix, report
 from benchmarks.learning.methods import ESTIMATORS, PUBLISHED
 from benchmarks.learning.spec import FIXED_PROMPTS, Budget
@@ -152,7 +153,7 @@ def test_the_page_names_the_model_by_a_path_any_checkout_shares_and_its_recipe_k
     (shipped / "build_info.json").write_text('{"key": "a33a8f87d156"}')
     cached = home / ".cache" / "ebpo" / "base_models" / "arith-30e4105233de"
     cached.mkdir(parents=True)
-    monkeypatch.setattr(report, "REPO", repo)
+    monkeypatch.setattr(pages, "REPO", repo)
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("EBPO_CACHE", raising=False)
     assert report.describe_model(str(shipped)) == (
@@ -179,27 +180,26 @@ def test_a_printed_command_names_paths_relative_to_the_repository_or_a_placehold
     """Runs record the command as typed, absolute paths included; the page, the CSV and the selection file
     print it so that any checkout can run it."""
     repo = tmp_path / "repo"
-    monkeypatch.setattr(report, "REPO", repo)
+    monkeypatch.setattr(pages, "REPO", repo)
     monkeypatch.setenv("EBPO_CACHE", str(tmp_path / "cache"))
     typed = (
         f"python -m benchmarks.learning --jobs 2 --runs-dir {repo}/runs/bench_learning/defaults "
         f"--results-dir=/scratch/results --model-path {tmp_path}/cache/base_models/arith-9ef01a0ba85f "
         "--best-file docs/results/ebpo_best_options.json --set 'model.path=/data/my model' --tag 'a b'"
     )
-    assert report.portable_command(typed) == (
+    assert pages.portable_command(typed) == (
         "python -m benchmarks.learning --jobs 2 --runs-dir runs/bench_learning/defaults "
         "--results-dir=<results-dir> --model-path ~/.cache/ebpo/base_models/arith-9ef01a0ba85f "
         "--best-file docs/results/ebpo_best_options.json --set model.path=<model.path> --tag 'a b'"
     )
     assert (
-        report.portable_command("python -m benchmarks.learning --quick")
+        pages.portable_command("python -m benchmarks.learning --quick")
         == "python -m benchmarks.learning --quick"
     )
     assert (
-        report.portable_path("/tmp/x") == "<path>"
-        and report.portable_path("~/x", "--runs-dir") == "<runs-dir>"
+        pages.portable_path("/tmp/x") == "<path>" and pages.portable_path("~/x", "--runs-dir") == "<runs-dir>"
     )
     rows = [SimpleNamespace(result={"command": typed}), SimpleNamespace(result={})]
     assert report.commands_line(rows) == (  # one command per distinct run command, portable
-        "Runs produced by: `not recorded`; `" + report.portable_command(typed) + "`"
+        "Runs produced by: `not recorded`; `" + pages.portable_command(typed) + "`"
     )

@@ -40,8 +40,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from benchmarks.learning.report import portable_path  # noqa: E402
 from benchmarks.learning.stats import MeanCI, mean_ci, paired_ci  # noqa: E402
+from benchmarks.pages import portable_path  # noqa: E402
 
 A, B = "estimators", "published"
 """Arm (a): the estimators under GRPO's published loss; arm (b): the methods as published (the presets)."""
