@@ -18,6 +18,7 @@ shown).
 from __future__ import annotations
 
 import csv
+import os
 import signal
 import sys
 from pathlib import Path
@@ -192,4 +193,5 @@ if __name__ == "__main__":
         sys.exit(0)
     print(tables())
     figure(HERE / "diagnose_grid.png")
-    print(f"wrote {HERE / 'diagnose_grid.png'}")
+    # on stderr, relative to the working directory: stdout holds only the tables that go into README.md
+    print(f"wrote {os.path.relpath(HERE / 'diagnose_grid.png')}", file=sys.stderr)
