@@ -80,6 +80,15 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), seed=0)
 
 
+@pytest.fixture(scope="session")
+def chat_model_dir(tmp_path_factory) -> Path:
+    """A randomly initialised tiny Qwen3 model + byte-level BPE tokenizer with a ChatML template and two EOS
+    ids (``helpers.chat_model``), saved with save_pretrained."""
+    from helpers.chat_model import build_test_chat_model
+
+    return build_test_chat_model(tmp_path_factory.mktemp("chat-model"))
+
+
 def pytest_collection_modifyitems(config, items):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # in several processes (`make test-main`, one file per process at a time, in this order): the files

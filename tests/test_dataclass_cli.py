@@ -119,9 +119,11 @@ def test_judge_flags_keep_their_short_spellings():
 def test_booleans_with_a_negative_flag():
     parser = dataclass_parser("d", "", [DifficultyCommand, DifficultyConfig], negatable=["chat_template"])
     base = ["--input", "i", "--output", "o", "--model", "m"]
-    assert parser.parse_args(base).chat_template is None  # the tokenizer decides
-    assert parser.parse_args([*base, "--chat-template"]).chat_template is True
-    assert parser.parse_args([*base, "--no-chat-template"]).chat_template is False
+    assert parser.parse_args(base).chat_template == "auto"  # the tokenizer decides
+    # a choice with `off`: the flag alone is on, --no-<flag> is off
+    assert parser.parse_args([*base, "--chat-template"]).chat_template == "on"
+    assert parser.parse_args([*base, "--chat-template", "off"]).chat_template == "off"
+    assert parser.parse_args([*base, "--no-chat-template"]).chat_template == "off"
     assert parser.parse_args([*base, "--no-progress"]).no_progress is True
 
 

@@ -380,8 +380,9 @@ def test_markdown_table_average_by_hand():
 
 
 def test_chat_template_renders_prompts(tiny_model_dir):
-    """With a template that appends '=' to the user turn, chat_template=True on prompt p equals plain
-    sampling on prompt p + '=' (greedy, so the responses must match exactly)."""
+    """With a template that appends '=' to the user turn, chat_template=on (and auto: the tokenizer has a
+    template) on prompt p equals sampling on the raw prompt p + '=' (chat_template=off; greedy, so the
+    responses must match exactly)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
@@ -394,7 +395,7 @@ def test_chat_template_renders_prompts(tiny_model_dir):
         model,
         records,
         "arith",
-        SamplingConfig(n=1, temperature=0.0, max_new_tokens=5, chat_template=True),
+        SamplingConfig(n=1, temperature=0.0, max_new_tokens=5, chat_template="on"),
         tokenizer=tok,
     )
     plain_records = [Record(id=r.id, prompt=r.prompt + "=", answer=r.answer) for r in records]
@@ -402,7 +403,7 @@ def test_chat_template_renders_prompts(tiny_model_dir):
         model,
         plain_records,
         "arith",
-        SamplingConfig(n=1, temperature=0.0, max_new_tokens=5),
+        SamplingConfig(n=1, temperature=0.0, max_new_tokens=5, chat_template="off"),
         tokenizer=tok,
         keep_texts=True,
     )
@@ -410,7 +411,7 @@ def test_chat_template_renders_prompts(tiny_model_dir):
         model,
         records,
         "arith",
-        SamplingConfig(n=1, temperature=0.0, max_new_tokens=5, chat_template=True),
+        SamplingConfig(n=1, temperature=0.0, max_new_tokens=5),  # auto
         tokenizer=tok,
         keep_texts=True,
     )
@@ -418,7 +419,7 @@ def test_chat_template_renders_prompts(tiny_model_dir):
     assert [p.rewards for p in templated.problems] == [p.rewards for p in plain.problems]
     with pytest.raises(ValueError, match="tokenizer"):
         evaluate(
-            None, records, ExactReward(), SamplingConfig(chat_template=True), generate_fn=SeededGenerator()
+            None, records, ExactReward(), SamplingConfig(chat_template="on"), generate_fn=SeededGenerator()
         )
 
 

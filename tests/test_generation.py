@@ -505,3 +505,54 @@ def test_in_kernel_gqa_forwards_equal_sdpa_with_and_without_gradient(spiky, tmp_
     assert not in_kernel_gqa(_spiky_copy(spiky, "eager"))
     fast.save_pretrained(tmp_path / "saved")
     assert "ebpo" not in (tmp_path / "saved" / "config.json").read_text()
+
+
+class NextTokenTable(torch.nn.Module):
+    """A model's forward (its KV cache fills as usual) with the logits replaced: after token t the next token
+    is ``table[t]``, 100 logits above every other token, so greedy decoding follows the table exactly."""
+
+    def __init__(self, inner, table: dict[int, int]) -> None:
+        super().__init__()
+        self.inner, self.table = inner, table
+        self.config, self.generation_config = inner.config, inner.generation_config
+
+    def forward(self, input_ids, **kwargs):
+        out = self.inner(input_ids=input_ids, **kwargs)
+        logits_BLV = torch.zeros_like(out.logits)
+        following_B = torch.tensor([self.table[int(t)] for t in input_ids[:, -1]])
+        logits_BLV[torch.arange(len(following_B)), -1, following_B] = 100.0
+        out.logits = logits_BLV
+        return out
+
+
+def test_generation_stops_at_either_eos_id(chat_model_dir):
+    """The chat model's generation config lists two EOS ids, <|im_end|> (2) and <|endoftext|> (0), as Qwen's
+    do. Scripted by hand: prompt ...x answers 7 then <|im_end|>; ...y answers 8 then <|endoftext|>; ...z
+    answers 9 for ever. Each EOS ends its row, is the last masked token, and is not in the text."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ebpo.generation import stop_token_ids
+
+    tok = AutoTokenizer.from_pretrained(chat_model_dir)
+    inner = AutoModelForCausalLM.from_pretrained(chat_model_dir).eval()
+    x, y, z, seven, eight, nine = tok.convert_tokens_to_ids(["x", "y", "z", "7", "8", "9"])
+    im_end, endoftext = tok.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    assert (im_end, endoftext) == (2, 0) and tok.pad_token_id == endoftext
+    table = {x: seven, seven: im_end, y: eight, eight: endoftext, endoftext: nine, z: nine, nine: nine}
+    model = NextTokenTable(inner, table)
+    assert stop_token_ids(model, tok) == [im_end, endoftext]  # the tokenizer's EOS, then the config's list
+
+    head = tok("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+    out = sample(model, tok, [head + [x], head + [y], head + [z]], n=1, temperature=0.0, max_new_tokens=4)
+    assert out.response_ids.tolist() == [
+        [seven, im_end, 0, 0],
+        [eight, endoftext, 0, 0],
+        [nine, nine, nine, nine],
+    ]
+    assert out.response_mask.tolist() == [[1, 1, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]]
+    assert out.lengths.tolist() == [2, 2, 4] and out.truncated.tolist() == [False, False, True]
+    assert out.texts == ["7", "8", "9999"]
+    # told of one EOS id only, the row runs on past <|endoftext|> (which the table follows with 9)
+    one_eos = sample(model, tok, [head + [y]], temperature=0.0, max_new_tokens=4, eos_token_id=im_end)
+    assert one_eos.response_ids.tolist() == [[eight, endoftext, nine, nine]]
+    assert one_eos.truncated.tolist() == [True] and one_eos.texts == ["899"]  # <|endoftext|> is not text

@@ -133,6 +133,20 @@ def test_a_fixed_choice_lists_the_valid_ones():
         load_config(None, ["algorithm.loss_agg_mode=sum"])
 
 
+def test_chat_template_reads_on_and_off_as_words(tmp_path):
+    # YAML 1.1 reads the words on / off (and yes / true) as booleans: a choice with on and off takes them back
+    assert load_config(None, []).data.chat_template == "auto"
+    for word, setting in (("on", "on"), ("off", "off"), ("true", "on"), ("auto", "auto")):
+        assert load_config(None, [f"data.chat_template={word}"]).data.chat_template == setting
+    saved = tmp_path / "config.yaml"
+    saved.write_text("data:\n  chat_template: off\n")
+    assert load_config(str(saved)).data.chat_template == "off"
+    with pytest.raises(
+        ConfigError, match=r"unknown data.chat_template 'yes please'; valid choices: auto, off, on"
+    ):
+        load_config(None, ["data.chat_template=yes please"])
+
+
 def _setup_error(*overrides: str) -> str:
     """The one-line ConfigError that checking a run's setup with ``overrides`` raises (before any model loads)."""
     cfg = load_config(None, list(overrides))

@@ -12,7 +12,9 @@ dataclasses from what a user types, for every command:
   from earlier spellings first) and :func:`build` (the mapping becomes an instance). :func:`build` and
   :func:`check` (the same checks on an instance changed by hand) refuse an unknown key listing its section's
   keys, and a value of the wrong type, outside its ``Literal`` or its bounds, not finite or empty, naming its
-  dotted key; a ``__post_init__`` error becomes one :class:`~ebpo.errors.ConfigError` naming the section.
+  dotted key; a ``__post_init__`` error becomes one :class:`~ebpo.errors.ConfigError` naming the section. A
+  ``Literal`` with the choices ``on`` and ``off`` reads YAML's ``true`` / ``false`` as them (YAML 1.1 reads the
+  words ``on`` and ``off`` as booleans).
   :func:`describe` lists every key with its default and help (``ebpo train --help-config``).
 - **Flags** (``ebpo simulate``, ``eval``, ``annotate``, ``base-model``, and ``ebpo train``'s own switches):
   :func:`dataclass_parser` makes every field of flat dataclasses a flag with ``transformers.HfArgumentParser``,
@@ -255,6 +257,8 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
     if origin is Literal:
         choices = typing.get_args(tp)
+        if isinstance(value, bool) and {"on", "off"} <= set(choices):
+            value = "on" if value else "off"  # YAML 1.1 reads the words on and off as booleans
         if any(value == choice and type(value) is type(choice) for choice in choices):  # True is not 1
             return value
         raise ConfigError(f"unknown {key} {value!r}; valid choices: {', '.join(sorted(map(str, choices)))}")
@@ -472,7 +476,8 @@ def dataclass_parser(
     raw_description: bool = False,
 ) -> argparse.ArgumentParser:
     """An ``HfArgumentParser`` with one flag per field of ``types`` (see the module docstring), plus
-    ``--no-<name>`` for each boolean field named in ``negatable``.
+    ``--no-<name>`` for each field named in ``negatable``: a boolean's false, or the choice ``off`` of a
+    ``Literal`` that has one.
 
     ``switches``: boolean fields whose flag takes no value (``--quiet``, not ``--quiet false``), for a command
     with positional arguments: HfArgumentParser's boolean flag takes an optional value, so it would read the
@@ -504,7 +509,8 @@ def dataclass_parser(
         parser.add_argument(
             f"--no-{flag}",
             dest=name,
-            action="store_false",
+            action="store_const",
+            const="off" if "off" in typing.get_args(hints[name]) else False,
             default=argparse.SUPPRESS,  # the field's own flag sets the default
             help=f"the opposite of --{flag}",
         )

@@ -142,11 +142,3 @@ def row_answer(row: dict[str, Any], position: int, source: str | Path = "input")
     raise ValueError(
         f"{source}, row {position}: no answer; expected one of the columns {', '.join(ANSWER_FIELDS)}"
     )
-
-
-def prompt_text(prompt: str | list[dict[str, str]]) -> str:
-    """Plain text of a prompt for topic labelling: a string as is, or the last user message's content."""
-    if isinstance(prompt, str):
-        return prompt
-    users = [m["content"] for m in prompt if m.get("role", "user") == "user"]
-    return str(users[-1] if users else prompt[-1]["content"])

@@ -222,8 +222,9 @@ def run_topic(args: argparse.Namespace) -> int:
 def _run_topic(args: argparse.Namespace, state: dict[str, Any]) -> int:
     from tqdm.auto import tqdm
 
-    from ebpo.annotate import load_input, prompt_text, row_id, row_prompt, write_output
+    from ebpo.annotate import load_input, row_id, row_prompt, write_output
     from ebpo.annotate.topic import TOPICS, JudgeTopicClassifier, get_topic_backend
+    from ebpo.data.prompts import prompt_text
 
     if not args.evaluate:
         if not args.input or not args.output:

@@ -16,12 +16,12 @@ prompt is done, the output (input columns + ``difficulty``) is written and the p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ebpo.annotate import load_input, row_answer, row_id, row_prompt, write_output
+from ebpo.data.prompts import ChatTemplateSetting, PromptFormat
 from ebpo.persist import Journal
 
 __all__ = ["DifficultyConfig", "annotate_difficulty", "partial_path", "chunk_seed"]
@@ -54,12 +54,14 @@ class DifficultyConfig:
     threshold: float = field(
         default=0.5, metadata={"help": "a sample counts as correct when its reward is above this"}
     )
-    chat_template: bool | None = field(
-        default=None,
+    chat_template: ChatTemplateSetting = field(
+        default="auto",
         metadata={
-            "help": "apply the tokenizer's chat template to string prompts (default: when the tokenizer has one)",
+            "help": "render prompts with the tokenizer's chat template: auto (when it has one) | on | off (a "
+            "prompt of chat messages then reads its last user message), as ebpo train and ebpo eval; "
+            "--chat-template alone is on, --no-chat-template off",
             "nargs": "?",
-            "const": True,
+            "const": "on",
         },
     )
     device: str | None = field(
@@ -96,20 +98,6 @@ def _partial_journal(path: Path) -> Journal:
 
 def _finished(row: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return str(row["id"]), row
-
-
-def _format_prompts(tokenizer: Any, prompts: Sequence[Any], chat_template: bool | None) -> list[str]:
-    use_template = (
-        chat_template if chat_template is not None else bool(getattr(tokenizer, "chat_template", None))
-    )
-    out = []
-    for prompt in prompts:
-        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-        if use_template or isinstance(prompt, list):
-            out.append(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
-        else:
-            out.append(prompt)
-    return out
 
 
 def _load_model(cfg: DifficultyConfig) -> tuple[Any, Any]:
@@ -176,6 +164,11 @@ def annotate_difficulty(
 
         reward = get_reward(cfg.reward)
 
+    prompt_format: PromptFormat | None = None
+    if todo:  # the prompts as ebpo train and ebpo eval give them to the model
+        prompt_format = PromptFormat.resolve(
+            tokenizer, cfg.chat_template, option="--chat-template", source=cfg.model
+        )
     P = cfg.prompts_per_call
     bar = tqdm(
         total=len(rows), initial=len(rows) - len(todo), desc="difficulty", unit="prompt", disable=not progress
@@ -185,10 +178,11 @@ def annotate_difficulty(
         if all(ids[i] in done for i in members):
             continue
         generator = torch.Generator().manual_seed(chunk_seed(cfg.seed, chunk))
+        assert prompt_format is not None  # set above: this chunk has prompts to do
         rollouts = sample(
             model,
             tokenizer,
-            _format_prompts(tokenizer, [prompts[i] for i in members], cfg.chat_template),
+            prompt_format.ids([prompts[i] for i in members]),
             n=cfg.k,
             temperature=cfg.temperature,
             top_p=cfg.top_p,

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, overload
 
+from ebpo.data.prompts import apply_chat_template  # re-exported: where the chat template is applied
 from ebpo.data.records import Record
 from ebpo.persist import write_bytes_atomic, write_text_atomic
 from ebpo.registry import Registry
@@ -697,39 +698,6 @@ def _hub_label(hub: HubBenchmark) -> str:
 
 
 # -- chat templates and writing ------------------------------------------------------------------------
-
-
-def apply_chat_template(
-    records: Sequence[Record],
-    tokenizer: Any,
-    *,
-    system_prompt: str | None = None,
-    add_generation_prompt: bool = True,
-) -> list[str]:
-    """Render each record's prompt through ``tokenizer.apply_chat_template`` (instruct models).
-
-    The conversation is ``record.extra["messages"]`` when a loader kept one (DAPO), else one user turn
-    with ``record.prompt``, preceded by ``system_prompt`` if given. Raises ``ValueError`` if the tokenizer
-    has no chat template (base models: use ``record.prompt`` as is).
-    """
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(
-            f"{type(tokenizer).__name__} has no chat_template; use the raw prompts for a base model, "
-            f"or set tokenizer.chat_template"
-        )
-    rendered = []
-    for record in records:
-        messages = [dict(m) for m in record.extra.get("messages", [])] or [
-            {"role": "user", "content": record.prompt}
-        ]
-        if system_prompt is not None and messages[0].get("role") != "system":
-            messages.insert(0, {"role": "system", "content": system_prompt})
-        rendered.append(
-            tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=add_generation_prompt
-            )
-        )
-    return rendered
 
 
 def write_records(path: str | os.PathLike[str], records: Iterable[Record]) -> Path:

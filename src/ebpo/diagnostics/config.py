@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ebpo.data.prompts import ChatTemplateSetting
 from ebpo.errors import ConfigError
 
 DEFAULT_ESTIMATORS = [
@@ -135,6 +136,13 @@ class DiagnoseConfig:
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature (> 0)"})
     top_p: float = field(default=1.0, metadata={"help": "nucleus sampling mass (1: off)"})
     max_new_tokens: int = field(default=24, metadata={"help": "longest response in tokens"})
+    chat_template: ChatTemplateSetting = field(
+        default="auto",
+        metadata={
+            "help": "render prompts with the tokenizer's chat template: auto (when it has one) | on | off, as "
+            "`ebpo train`'s data.chat_template and `ebpo eval --chat-template`"
+        },
+    )
     projection_dim: int = field(
         default=8192,
         metadata={

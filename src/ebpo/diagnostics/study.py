@@ -85,9 +85,9 @@ class DiagnoseResult:
 
 
 def _sample(
-    model: Any, tokenizer: Any, prompts: list[str], n: int, cfg: DiagnoseConfig, generator: Any
+    model: Any, tokenizer: Any, prompts: list[list[int]], n: int, cfg: DiagnoseConfig, generator: Any
 ) -> Any:
-    """``n`` responses per prompt from the policy (``ebpo.generation.sample``)."""
+    """``n`` responses per prompt (token ids: ``PromptFormat.ids``) from the policy (``ebpo.generation.sample``)."""
     from ebpo.generation import sample
 
     return sample(
@@ -396,9 +396,14 @@ class _Study:
     """The measurement's fixed parts (model, pool, estimators, losses, sketch) and what it has measured."""
 
     def __init__(self, cfg: DiagnoseConfig, model: Any, tokenizer: Any, pool: list[Any], reward: Any) -> None:
+        from ebpo.data.prompts import PromptFormat
         from ebpo.data.samplers import cluster_key, get_sampler
 
         self.cfg, self.model, self.tokenizer, self.pool, self.reward = cfg, model, tokenizer, pool, reward
+        # the prompts as `ebpo train` and `ebpo eval` give them to the model
+        self.prompt_format = PromptFormat.resolve(
+            tokenizer, cfg.chat_template, option="--chat-template", source=cfg.model
+        )
         self.device = next(model.parameters()).device
         self.specs = estimator_specs(cfg)
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -423,7 +428,7 @@ class _Study:
         indices = self.sampler.next_batch()
         chosen = [self.pool[i] for i in indices]
         rollouts = _sample(
-            self.model, self.tokenizer, [r.prompt for r in chosen], n, self.cfg, self.generator
+            self.model, self.tokenizer, self.prompt_format.ids(chosen), n, self.cfg, self.generator
         )
         rewards_B = _score(
             self.reward,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ebpo.data.prompts import ChatTemplateSetting
 from ebpo.dataclass_cli import add_command, dataclass_parser
 from ebpo.persist import write_text_atomic
 
@@ -94,9 +95,12 @@ class EvalCommand:
             "help": "maj@k with n > k: expected vote over random k-subsets (subsets) or vote of the first k (first)"
         },
     )
-    chat_template: Literal["auto", "on", "off"] = field(
+    chat_template: ChatTemplateSetting = field(
         default="auto",
-        metadata={"help": "wrap prompts in the tokenizer's chat template: auto = when the tokenizer has one"},
+        metadata={
+            "help": "wrap prompts in the tokenizer's chat template: auto = when the tokenizer has one | on | off; "
+            "the same prompt ids as ebpo train's data.chat_template"
+        },
     )
     reward: str | None = field(
         default=None,
@@ -371,6 +375,7 @@ def _settings_of(benchmark: str, settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[str, Any]) -> int:
+    from ebpo.data.prompts import PromptFormat
     from ebpo.eval.harness import (
         PAPER_BENCHMARKS,
         SamplingConfig,
@@ -440,7 +445,7 @@ def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[st
         scripted = generate_fns.get(name)
         lazy_model = None
         tokenizer = None
-        use_template = False
+        chat_template: ChatTemplateSetting = "off"  # a scripted generate_fn has no tokenizer: raw prompts
         if scripted is None:
             from transformers import AutoTokenizer
 
@@ -450,10 +455,10 @@ def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[st
             except Exception as err:  # noqa: BLE001 - a damaged or missing tokenizer file: one line
                 raise ValueError(f"cannot load the tokenizer of {path}: {_first_line(err)}") from err
             tokenizer.padding_side = "left"
-            has_template = bool(getattr(tokenizer, "chat_template", None))
-            use_template = args.chat_template == "on" or (args.chat_template == "auto" and has_template)
-            if use_template and not has_template:
-                raise SystemExit(f"ebpo eval: --chat-template on, but {path} has no chat template")
+            prompt_format = PromptFormat.resolve(
+                tokenizer, args.chat_template, option="--chat-template", source=path
+            )
+            chat_template = prompt_format.setting  # on | off, in the cache key as resolved
             model_key = {"path": str(path.resolve()), "fingerprint": fingerprint(path)}
             lazy_model = LazyModel(path, tokenizer, device=args.device, dtype=args.dtype)
         else:
@@ -467,7 +472,7 @@ def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[st
                 max_new_tokens=args.max_new_tokens or spec.max_new_tokens,
                 seed=args.seed,
                 batch_size=args.batch_size,
-                chat_template=use_template,
+                chat_template=chat_template,
             )
             reward_name = args.reward or spec.reward
             if reward_name not in rewards:

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ebpo.data.prompts import ChatTemplateSetting, PromptFormat, prompt_text
 from ebpo.data.records import Record
 from ebpo.eval.metrics import ProblemScores, score_problem, summarize
 from ebpo.persist import Journal, write_text_atomic
@@ -92,9 +93,12 @@ class SamplingConfig(SamplingOptions):
     """How responses are sampled for evaluation (every field is part of the cache key)."""
 
     max_new_tokens: int = field(default=4096, metadata={"help": "longest response in tokens (EOS included)"})
-    chat_template: bool = field(
-        default=False,
-        metadata={"help": "render prompts with ebpo.data.loaders.apply_chat_template (instruct models)"},
+    chat_template: ChatTemplateSetting = field(
+        default="auto",
+        metadata={
+            "help": "render prompts with the tokenizer's chat template (ebpo.data.prompts.PromptFormat, as "
+            "ebpo train's data.chat_template): auto = when the tokenizer has one | on | off"
+        },
     )
 
     def __post_init__(self) -> None:
@@ -271,21 +275,22 @@ def load_model(path: str | Path, *, device: str | None = None, dtype: str = "aut
 
 def model_generate_fn(model, tokenizer, sampling: SamplingConfig) -> GenerateFn:
     """``(prompts, n, seeds) -> Rollouts`` through :func:`ebpo.generation.sample`, prompt b's rows drawn
-    from a generator seeded ``seeds[b]`` (on the model's device)."""
+    from a generator seeded ``seeds[b]`` (on the model's device). The prompts are texts from
+    :func:`evaluate` (``PromptFormat.texts``), tokenized as ``sampling.chat_template`` says
+    (``PromptFormat.encode``: ``ebpo train`` reads the same ids)."""
     import torch
 
     from ebpo.generation import sample
 
     device = next(model.parameters()).device
+    prompt_format = PromptFormat.resolve(tokenizer, sampling.chat_template, option="chat_template")
 
     def generate(prompts: list[str], n: int, seeds: list[int]):
-        if sampling.chat_template:  # the rendered template already holds any BOS: do not add another
-            prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
         generators = [torch.Generator(device=device).manual_seed(int(seed)) for seed in seeds]
         return sample(
             model,
             tokenizer,
-            prompts,
+            prompt_format.encode(prompts),
             n=n,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
@@ -382,6 +387,18 @@ def _scorer(reward: Any) -> tuple[Callable[[str], str | None], dict[str, Any]]:
     return extract_str, equivalence
 
 
+def _renderer(tokenizer: Any, setting: str) -> Callable[[list[Record]], list[str]]:
+    """The prompt texts a chunk's records give (``PromptFormat.texts``); without a tokenizer (a
+    ``generate_fn`` alone) there is no template, so ``auto`` reads the raw prompts and ``on`` is an error."""
+    if tokenizer is not None:
+        return PromptFormat.resolve(tokenizer, setting, option="SamplingConfig.chat_template").texts
+    if setting == "on":
+        raise ValueError(
+            "SamplingConfig.chat_template=on needs a tokenizer (pass tokenizer= or a model path)"
+        )
+    return lambda chunk_records: [prompt_text(rec) for rec in chunk_records]
+
+
 def evaluate(
     model_or_path: Any,
     records: Sequence[Record],
@@ -443,19 +460,7 @@ def evaluate(
             model = model_or_path
         generate_fn = model_generate_fn(model, tokenizer, sampling)
 
-    if sampling.chat_template:
-        if tokenizer is None:
-            raise ValueError(
-                "SamplingConfig.chat_template needs a tokenizer (pass tokenizer= or a model path)"
-            )
-        from ebpo.data.loaders import apply_chat_template
-
-        def render(chunk_records: list[Record]) -> list[str]:
-            return apply_chat_template(chunk_records, tokenizer)
-    else:
-
-        def render(chunk_records: list[Record]) -> list[str]:
-            return [rec.prompt for rec in chunk_records]
+    render = _renderer(tokenizer, sampling.chat_template)
 
     cache = _cache_journal(Path(cache_path)) if cache_path is not None else None
     # the one writer of this cache: a torn last line is cut off before the first append

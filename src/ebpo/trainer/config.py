@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from ebpo import dataclass_cli
 from ebpo.advantages import EBPOOptions, OptionError
+from ebpo.data.prompts import ChatTemplateSetting
 from ebpo.dataclass_cli import option
 from ebpo.errors import ConfigError
 from ebpo.losses import AggMode, KLEstimator, PolicyLossOptions
@@ -131,6 +132,12 @@ class DataConfig:
     )
     difficulty_buckets: int = option(
         "Number of equal-width pass-rate buckets on [0, 1] when cluster_key=difficulty.", default=5, ge=1
+    )
+    chat_template: ChatTemplateSetting = option(
+        "Render prompts with the tokenizer's chat template: auto (when the tokenizer has one, as `ebpo eval`) | "
+        "on | off (the raw prompt). Training and validation read the same prompt ids as `ebpo eval` "
+        "(`ebpo.data.prompts`).",
+        default="auto",
     )
 
 

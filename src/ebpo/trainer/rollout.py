@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ebpo.data.dynamic import DynamicSamplingConfig, Group, collect_groups
+from ebpo.data.prompts import PromptFormat
 from ebpo.data.records import Record
 from ebpo.generation import Rollouts, sample
 from ebpo.logprobs import LogProbs, Tokens
@@ -220,6 +221,8 @@ class GroupCollector:
     cfg: TrainConfig
     model: Any
     tokenizer: Any
+    prompt_format: PromptFormat
+    """How a record becomes the prompt ids the model reads (``data.chat_template``)."""
     records: Sequence[Record]
     clusters: Sequence[Any] | None
     """Each record's cluster key (``data.cluster_key``), or None."""
@@ -265,7 +268,7 @@ class GroupCollector:
         rollouts = sample(
             self.model,
             self.tokenizer,
-            [rec.prompt for rec in records],
+            self.prompt_format.ids(records),
             n=G,
             temperature=r.temperature,
             top_p=r.top_p,

@@ -21,6 +21,7 @@ from transformers.utils import logging as hf_logging
 
 from ebpo.advantages import ZERO_ADV_TOL, AdvantageEstimator, check_options, get_estimator, list_estimators
 from ebpo.data.loaders import get_schema, load_records
+from ebpo.data.prompts import PromptFormat
 from ebpo.data.records import Record
 from ebpo.data.samplers import cluster_key, get_sampler, list_samplers
 from ebpo.generation import in_kernel_gqa
@@ -49,7 +50,8 @@ class Prompts(NamedTuple):
 
 
 class Policy(NamedTuple):
-    """The model being trained, the frozen reference for the KL term (None without it), their tokenizer."""
+    """The model being trained, the frozen reference for the KL term (None without it), their tokenizer and how
+    prompts become its input."""
 
     model: Any
     ref_model: Any | None
@@ -60,6 +62,8 @@ class Policy(NamedTuple):
     shared_prompts: bool
     """Whether the log-prob passes run each distinct prompt once (``optim.shared_prompts``, null resolved
     against the loaded model)."""
+    prompt_format: PromptFormat
+    """Raw prompts or the tokenizer's chat template (``data.chat_template`` resolved against the tokenizer)."""
 
 
 class Algorithm(NamedTuple):
@@ -224,6 +228,9 @@ def load_policy(cfg: TrainConfig, checkpoint: Path | None, device: torch.device)
         raise ConfigError(
             f"model.path: cannot load a causal LM from {load_from}: {_first_line(err)}"
         ) from err
+    prompt_format = PromptFormat.resolve(
+        tokenizer, cfg.data.chat_template, option="data.chat_template", source=base_path
+    )
     mixed_precision(model, m.dtype)
     # eval mode: no dropout in RL fine-tuning (gradients still flow). Hugging Face only checkpoints
     # activations in train mode, so that option needs it (dropout is 0 in current causal LMs).
@@ -252,6 +259,7 @@ def load_policy(cfg: TrainConfig, checkpoint: Path | None, device: torch.device)
         base_path=base_path,
         pad_id=pad_id,
         shared_prompts=shared_prompts,
+        prompt_format=prompt_format,
     )
 
 
@@ -328,13 +336,14 @@ def build_optimizer(model: torch.nn.Module, o: OptimConfig) -> tuple[torch.optim
 
 
 def check_prompt_lengths(policy: Policy, prompts: Prompts, max_new_tokens: int) -> None:
-    """Every prompt plus ``rollout.max_new_tokens`` must fit the model's context."""
+    """Every prompt, as the model reads it (``data.chat_template``), plus ``rollout.max_new_tokens`` must fit the
+    model's context."""
     context = getattr(policy.model.config, "max_position_embeddings", None)
     if context is None:
         return
     for split, records in (("training", prompts.train_records), ("validation", prompts.val_records)):
-        for row, record in enumerate(records):
-            length = len(policy.tokenizer(record.prompt)["input_ids"])
+        for row, (record, ids) in enumerate(zip(records, policy.prompt_format.ids(records))):
+            length = len(ids)
             if length + max_new_tokens > context:
                 raise ConfigError(
                     f"{split} record {row} (id {record.id!r}) has a prompt of {length} tokens; with "

@@ -114,7 +114,8 @@ class Trainer:
         policy = load_policy(cfg, checkpoint, self.device)
         check_prompt_lengths(policy, prompts, cfg.rollout.max_new_tokens)
         self.train_records, self.val_records, self.sampler, self.reward_fn, self.cluster_of = prompts
-        self.model, self.ref_model, self.tokenizer, self.base_path, self.pad_id, shared_prompts = policy
+        self.model, self.ref_model, self.tokenizer, self.base_path, self.pad_id = policy[:5]
+        shared_prompts, self.prompt_format = policy.shared_prompts, policy.prompt_format
         # one seeded stream for the rollouts, the mini-batch shuffles and Clip-Cov's choice of tokens
         self.generator = torch.Generator(device="cpu").manual_seed(cfg.run.seed)
         self.estimator, self.policy_loss, self.loss_cfg = build_algorithm(cfg, self.generator)
@@ -123,6 +124,7 @@ class Trainer:
             cfg,
             self.model,
             self.tokenizer,
+            prompt_format=self.prompt_format,
             records=self.train_records,
             clusters=self.cluster_of,
             sampler=self.sampler,
@@ -348,7 +350,14 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """Validation metrics of the current policy (``ebpo.trainer.validation.validate``)."""
-        return validate(self.model, self.tokenizer, self.val_records, self.reward_fn, self.cfg)
+        return validate(
+            self.model,
+            self.tokenizer,
+            self.val_records,
+            self.reward_fn,
+            self.cfg,
+            prompt_format=self.prompt_format,
+        )
 
     def _keep_if_best(self, eval_metrics: dict[str, float]) -> None:
         """The paper's rule for its topic runs (Appendix A): keep the checkpoint with the highest validation

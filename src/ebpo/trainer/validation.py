@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ebpo.data.prompts import PromptFormat
 from ebpo.data.records import Record
 from ebpo.eval.metrics import ProblemScores, score_problem, summarize
 from ebpo.generation import sample
@@ -23,19 +24,30 @@ EVAL_SEED_OFFSET = 1_000_003
 
 @torch.no_grad()
 def validate(
-    model: Any, tokenizer: Any, records: list[Record], reward_fn: Any, cfg: TrainConfig
+    model: Any,
+    tokenizer: Any,
+    records: list[Record],
+    reward_fn: Any,
+    cfg: TrainConfig,
+    *,
+    prompt_format: PromptFormat | None = None,
 ) -> dict[str, float]:
     """``eval/pass@1``, ``eval/pass@k``, ``eval/maj@k`` (k = ``run.eval_k``) over ``records``, and
     ``eval/pass@1/<topic>`` per topic when the records have topics.
+
+    The prompts are ``prompt_format``'s ids (default: ``data.chat_template`` resolved against ``tokenizer``),
+    as training and ``ebpo eval`` read them.
 
     Answers are extracted with the reward's ``extract`` and clustered with its ``equivalent`` (plain string
     equality when the reward has none), as ``ebpo eval`` does.
     """
     run, n = cfg.run, cfg.run.eval_n
+    if prompt_format is None:
+        prompt_format = PromptFormat.resolve(tokenizer, cfg.data.chat_template, option="data.chat_template")
     rollouts = sample(
         model,
         tokenizer,
-        [rec.prompt for rec in records],
+        prompt_format.ids(records),
         n=n,
         temperature=run.eval_temperature,
         top_p=cfg.rollout.top_p,
