@@ -357,7 +357,10 @@ def test_bad_input_errors():
             SamplingConfig(n=2),
             generate_fn=lambda p, n, s: [["x"]],
         )
-    with pytest.raises(ValueError, match="'aime2024'.*aime24, aime25, amc23, arith, math500, olympiadbench$"):
+    with pytest.raises(
+        ValueError,
+        match=r"'aime2024'.*aime24, aime25, amc23, arith, gym:<dataset>\[,<dataset>\.\.\.\], math500, olympiadbench$",
+    ):
         get_benchmark("aime2024")
     with pytest.raises(ValueError, match="top_p"):
         SamplingConfig(top_p=0)
@@ -478,6 +481,7 @@ def test_cli_unknown_benchmark_is_one_line_naming_the_flag(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [
         "ebpo eval: --benchmarks: unknown benchmark 'aime2024'; valid choices: aime24, aime25, amc23, arith, "
+        "gym:<dataset>[,<dataset>...], "
         "math500, olympiadbench"
     ]
     assert main(["eval", "builtin", "--limit", "-1", "--out-dir", str(tmp_path)]) == 2

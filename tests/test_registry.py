@@ -183,3 +183,24 @@ def test_ebpo_options_are_validated_from_one_table_with_the_one_wording():
             one_M,
             normalize="bogus",
         )
+
+
+def test_a_family_builds_entries_from_the_name_after_its_prefix():
+    tasks: Registry[tuple] = Registry("task")
+    tasks.register("arith", ("arith",))
+    built = tasks.register_family("gym", lambda argument, **options: (argument, options), pattern="<dataset>")
+    assert built("x") == ("x", {})  # the factory handed back
+    assert tasks.get("gym:chain_sum,gcd") == ("chain_sum,gcd", {})
+    assert tasks.get("gym:gcd", gcd={"max_value": 9}) == ("gcd", {"gcd": {"max_value": 9}})
+    assert "gym:anything" in tasks and "gym" not in tasks and "arith" in tasks
+    assert tasks.family_of("gym:gcd") == "gym" and tasks.family_of("arith") is None
+    assert tasks.names() == ["arith"] and tasks.names(families=True) == ["arith", "gym:<dataset>"]
+    with pytest.raises(ValueError) as error:
+        tasks.get("gymm:gcd")
+    assert str(error.value) == "unknown task 'gymm:gcd'; valid choices: arith, gym:<dataset>"
+    with pytest.raises(ValueError, match="^task 'arith' takes no options, got mod$"):
+        tasks.get("arith", mod=1)
+    with pytest.raises(ValueError, match="task family 'gym' is already registered"):
+        tasks.register_family("gym", lambda argument: (argument,), pattern="<x>")
+    with pytest.raises(ValueError, match="without ':'"):
+        tasks.register_family("a:b", lambda argument: (argument,), pattern="<x>")

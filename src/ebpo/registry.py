@@ -14,7 +14,12 @@
     "grpo" in ESTIMATORS     # True
 
 Registering a name twice raises ``ValueError`` (``advantage estimator 'grpo' is already registered``): a
-plugin cannot silently replace a built-in. An unknown name, here and for every fixed set of option values
+plugin cannot silently replace a built-in.
+
+A *family* is an entry built from a name with an argument, ``<prefix>:<argument>``: ``TASKS.register_family("gym",
+make_gym_task, pattern="<dataset>[,<dataset>...]")`` makes ``TASKS.get("gym:chain_sum,gcd")`` call
+``make_gym_task("chain_sum,gcd")`` (with any keyword options ``get`` was given), and lists ``gym:<dataset>[,...]``
+among the valid choices; the family's factory raises ``ValueError`` for an argument it does not take. An unknown name, here and for every fixed set of option values
 (:func:`check_choice`, e.g. EBPO's ``normalize``), raises ``ValueError`` worded
 ``unknown <kind> 'x'; valid choices: a, b, c`` with the choices sorted.
 
@@ -64,6 +69,7 @@ class Registry(Generic[T]):
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._entries: dict[str, T] = {}
+        self._families: dict[str, tuple[Callable[..., T], str]] = {}
 
     @overload
     def register(self, name: str) -> Callable[[T], T]: ...
@@ -89,11 +95,40 @@ class Registry(Generic[T]):
             return add
         return add(entry)
 
-    def get(self, name: str) -> T:
-        """The entry registered as ``name``; an unknown name raises :func:`unknown_choice`'s error."""
+    def register_family(self, prefix: str, factory: Callable[..., T], *, pattern: str) -> Callable[..., T]:
+        """Entries named ``<prefix>:<argument>``, each built by ``factory(argument, **options)`` when looked up;
+        ``pattern`` describes the argument in the list of valid choices (``<dataset>[,<dataset>...]``).
+
+        Raises ``ValueError`` if ``prefix`` is already a family, or holds a ``:``."""
+        if not isinstance(prefix, str) or not prefix or ":" in prefix:
+            raise ValueError(
+                f"a {self.kind} family prefix must be a non-empty string without ':', got {prefix!r}"
+            )
+        if prefix in self._families:
+            raise ValueError(f"{self.kind} family {prefix!r} is already registered")
+        self._families[prefix] = (factory, pattern)
+        return factory
+
+    def get(self, name: str, **options: object) -> T:
+        """The entry registered as ``name``, or built by its family (``<prefix>:<argument>``, with ``options``);
+        an unknown name raises :func:`unknown_choice`'s error. Options are for families: a fixed entry given
+        some raises ``ValueError``."""
+        family = self.family_of(name)
+        if family is not None and name not in self._entries:
+            factory, _ = self._families[family]
+            return factory(name[len(family) + 1 :], **options)
         if name not in self:
-            raise unknown_choice(self.kind, name, self._entries)
+            raise unknown_choice(self.kind, name, self.names(families=True))
+        if options:
+            raise ValueError(f"{self.kind} {name!r} takes no options, got {', '.join(sorted(options))}")
         return self._entries[name]
+
+    def family_of(self, name: object) -> str | None:
+        """The family prefix ``name`` belongs to (``gym`` for ``gym:gcd``), else ``None``."""
+        if not isinstance(name, str) or ":" not in name:
+            return None
+        prefix = name.split(":", 1)[0]
+        return prefix if prefix in self._families else None
 
     def unregister(self, name: str) -> T:
         """Remove and return the entry registered as ``name`` (for tests and plugins that clean up)."""
@@ -101,12 +136,16 @@ class Registry(Generic[T]):
         del self._entries[name]
         return entry
 
-    def names(self) -> list[str]:
-        """Registered names, sorted."""
-        return sorted(self._entries)
+    def names(self, *, families: bool = False) -> list[str]:
+        """Registered names, sorted; with ``families``, each family's ``<prefix>:<pattern>`` too."""
+        patterns = (
+            [f"{prefix}:{pattern}" for prefix, (_, pattern) in self._families.items()] if families else []
+        )
+        return sorted([*self._entries, *patterns])
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name in self._entries
+        """A registered name, or a name of a registered family (its argument is checked when it is built)."""
+        return (isinstance(name, str) and name in self._entries) or self.family_of(name) is not None
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}: {', '.join(self.names())})"

@@ -39,7 +39,16 @@ class DiagnoseConfig:
     task: str = field(
         default="arith",
         metadata={
-            "help": "task suite (`ebpo.tasks`) that generates the prompt pool, unless --records is given"
+            "help": "task suite (`ebpo.tasks`) that generates the prompt pool, unless --records is given: arith, "
+            "or gym:<dataset>[,<dataset>...] (reasoning-gym, the ebpo[gym] extra)"
+        },
+    )
+    task_options: str | None = field(
+        default=None,
+        metadata={
+            "metavar": "YAML",
+            "help": "settings of the task's generator as a YAML mapping, as `ebpo train`'s data.task_options "
+            "(gym: '{chain_sum: {max_terms: 3}}')",
         },
     )
     split: str = field(default="train", metadata={"help": "the task's split the pool is generated from"})

@@ -336,11 +336,9 @@ def _load_records(cfg: DiagnoseConfig) -> list[Any]:
         records = load_records(cfg.records, cfg.schema)
         source = cfg.records
     else:
-        from ebpo.tasks import get_task
-
         subset = {key: value for key, value in (("topics", cfg.topics), ("levels", cfg.levels)) if value}
         try:
-            records = list(get_task(cfg.task).generate(cfg.split, cfg.pool_size, cfg.seed, **subset))
+            records = list(_task(cfg).generate(cfg.split, cfg.pool_size, cfg.seed, **subset))
         except ValueError as err:
             raise ConfigError(f"--task {cfg.task}: {err}") from None
         source = f"task {cfg.task!r}"
@@ -352,15 +350,20 @@ def _load_records(cfg: DiagnoseConfig) -> list[Any]:
     return records
 
 
+def _task(cfg: DiagnoseConfig) -> Any:
+    """``--task`` with ``--task-options``."""
+    from ebpo.tasks import get_task, task_options
+
+    return get_task(cfg.task, **task_options(cfg.task_options, "--task-options"))
+
+
 def _reward(cfg: DiagnoseConfig) -> Any:
     from ebpo.rewards import get_reward
 
     if cfg.reward is not None:
         return get_reward(cfg.reward)
-    from ebpo.tasks import get_task
-
-    task = get_task(cfg.task)
-    return get_reward(getattr(task, "reward", None) or cfg.task)
+    task = _task(cfg)
+    return get_reward(task.reward or cfg.task)
 
 
 @dataclass

@@ -54,8 +54,18 @@ class EvalCommand:
     benchmarks: str | None = field(
         default=None,
         metadata={
-            "help": "comma-separated benchmark names: aime24, aime25, amc23, math500, olympiadbench, arith "
-            "(default: arith when only the built-in model is evaluated, else the five paper sets)"
+            "help": "comma-separated benchmark names: aime24, aime25, amc23, math500, olympiadbench, arith, "
+            "gym:<dataset>[,<dataset>...] (the test split of reasoning-gym datasets, scored by their own "
+            "score_answer; gym:a,b is one benchmark, gym:a,gym:b two) (default: arith when only the built-in "
+            "model is evaluated, else the five paper sets)"
+        },
+    )
+    task_options: str | None = field(
+        default=None,
+        metadata={
+            "metavar": "YAML",
+            "help": "settings of the gym benchmarks' generators as a YAML mapping, as `ebpo train`'s "
+            "data.task_options: '{chain_sum: {max_terms: 3}}' (each gym benchmark takes its datasets' settings)",
         },
     )
     data_dir: str | None = field(
@@ -70,7 +80,8 @@ class EvalCommand:
     max_new_tokens: int | None = field(
         default=None,
         metadata={
-            "help": "longest response in tokens (default: per benchmark, 4096 for the math sets, 16 for arith)"
+            "help": "longest response in tokens (default: per benchmark, 4096 for the math sets, 16 for arith, "
+            "64 for gym)"
         },
     )
     limit: int | None = field(
@@ -93,7 +104,7 @@ class EvalCommand:
     )
     reward: str | None = field(
         default=None,
-        metadata={"help": "reward name override (default: math for math sets, arith for arith)"},
+        metadata={"help": "reward name override (default: math for math sets, arith for arith, gym for gym)"},
     )
     device: str | None = field(
         default=None, metadata={"help": "torch device (default: cuda if available, else cpu)"}
@@ -352,6 +363,17 @@ def _data_dir_setting(flag: str | None) -> str | None:
     return None if folder is None else str(folder)
 
 
+def _family_datasets(benchmark: str) -> list[str]:
+    """The datasets a family benchmark names (``gym:a,b`` -> a, b); none for a fixed benchmark."""
+    prefix, sep, argument = benchmark.partition(":")
+    return [name.strip() for name in argument.split(",")] if sep else []
+
+
+def _settings_of(benchmark: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """The ``--task-options`` entries of the datasets ``benchmark`` names."""
+    return {name: settings[name] for name in _family_datasets(benchmark) if name in settings}
+
+
 def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[str, Any]) -> int:
     from ebpo.data.prompts import PromptFormat
     from ebpo.eval.harness import (
@@ -360,18 +382,26 @@ def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[st
         cache_file,
         evaluate,
         get_benchmark,
+        split_benchmarks,
     )
     from ebpo.eval.harness import model_fingerprint as fingerprint
+    from ebpo.tasks import task_options
 
     models = list(args.models) or [BUILTIN]
     if args.benchmarks:
-        benchmarks = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
+        benchmarks = split_benchmarks(args.benchmarks)
     else:
         benchmarks = ["arith"] if models == [BUILTIN] else list(PAPER_BENCHMARKS)
-    try:
-        specs = [get_benchmark(b) for b in benchmarks]  # unknown names fail here, before any model loads
+    settings_given = task_options(args.task_options, "--task-options")
+    try:  # unknown names and settings fail here, before any model loads
+        specs = [get_benchmark(b, **_settings_of(b, settings_given)) for b in benchmarks]
     except ValueError as err:
         raise ValueError(f"--benchmarks: {err}") from None
+    unused = sorted(set(settings_given) - {d for b in benchmarks for d in _family_datasets(b)})
+    if unused:
+        raise ValueError(
+            f"--task-options: {unused[0]!r} is not a dataset of any gym benchmark in --benchmarks"
+        )
     if args.n < 1:
         raise ValueError(f"--n must be >= 1, got {args.n}")
     for flag, values in (("--ks", args.ks), ("--maj-ks", args.maj_ks)):
@@ -402,6 +432,7 @@ def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[st
         "maj_mode": args.maj_mode,
         "chat_template": args.chat_template,
         "reward_options": dict(args.reward_option or []),
+        "task_options": settings_given,
         "skipped_metrics": skipped,
         "data_dir": _data_dir_setting(args.data_dir),
     }

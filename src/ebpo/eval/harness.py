@@ -56,6 +56,7 @@ __all__ = [
     "model_generate_fn",
     "problem_seed",
     "register_benchmark",
+    "split_benchmarks",
 ]
 
 # bump when the cache line format or the sampling scheme changes: old cache files are then ignored
@@ -149,13 +150,14 @@ def register_benchmark(spec: BenchmarkSpec) -> BenchmarkSpec:
 
 
 def list_benchmarks() -> list[str]:
-    """Registered benchmark names, sorted."""
-    return _BENCHMARKS.names()
+    """Registered benchmark names and families (``gym:<dataset>[,<dataset>...]``), sorted."""
+    return _BENCHMARKS.names(families=True)
 
 
-def get_benchmark(name: str) -> BenchmarkSpec:
-    """The benchmark registered as ``name``; an unknown name lists the valid ones."""
-    return _BENCHMARKS.get(name)
+def get_benchmark(name: str, **options: Any) -> BenchmarkSpec:
+    """The benchmark registered as ``name``, or built by its family (``gym:<datasets>``) with ``options`` (the
+    task's settings); an unknown name lists the valid ones."""
+    return _BENCHMARKS.get(name, **options)
 
 
 def _paper_loader(name: str) -> Callable[..., list[Record]]:
@@ -183,6 +185,42 @@ def _load_arith_test(data_dir: str | Path | None = None) -> list[Record]:
 
 register_benchmark(BenchmarkSpec("arith", _load_arith_test, reward="arith", max_new_tokens=16))
 PAPER_BENCHMARKS: tuple[str, ...] = ("aime24", "aime25", "amc23", "math500", "olympiadbench")
+
+GYM_TEST_SIZE = 450
+"""Problems of a ``gym:<datasets>`` benchmark: the first of its test split (seed 0), balanced over its cells."""
+GYM_MAX_NEW_TOKENS = 64
+
+
+def _gym_benchmark(datasets: str, **settings: Any) -> BenchmarkSpec:
+    """``gym:<datasets>``: the test split of the gym task (``ebpo.tasks.gym``, with its settings), scored by the
+    ``gym`` reward (the datasets' own ``score_answer``)."""
+    from ebpo.tasks import get_task
+
+    task = get_task(f"gym:{datasets}", **settings)
+
+    def load(data_dir: str | Path | None = None) -> list[Record]:
+        return task.generate("test", GYM_TEST_SIZE, seed=0)
+
+    return BenchmarkSpec(task.name, load, reward=task.reward or "gym", max_new_tokens=GYM_MAX_NEW_TOKENS)
+
+
+_BENCHMARKS.register_family("gym", _gym_benchmark, pattern="<dataset>[,<dataset>...]")
+
+
+def split_benchmarks(text: str) -> list[str]:
+    """The benchmark names of a comma-separated list. A family's argument may hold commas itself: a word that
+    is neither a benchmark nor a family name continues the family name before it, so
+    ``gym:chain_sum,gcd,arith`` is ``gym:chain_sum,gcd`` and ``arith``, and ``gym:chain_sum,gym:gcd`` two."""
+    names: list[str] = []
+    for word in (w.strip() for w in text.split(",")):
+        if not word:
+            continue
+        continues = names and _BENCHMARKS.family_of(names[-1]) and word not in _BENCHMARKS and ":" not in word
+        if continues:
+            names[-1] = f"{names[-1]},{word}"
+        else:
+            names.append(word)
+    return names
 
 
 # --- models --------------------------------------------------------------------------------------------

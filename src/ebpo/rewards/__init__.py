@@ -12,7 +12,10 @@ Registered names:
 - ``math``: 1 / 0, final-answer extraction + math-verify (gold first) in a killable worker pool
   (:mod:`ebpo.rewards.math`);
 - ``math_dapo``: the same verification scored +1 / -1 (DAPO);
-- ``arith``: 1 / 0 from ``ebpo.tasks.arith.verify`` (imported on first use).
+- ``arith``: 1 / 0 from ``ebpo.tasks.arith.verify`` (imported on first use);
+- ``gym``: a reasoning-gym dataset's own ``score_answer`` on the ``<answer>`` of a completion, for the records of
+  ``gym:<dataset>`` tasks (:mod:`ebpo.rewards.gym`; 1 for full credit, else 0, or the score with
+  ``partial_credit=True``).
 
 Add one with ``@register_reward("name")`` on a factory that takes keyword options and returns such an object.
 """
@@ -110,3 +113,11 @@ class ArithReward:
 @register_reward("arith")
 def _arith_reward() -> Reward:
     return ArithReward()
+
+
+@register_reward("gym")
+def _gym_reward(**options: Any) -> Reward:
+    """A reasoning-gym dataset's ``score_answer`` of the extracted answer (see :class:`GymReward`)."""
+    from ebpo.rewards.gym import GymReward
+
+    return GymReward(**options)

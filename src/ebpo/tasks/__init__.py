@@ -5,41 +5,21 @@ task = get_task("arith")
 records = task.generate("train", 900, seed=0)      # list[ebpo.data.Record]
 task.verify("... Answer: 42", records[0].answer)   # 1.0 or 0.0
 task.topics, task.levels, task.paper_topics         # the grid and the topic -> paper-label map
+gym = get_task("gym:chain_sum,gcd", gcd={"max_value": 50})   # a family: reasoning-gym datasets, with settings
 ```
+
+Fixed names (``arith``) and families (``gym:<dataset>[,<dataset>...]``, ``ebpo.tasks.gym``) share one registry;
+a family's task is built from the part after the colon and the options ``get_task`` is given.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from typing import Any
 
-from ebpo.data import Record
 from ebpo.registry import Registry
 from ebpo.tasks import arith
-
-
-@dataclass(frozen=True)
-class Task:
-    """A verifiable task suite.
-
-    Attributes:
-        name: registry name.
-        generate: ``(split, n, seed) -> list[Record]``; deterministic in ``seed``, splits disjoint.
-        verify: ``(completion, answer) -> float`` in {0.0, 1.0}.
-        topics: the suite's topic names (``Record.topic`` values).
-        levels: the difficulty levels (``Record.level`` values).
-        paper_topics: each topic's label among the paper's nine (docs/design.md §4), for topic-clustered sampling.
-        splits: the split names ``generate`` accepts.
-    """
-
-    name: str
-    generate: Callable[..., list[Record]]
-    verify: Callable[[str, str], float]
-    topics: Sequence[str]
-    levels: Sequence[int]
-    paper_topics: Mapping[str, str] = field(default_factory=dict)
-    splits: Sequence[str] = ("train", "validation", "test")
-
+from ebpo.tasks.base import Task
 
 _TASKS: Registry[Task] = Registry("task")
 
@@ -49,14 +29,45 @@ def register_task(task: Task) -> Task:
     return _TASKS.register(task.name, task)
 
 
+def register_task_family(prefix: str, factory: Callable[..., Task], *, pattern: str) -> None:
+    """Tasks named ``<prefix>:<argument>``, built by ``factory(argument, **options)`` (``ebpo.registry``)."""
+    _TASKS.register_family(prefix, factory, pattern=pattern)
+
+
 def list_tasks() -> list[str]:
-    """Registered task names, sorted."""
-    return _TASKS.names()
+    """Registered task names and families (``gym:<dataset>[,<dataset>...]``), sorted."""
+    return _TASKS.names(families=True)
 
 
-def get_task(name: str) -> Task:
-    """The task registered as ``name``; an unknown name raises ``ValueError`` listing the valid ones."""
-    return _TASKS.get(name)
+def get_task(name: str, **options: Any) -> Task:
+    """The task registered as ``name``, or built by its family with ``options`` (a family's settings, e.g. a gym
+    dataset's generator settings); an unknown name, or a bad option, raises ``ValueError`` in one line."""
+    return _TASKS.get(name, **options)
+
+
+def task_options(text: str | None, flag: str) -> dict[str, Any]:
+    """The task options a flag gives as a YAML mapping (``--task-options '{chain_sum: {max_terms: 3}}'``); empty
+    for none; anything but a mapping is one ``ValueError`` naming the flag."""
+    if text is None or not text.strip():
+        return {}
+    import yaml
+
+    try:
+        options = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or "not valid YAML"
+        raise ValueError(
+            f"{flag}: {problem} in {text!r}; give a mapping like '{{chain_sum: {{max_terms: 3}}}}'"
+        ) from None
+    if not isinstance(options, dict) or not all(isinstance(key, str) for key in options):
+        raise ValueError(f"{flag}: expected a mapping like '{{chain_sum: {{max_terms: 3}}}}', got {text!r}")
+    return options
+
+
+def _gym_task(datasets: str, **settings: Any) -> Task:
+    from ebpo.tasks.gym import make_task
+
+    return make_task(datasets, **settings)
 
 
 register_task(
@@ -71,4 +82,6 @@ register_task(
     )
 )
 
-__all__ = ["Task", "get_task", "list_tasks", "register_task"]
+register_task_family("gym", _gym_task, pattern="<dataset>[,<dataset>...]")
+
+__all__ = ["Task", "get_task", "list_tasks", "register_task", "register_task_family", "task_options"]

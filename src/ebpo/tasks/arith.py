@@ -23,16 +23,15 @@ part of the time. Negative numbers come in at level 5 of ``sequence``, ``max`` a
 ``verify`` reads the last number of a completion (or the number after the last ``Answer:``), so longer
 completions are scored the same way.
 
-Splits are disjoint by construction: a problem's split is decided by a SHA-256 hash of its prompt text,
-and ``generate`` only emits prompts that hash into the requested split, so the same prompt never appears
-in two splits, whatever the seeds. Four splits: ``sft`` (60%: the base model's supervised fine-tuning
+Splits are disjoint by construction (``ebpo.tasks.splits``): a problem's split is decided by a SHA-256 hash of
+its prompt text, and ``generate`` only emits prompts that hash into the requested split, so the same prompt never
+appears in two splits, whatever the seeds. Four splits: ``sft`` (60%: the base model's supervised fine-tuning
 pool), ``train`` (20%: the prompts RL trains on, never seen in SFT), ``validation`` (10%) and ``test``
 (10%).
 """
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -40,6 +39,9 @@ from fractions import Fraction
 
 from ebpo.data import Record
 from ebpo.data.topics import TOPICS as PAPER_TOPIC_LABELS
+from ebpo.tasks.splits import SPLITS as SPLITS  # arith.SPLITS, arith.split_of: the shared splits, re-exported
+from ebpo.tasks.splits import check_split
+from ebpo.tasks.splits import split_of as split_of
 
 TOPICS: tuple[str, ...] = ("mod", "sequence", "area", "count", "max", "dot", "word", "units", "power")
 LEVELS: tuple[int, ...] = (1, 2, 3, 4, 5)
@@ -48,14 +50,6 @@ LEVELS: tuple[int, ...] = (1, 2, 3, 4, 5)
 # each of the nine labels has exactly one arith topic (see the table in the module docstring).
 PAPER_TOPICS: dict[str, str] = dict(zip(TOPICS, PAPER_TOPIC_LABELS, strict=True))
 
-# Split -> half-open range of hash buckets in [0, 100).
-SPLITS: dict[str, tuple[int, int]] = {
-    "sft": (0, 60),
-    "train": (60, 80),
-    "validation": (80, 90),
-    "test": (90, 100),
-}
-_SPLIT_ALIASES: dict[str, str] = {"val": "validation", "valid": "validation", "eval": "test"}
 
 # A problem: (prompt, integer answer, operands kept in Record.extra for independent re-computation).
 Problem = tuple[str, int, dict]
@@ -250,25 +244,6 @@ assert tuple(PROBLEM_MAKERS) == TOPICS and set(PAPER_TOPICS) == set(TOPICS)
 # --- splits and generation ------------------------------------------------------------------------------
 
 
-def split_of(prompt: str) -> str:
-    """The split a prompt belongs to: bucket = SHA-256(prompt) mod 100, 60/20/10/10 into sft / train /
-    validation / test (:data:`SPLITS`)."""
-    bucket = int.from_bytes(hashlib.sha256(prompt.encode("utf-8")).digest()[:8], "big") % 100
-    for name, (lo, hi) in SPLITS.items():
-        if lo <= bucket < hi:
-            return name
-    raise AssertionError(f"bucket {bucket} outside every split")  # SPLITS covers [0, 100)
-
-
-def _check_split(split: str) -> str:
-    split = _SPLIT_ALIASES.get(split, split)
-    if split not in SPLITS:
-        raise ValueError(
-            f"unknown arith split {split!r}; valid: {', '.join(SPLITS)} (aliases: {', '.join(_SPLIT_ALIASES)})"
-        )
-    return split
-
-
 def _check_choices(name: str, given: Iterable | None, valid: Sequence) -> list:
     if given is None:
         return list(valid)
@@ -297,7 +272,7 @@ def generate(
     ``extra["paper_topic"]``), ``level``, ``source="arith"``, and the operands in ``extra["operands"]``.
     Problems may repeat inside one split (small cells have a few hundred prompts); never across splits.
     """
-    split = _check_split(split)
+    split = check_split(split, "arith")
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     chosen_topics = _check_choices("topics", topics, TOPICS)

@@ -62,8 +62,14 @@ class DataConfig:
     """Where prompts come from and how they are grouped into batches."""
 
     task: str = option(
-        "Built-in task suite (`ebpo.tasks`) that generates train/validation records.",
+        "Built-in task suite (`ebpo.tasks`) that generates train/validation records: arith, or "
+        "gym:<dataset>[,<dataset>...] (reasoning-gym's datasets, the ebpo[gym] extra; docs/data.md).",
         default="arith",
+    )
+    task_options: dict[str, Any] = option(
+        "Settings of the task's generator; gym: per dataset, its reasoning-gym config fields and levels, e.g. "
+        "{chain_sum: {max_terms: 3}, gcd: {levels: [1, 2]}} (docs/data.md); an unknown one lists the valid ones.",
+        default_factory=dict,
     )
     train_file: str | None = option(
         "Optional training records (JSONL, Parquet, a save_to_disk directory or hf://owner/dataset, read by "

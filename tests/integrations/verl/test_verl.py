@@ -328,6 +328,29 @@ def test_chat_rows_render_in_verl_to_the_ids_ebpo_gives(chat_model_dir, tmp_path
     assert [list(dataset[i]["raw_prompt"]) for i in range(len(rows))] == [row["prompt"] for row in rows]
 
 
+def test_gym_records_reach_verls_reward_call_as_the_entry(tmp_path, tiny_model_dir):
+    """A gym task's records through our writer and verl's own dataset: the ground truth verl hands the reward is
+    the record's answer (the reasoning-gym entry), and ``compute_score`` scores it with the dataset's score_answer."""
+    pytest.importorskip("reasoning_gym", reason="the gym tasks need the ebpo[gym] extra")
+    import json
+
+    from ebpo.integrations.verl.rewards import compute_score
+    from ebpo.tasks import get_task
+
+    records = get_task("gym:chain_sum", chain_sum={"max_terms": 2, "max_digits": 1}).generate(
+        "train", 4, seed=0
+    )
+    path = ev.write_verl_parquet(records, tmp_path / "gym.parquet", data_source="gym", instruction="")
+    dataset, _, loader = build_loader(path, data_config(tmp_path, "TopicSampler", 2), tiny_model_dir)
+    batch = next(iter(loader))
+    for position, truth in zip(batch_ids(batch), batch["reward_model"]):
+        record = records[position]
+        assert truth["ground_truth"] == record.answer and batch["data_source"][0] == "gym"
+        right = json.loads(record.answer)["answer"]
+        assert compute_score("gym", f"<answer>{right}</answer>", truth["ground_truth"]) == 1.0
+        assert compute_score("gym", f"<answer>{right}1</answer>", truth["ground_truth"]) == 0.0
+
+
 def test_topic_sampler_drives_verl_dataloader(verl_parquet, tmp_path, tiny_model_dir):
     path, records = verl_parquet
     cfg = data_config(tmp_path, "TopicSampler", batch_size=4)

@@ -1,0 +1,322 @@
+"""The ``gym:<dataset>`` task family (``ebpo.tasks.gym``) and the ``gym`` reward (``ebpo.rewards.gym``): splits,
+determinism, topics and levels, the reward against reasoning-gym's own ``score_answer``, bad names and settings,
+and the commands (train, eval, diagnose, annotate, the verl and TRL data) on a gym task."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("reasoning_gym", reason="the gym tasks need the ebpo[gym] extra")
+
+import reasoning_gym  # noqa: E402
+
+from ebpo.errors import ConfigError  # noqa: E402
+from ebpo.rewards import get_reward  # noqa: E402
+from ebpo.tasks import get_task, list_tasks, task_options  # noqa: E402
+from ebpo.tasks.gym import (
+    decode_entry,  # noqa: E402
+    encode_entry,  # noqa: E402
+)
+from ebpo.tasks.splits import SPLITS, split_of  # noqa: E402
+
+SMALL = {
+    "chain_sum": {"max_terms": 2, "levels": {1: {"max_digits": 1}, 2: {"min_digits": 2, "max_digits": 2}}},
+    "spell_backward": {"max_word_len": 5},
+}
+"""Two datasets with small settings: chain_sum in two levels of our own, spell_backward without levels."""
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "trl" / "train_ebpo.py"
+
+
+@pytest.fixture(scope="module")
+def task():
+    return get_task("gym:chain_sum,spell_backward", **SMALL)
+
+
+def gold(record) -> str:
+    return json.loads(record.answer)["answer"]
+
+
+def test_the_family_is_in_the_task_registry():
+    assert "gym:<dataset>[,<dataset>...]" in list_tasks() and "arith" in list_tasks()
+    assert get_task("gym:gcd").name == "gym:gcd"  # reasoning-gym's default settings
+
+
+def test_splits_are_disjoint_by_question_text_over_seeds(task):
+    questions = {split: set() for split in SPLITS}
+    for split, seed in itertools.product(SPLITS, (0, 1, 2)):
+        for record in task.generate(split, 60, seed=seed):
+            assert split_of(record.prompt) == split  # membership by construction
+            questions[split].add(record.prompt)
+    for a, b in itertools.combinations(SPLITS, 2):
+        assert not questions[a] & questions[b], (a, b)
+    assert all(len(q) > 30 for q in questions.values())  # the seeds drew different questions
+
+
+def test_generation_is_deterministic_in_the_seed(task):
+    first = [r.to_dict() for r in task.generate("train", 30, seed=5)]
+    again = [
+        r.to_dict() for r in get_task("gym:chain_sum,spell_backward", **SMALL).generate("train", 30, seed=5)
+    ]
+    other = [r.to_dict() for r in task.generate("train", 30, seed=6)]
+    assert first == again
+    assert [r["prompt"] for r in first] != [r["prompt"] for r in other]
+    assert task.generate("train", 10, seed=5)[3].to_dict() == first[3]  # a prefix: n does not change records
+
+
+def test_topics_levels_and_records(task):
+    assert task.topics == ("chain_sum", "spell_backward") and tuple(task.levels) == (1, 2)
+    records = task.generate("validation", 30, seed=0)
+    # cells cycle: (chain_sum, 1), (chain_sum, 2), (spell_backward, no level)
+    assert [(r.topic, r.level) for r in records[:3]] == [
+        ("chain_sum", 1),
+        ("chain_sum", 2),
+        ("spell_backward", None),
+    ]
+    for record in records:
+        entry = decode_entry(record.answer)
+        assert record.source == "gym" and entry["dataset"] == record.topic
+        assert record.id.startswith("gym-validation-0-")
+        if record.topic == "chain_sum":  # 2 terms of one digit at level 1, of two digits at level 2
+            terms = record.prompt.rsplit(":", 1)[1].rstrip("=").split()[::2]
+            assert len(terms) == 2 and {len(t) for t in terms} == {record.level}
+            assert int(entry["answer"]) == eval(record.prompt.rsplit(":", 1)[1].rstrip("="))  # noqa: S307
+            assert entry["config"]["max_terms"] == 2  # the settings that differ from the defaults
+        else:
+            assert gold(record) == record.prompt.rsplit(": ", 1)[1][::-1] and len(gold(record)) <= 5
+    # topics / levels pick cells
+    only = task.generate("train", 8, seed=0, topics=["chain_sum"], levels=[2])
+    assert {(r.topic, r.level) for r in only} == {("chain_sum", 2)}
+    with pytest.raises(ValueError, match=r"unknown gym levels \[3\]; valid: 1, 2"):
+        task.generate("train", 4, levels=[3])
+    with pytest.raises(ValueError, match=r"unknown gym topics \['gcd'\]; valid: chain_sum, spell_backward"):
+        task.generate("train", 4, topics=["gcd"])
+
+
+def test_curriculum_levels_are_reasoning_gyms_own():
+    # count_bits' curriculum: n in ranges between 10, 1000, 10^6, ... (an interval at every level), so in the
+    # curriculum's upper_bound ranges our level 1 (its level 0) is n in [10, 1000] and level 2 n in [1000, 10^6]
+    task = get_task("gym:count_bits", count_bits={"levels": [1, 2]})
+    ranges = {1: (10, 1000), 2: (1000, 10**6)}
+    records = task.generate("train", 40, seed=0)
+    assert [r.level for r in records[:4]] == [1, 2, 1, 2]
+    for record in records:
+        n = int(record.prompt.rsplit(" ", 1)[1].rstrip("?"))
+        low, high = ranges[record.level]
+        assert low <= n <= high, (record.level, n)
+
+
+@pytest.mark.parametrize("partial", [False, True])
+def test_reward_is_score_answer_on_hand_made_completions(task, partial):
+    reward = get_reward("gym", partial_credit=partial)
+    for record in task.generate("test", 12, seed=1):
+        entry = decode_entry(record.answer)
+        # the generator that made the entry scores it: reasoning-gym's own, with the record's settings
+        dataset = reasoning_gym.create_dataset(entry["dataset"], **entry.get("config", {}))
+        original = dataset[0]  # any entry of the same dataset: score_answer reads answer and metadata
+        assert set(original) >= {"question", "answer", "metadata"}
+        right, wrong = gold(record), gold(record) + "7"
+        cases = {
+            f"<answer>{right}</answer>": right,  # right, in tags
+            f"so <answer> {right} </answer>": right,  # spaces inside the tags are stripped
+            f"<answer>1</answer> then <answer>{right}</answer>": right,  # the last pair counts
+            f"<answer>{wrong}</answer>": wrong,  # wrong (partial credit where the dataset gives it)
+            right: None,  # missing tags: no answer
+            f"<answer>{right}": None,  # an unclosed tag: no answer
+        }
+        for completion, extracted in cases.items():
+            expected = dataset.score_answer(extracted, entry)
+            if not partial:
+                expected = 1.0 if expected == 1.0 else 0.0
+            assert reward(completion, record.answer) == expected, (completion, record.answer)
+            assert reward.extract(completion) == extracted
+        assert reward(f"<answer>{right}</answer>", record.answer) == 1.0
+        assert reward(right, record.answer) == 0.0
+    assert get_reward("gym", partial_credit=True)(
+        "<answer>427</answer>", _chain_sum_gold("42")
+    ) == pytest.approx(2 / 3)
+    assert get_reward("gym")("<answer>427</answer>", _chain_sum_gold("42")) == 0.0
+
+
+def _chain_sum_gold(answer: str) -> str:
+    return encode_entry("chain_sum", {"answer": answer, "metadata": {}}, {})
+
+
+def test_reward_counts_no_answers_and_scorer_errors_and_rejects_bad_gold():
+    reward = get_reward("gym")
+    prime = encode_entry("prime_factorization", {"answer": "2 × 3", "metadata": {"number": 6}}, {})
+    assert reward("<answer>2 × 3</answer>", prime) == 1.0
+    assert reward("<answer>two and three</answer>", prime) == 0.0  # its score_answer raises on this: scored 0
+    assert reward("no tags", prime) == 0.0
+    assert reward.metrics() == {
+        "reward/verified": 3.0,
+        "reward/no_answer": 1.0,
+        "reward/verifier_errors": 1.0,
+    }
+    assert reward.batch(["<answer>2 × 3</answer>"], [prime]) == [1.0]
+    with pytest.raises(ValueError, match=r"gym reward: the gold answer '42' is not a gym entry"):
+        reward("<answer>42</answer>", "42")
+    with pytest.raises(TypeError, match="partial_credit"):
+        get_reward("gym", partial_credit="yes")
+
+
+def test_unknown_names_and_settings_are_one_line_listing_the_valid_ones():
+    cases = {
+        "gym:chain_summ": r"^unknown gym dataset 'chain_summ'; valid choices: .*\bchain_sum\b.*\bspell_backward\b",
+        "gym:": r"^gym task '': name datasets as gym:<dataset>",
+        "gym:gcd,gcd": r"named twice",
+        "gymm:gcd": r"^unknown task 'gymm:gcd'; valid choices: arith, gym:<dataset>\[,<dataset>\.\.\.\]$",
+        "gym:composite": r"not supported",
+    }
+    for name, message in cases.items():
+        with pytest.raises(ValueError, match=message) as error:
+            get_task(name)
+        assert "\n" not in str(error.value)
+    settings_cases = [
+        ({"gcd": {"max_vaule": 9}}, r"gym dataset 'gcd': unknown setting 'max_vaule'; valid settings: levels, "
+         r"max_numbers, max_value, min_numbers, min_value$"),
+        ({"gcd": {"levels": {1: {"seed": 3}}}}, r"gym dataset 'gcd', level 1: unknown setting 'seed'"),
+        ({"gcd": {"min_value": 50, "max_value": 10}}, r"gym dataset 'gcd': invalid settings \(min_value=50, "),
+        ({"gcd": {"levels": [9]}}, r"gym dataset 'gcd': its curriculum has levels 1\.\.4, got 9"),
+        ({"gcd": {"levels": "1"}}, r"levels must be a non-empty list"),
+        ({"lcm": {}}, r"gym settings name dataset 'lcm', which gym:gcd does not hold"),
+    ]  # fmt: skip
+    for settings, message in settings_cases:
+        with pytest.raises(ValueError, match=message) as error:
+            get_task("gym:gcd", **settings)
+        assert "\n" not in str(error.value)
+    with pytest.raises(ValueError, match=r"no train question in \d+ draws; its settings allow too few"):
+        # four questions (gcd of 1s and 2s), all four of them in the sft split
+        get_task("gym:gcd", gcd={"min_value": 1, "max_value": 2}).generate("train", 1)
+    with pytest.raises(ValueError, match="arith' takes no options"):
+        get_task("arith", mod={"x": 1})
+    assert task_options("{gcd: {max_value: 9}}", "--task-options") == {"gcd": {"max_value": 9}}
+    with pytest.raises(ValueError, match="--task-options: expected a mapping"):
+        task_options("[1, 2]", "--task-options")
+
+
+def test_a_dataset_whose_entries_do_not_survive_json_is_refused():
+    with pytest.raises(ValueError, match=r"gym dataset 'arc_agi' is not supported: its entries do not score"):
+        get_task("gym:arc_agi").generate("train", 1)
+
+
+# ------------------------------------------------------------------------------------------------------
+# the commands on a gym task
+
+
+def test_ebpo_train_on_a_gym_task(tiny_model_dir, tmp_path):
+    from ebpo.trainer.config_files import load_config
+    from ebpo.trainer.metrics_log import read_metrics
+    from ebpo.trainer.trainer import Trainer
+    from helpers.trainer import tiny_overrides
+
+    overrides = [o for o in tiny_overrides(tiny_model_dir) if not o.startswith("data.reward=")]
+    overrides += [
+        "data.task=gym:chain_sum,spell_backward",
+        "data.task_options={chain_sum: {max_terms: 2, max_digits: 1}, spell_backward: {max_word_len: 4}}",
+        "run.steps=2",
+        "run.eval_every=2",
+    ]
+    trainer = Trainer(load_config(None, overrides), run_dir=tmp_path / "run")
+    assert type(trainer.reward_fn).__name__ == "GymReward"  # the task's own reward
+    assert {r.topic for r in trainer.train_records} == {"chain_sum", "spell_backward"}
+    trainer.train()
+    rows = read_metrics(tmp_path / "run")
+    assert [row["step"] for row in rows] == [0, 1, 2]
+    assert {"eval/pass@1/chain_sum", "eval/pass@1/spell_backward", "reward/verified"} <= set(rows[-1])
+    with pytest.raises(
+        ConfigError, match=r"^data\.task: gym dataset 'chain_sum': unknown setting 'max_term'"
+    ):
+        Trainer(
+            load_config(None, [*overrides, "data.task_options={chain_sum: {max_term: 2}}"]),
+            run_dir=tmp_path / "b",
+        )
+
+
+def test_ebpo_eval_on_gym_benchmarks(tiny_model_dir, tmp_path, capsys):
+    from ebpo.cli import main
+    from ebpo.eval.harness import get_benchmark, split_benchmarks
+
+    assert split_benchmarks("gym:chain_sum,gcd,arith") == ["gym:chain_sum,gcd", "arith"]
+    assert split_benchmarks("gym:chain_sum,gym:gcd") == ["gym:chain_sum", "gym:gcd"]
+    assert get_benchmark("gym:gcd").reward == "gym"
+    common = ["--n", "2", "--limit", "4", "--max-new-tokens", "4", "--ks", "1,2", "--maj-ks", "2", "--quiet"]
+    common += ["--device", "cpu", "--cache-dir", str(tmp_path / "cache")]
+    code = main(
+        ["eval", str(tiny_model_dir), "--benchmarks", "gym:chain_sum,spell_backward,gym:gcd", *common,
+         "--task-options", "{chain_sum: {max_terms: 2}}", "--out-dir", str(tmp_path / "out")]
+    )  # fmt: skip
+    assert code == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["benchmarks"] == ["gym:chain_sum,spell_backward", "gym:gcd"]
+    assert results["settings"]["task_options"] == {"chain_sum": {"max_terms": 2}}
+    for bench in results["benchmarks"]:  # a random model writes no <answer> tags
+        assert results["results"][str(tiny_model_dir)][bench]["pass@1"] == 0.0
+    capsys.readouterr()
+    bad = main(
+        ["eval", str(tiny_model_dir), "--benchmarks", "gym:gcd", "--task-options", "{gcd: {x: 1}}", *common]
+    )
+    assert bad == 2
+    assert "--benchmarks: gym dataset 'gcd': unknown setting 'x'" in capsys.readouterr().err
+    assert (
+        main(["eval", str(tiny_model_dir), "--benchmarks", "gym:gcd", "--task-options", "{lcm: {}}", *common])
+        == 2
+    )
+    assert "--task-options: 'lcm' is not a dataset of any gym benchmark" in capsys.readouterr().err
+
+
+def test_ebpo_diagnose_on_a_gym_task(tiny_model_dir, tmp_path):
+    from ebpo.diagnostics import study
+    from ebpo.diagnostics.config import DiagnoseConfig
+
+    cfg = DiagnoseConfig(
+        model=str(tiny_model_dir),
+        task="gym:chain_sum",
+        task_options="{chain_sum: {max_terms: 2, max_digits: 1}}",
+        prompts=4,
+        batches=2,
+        warmup_batches=1,
+        group_sizes=[2],
+        reference_samples=4,
+        estimators=["grpo", "ebpo"],
+        projection_dim=64,
+        max_new_tokens=4,
+        out_dir=str(tmp_path / "diag"),
+        quiet=True,
+    )
+    records = study._load_records(cfg)
+    assert {r.topic for r in records} == {"chain_sum"} and type(study._reward(cfg)).__name__ == "GymReward"
+    result = study.diagnose(cfg)
+    assert set(result.arms) == {("grpo", 2), ("ebpo", 2)}
+
+
+def test_annotate_and_the_trl_data_carry_the_entry(tiny_model_dir, tmp_path, monkeypatch):
+    from ebpo.annotate.difficulty import DifficultyConfig, annotate_difficulty
+    from ebpo.data.loaders import load_records, write_records
+
+    records = get_task("gym:chain_sum", chain_sum={"max_terms": 2}).generate("train", 4, seed=0)
+    # ebpo annotate difficulty: a records file of the gym task, scored by the gym reward
+    write_records(tmp_path / "gym.jsonl", records)
+    annotate_difficulty(
+        tmp_path / "gym.jsonl",
+        tmp_path / "gym.diff.jsonl",
+        DifficultyConfig(model=str(tiny_model_dir), reward="gym", k=2, max_new_tokens=4, device="cpu"),
+        schema="records",
+        progress=False,
+    )
+    annotated = load_records(tmp_path / "gym.diff.jsonl", "records")
+    assert [r.answer for r in annotated] == [r.answer for r in records]
+    assert all(r.difficulty == 0.0 and r.topic == "chain_sum" for r in annotated)
+    # TRL: the example's dataset column reaches the reward as it is (the verl writer: tests/integrations/verl)
+    spec = importlib.util.spec_from_file_location("train_ebpo_example", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, example)  # dataclasses resolve their module by name
+    spec.loader.exec_module(example)
+    column = example.to_dataset(records)["answer"]
+    completions = [f"<answer>{gold(r)}</answer>" for r in records]
+    assert example.make_reward("gym")(completions, column) == [1.0] * len(records)
