@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("registry", "welford", "dataclass_cli", "persist"),  # persist: atomic writes, journals, run directories
     ("advantages", "losses"),  # the algorithm's math: estimators and policy losses
     ("ebpo",),  # the package's public entry points (get_estimator, get_policy_loss)
+    ("testing",),  # check_estimator: the estimators' contract, for an author's own
     ("data",),  # records, loaders, samplers
     ("tasks",),  # generated tasks (arith)
     ("rewards",),  # verifiable rewards
