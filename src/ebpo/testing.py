@@ -493,12 +493,16 @@ def resume(make: Callable[[], Any], devices: Sequence[str]) -> None:
     resumed = make()
     resumed.load_state_dict(copy.deepcopy(stopped.state_dict()))
     for kind, case in stream[3:]:
-        got, expected = _apply(resumed, kind, case), _apply(straight, kind, case)
-        if kind == "call" and not torch.equal(got, expected):
+        if kind == "observe":
+            _apply(resumed, kind, case)
+            _apply(straight, kind, case)
+            continue
+        got, expected = _call(resumed, case), _call(straight, case)
+        if not torch.equal(got, expected):
             raise _Broken(
                 case, f"restored halfway: advantages {_values(got)}, not {_values(expected)} (never stopped)"
             )
-        if kind == "call" and not _same(resumed.metrics(), straight.metrics()):
+        if not _same(resumed.metrics(), straight.metrics()):
             raise _Broken(case, f"restored halfway: metrics {resumed.metrics()}, not {straight.metrics()}")
 
 

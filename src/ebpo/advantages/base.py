@@ -125,7 +125,9 @@ class AdvantageEstimator:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state:
-            raise ValueError(f"estimator {self.name or type(self).__name__!r} is stateless but got state keys {sorted(state)}")
+            raise ValueError(
+                f"estimator {self.name or type(self).__name__!r} is stateless but got state keys {sorted(state)}"
+            )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
