@@ -415,25 +415,33 @@ def test_bad_settings_fail_with_one_line():
 # the command, end to end on the shipped model
 
 
-def test_command_on_the_shipped_model_writes_the_table_csv_and_figure(tmp_path, capsys):
+def test_command_on_the_shipped_model_writes_the_table_csv_and_figure(
+    tmp_path, capsys, plugin_pkg_dir, plugin_sandbox, monkeypatch
+):
     from ebpo.cli import main
+    from helpers.plugins import FILE_ESTIMATOR, MY_ESTIMATORS, PKG_ESTIMATOR
 
+    # beside GRPO and EBPO, a lone file's estimator (--plugins) and an installed package's (its entry point)
+    monkeypatch.syspath_prepend(str(plugin_pkg_dir))
     out = tmp_path / "diag"
     code = main(
         ["diagnose", "-M", "4", "-R", "2", "-W", "1", "-G", "2", "4", "--reference-samples", "4", "--quiet",
-         "--estimators", "grpo", "ebpo", "--projection-dim", "256", "--out-dir", str(out)]
+         "--plugins", str(MY_ESTIMATORS), "--estimators", "grpo", "ebpo", f"{FILE_ESTIMATOR}:q=0.25",
+         PKG_ESTIMATOR, "--projection-dim", "256", "--out-dir", str(out)]
     )  # fmt: skip
     assert code == 0
     printed = capsys.readouterr().out
     assert (
         "| ebpo | ebpo: vanilla, token-mean | 4 |" in printed
         and "| grpo | grpo: vanilla, seq-mean-token-mean | 2 |" in printed
+        and f"| {FILE_ESTIMATOR}:q=0.25 | grpo: vanilla, seq-mean-token-mean | 4 |" in printed
+        and f"| {PKG_ESTIMATOR} | grpo: vanilla, seq-mean-token-mean | 2 |" in printed
     )
     for name in ("diagnose.md", "diagnose.csv", "batches.csv", "diagnose.png"):
         assert (out / name).stat().st_size > 0
     rows = (out / "diagnose.csv").read_text().splitlines()
-    assert len(rows) == 1 + 2 * 2  # header, 2 estimators x 2 group sizes
-    assert len((out / "batches.csv").read_text().splitlines()) == 1 + 2 * 2 * 2
+    assert len(rows) == 1 + 4 * 2  # header, 4 estimators x 2 group sizes
+    assert len((out / "batches.csv").read_text().splitlines()) == 1 + 4 * 2 * 2
     assert "nan" not in (out / "batches.csv").read_text()
     assert main(["diagnose", "--estimators", "grpo", "nope", "--quiet"]) == 2
     assert "unknown advantage estimator 'nope'" in capsys.readouterr().err

@@ -165,3 +165,44 @@ def test_run_plugins_are_imported_before_the_config_is_checked_and_kept_absolute
         rf"ebpo train: error: plugin {re.escape(str(tmp_path / 'bad.py'))}: NameError: .* \(in cfg.yaml\)\n",
         capsys.readouterr().err,
     )
+
+
+def test_ebpo_train_trains_a_file_plugins_estimator_and_a_resume_elsewhere_loads_it_again(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    import torch
+
+    from ebpo.dataclass_cli import read_yaml
+    from ebpo.trainer.metrics_log import read_metrics
+    from helpers.plugins import sandbox
+    from helpers.trainer import tiny_overrides
+
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(MY_ESTIMATORS, work / "my_estimators.py")
+    monkeypatch.chdir(work)
+    overrides = [
+        *tiny_overrides(tiny_model_dir),
+        f"algorithm.estimator={STATEFUL_ESTIMATOR}",
+        "run.save_every=1",
+    ]
+    with sandbox(tmp_path):  # afterwards this process knows the plugin no more than a new one would
+        assert (
+            main(["train", "--plugins", "my_estimators.py", "--run-dir", "run", *overrides, "run.steps=1"])
+            == 0
+        )
+    run = work / "run"
+    assert read_yaml(run / "config.yaml")["run"]["plugins"] == [str(work / "my_estimators.py")]
+    saved = torch.load(run / "checkpoints" / "last" / "trainer_state.pt", weights_only=False)["estimator"]
+    assert saved["count"] == 2 * 4  # its state is checkpointed: one step's 2 prompts x G = 4 rewards
+    assert STATEFUL_ESTIMATOR not in ebpo.list_estimators()
+    monkeypatch.chdir(tmp_path)  # another directory: the saved absolute path finds the file
+    assert main(["train", "--resume", str(run), "run.steps=2"]) == 0
+    rows = read_metrics(run)
+    assert [row["step"] for row in rows if "running_mean/baseline" in row] == [1, 2]
+    # the resumed step went on from the saved state: the running mean of every reward of both steps
+    resumed = torch.load(run / "checkpoints" / "last" / "trainer_state.pt", weights_only=False)["estimator"]
+    assert resumed["count"] == 16
+    assert resumed["mean"] == pytest.approx(
+        sum(row["reward/mean"] for row in rows if "reward/mean" in row) / 2
+    )

@@ -163,7 +163,7 @@ def estimator_method(text: str) -> Method:
     estimator), under GRPO's published loss like every row of the arm."""
     from ebpo.diagnostics.config import parse_estimator
 
-    name, options = parse_estimator(text)
+    name, options = parse_estimator(text, where="method")
     given = ", ".join(f"{key}={value}" for key, value in options.items())
     return _estimator(text, name, f"{name}{f' ({given})' if given else ''}: a registered estimator", options)
 

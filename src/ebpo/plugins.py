@@ -31,10 +31,12 @@ import importlib.util
 import os
 import sys
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from ebpo.errors import ConfigError
 
@@ -85,34 +87,43 @@ def load_plugins(names: Iterable[str] = (), *, entry_points: bool = True) -> lis
         for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
             key = f"entry point {entry.name} = {entry.value}"
             if key not in _loaded:
-                _import(key, f"{entry.name} (entry point {entry.value!r} of {_distribution(entry)})", entry)
+                label = f"{entry.name} (entry point {entry.value!r} of {_distribution(entry)})"
+                _import(key, label, partial(_load_entry_point, entry))
     for name in resolve_names(os.environ.get(ENV_VAR, "").split(os.pathsep)):
         if name not in _loaded:
-            _import(name, f"{name} (from ${ENV_VAR})", name)
+            _import(name, f"{name} (from ${ENV_VAR})", partial(_import_name, name))
     resolved = resolve_names(names)
     for name in resolved:
         if name not in _loaded:
-            _import(name, name, name)
+            _import(name, name, partial(_import_name, name))
     return resolved
 
 
-def _distribution(entry: metadata.EntryPoint) -> str:
+def _distribution(entry: Any) -> str:
     dist = getattr(entry, "dist", None)
     return f"{dist.name} {dist.version}" if dist is not None else "an installed package"
 
 
-def _import(key: str, label: str, source: str | metadata.EntryPoint) -> None:
-    """Import one plugin (an entry point, a file or a module name); mark it loaded; one :class:`PluginError`
-    line for whatever goes wrong."""
+def _load_entry_point(entry: Any) -> None:
+    """An entry point's module imported, or its function called (``importlib.metadata`` or its backport,
+    whichever found the distribution)."""
+    loaded = entry.load()
+    if callable(loaded) and not isinstance(loaded, ModuleType):
+        loaded()
+
+
+def _import_name(name: str) -> None:
+    """A plugin given by name: a ``.py`` file or a module."""
+    if is_file(name):
+        _import_file(Path(name))
+    else:
+        importlib.import_module(name)
+
+
+def _import(key: str, label: str, load: Callable[[], None]) -> None:
+    """Import one plugin (``load``); mark it loaded; one :class:`PluginError` line for whatever goes wrong."""
     try:
-        if isinstance(source, metadata.EntryPoint):
-            loaded = source.load()
-            if callable(loaded) and not isinstance(loaded, ModuleType):
-                loaded()
-        elif is_file(source):
-            _import_file(Path(source))
-        else:
-            importlib.import_module(source)
+        load()
     except PluginError:
         raise
     except Exception as err:  # noqa: BLE001 - any failure of a user's code becomes one line

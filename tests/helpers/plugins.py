@@ -18,34 +18,29 @@ MY_ESTIMATORS = FIXTURES / "my_estimators.py"
 """A lone file of estimators (``median_baseline``, ``running_mean_baseline``), named with ``--plugins``."""
 PLUGIN_PKG = FIXTURES / "plugin_pkg"
 """A package whose ``ebpo.plugins`` entry point registers ``trimmed_mean_baseline`` and ``answer_anywhere``."""
-PKG_ESTIMATOR, FILE_ESTIMATOR, STATEFUL_ESTIMATOR = (
-    "trimmed_mean_baseline",
-    "median_baseline",
-    "running_mean_baseline",
-)
+PKG_ESTIMATOR = "trimmed_mean_baseline"
+FILE_ESTIMATOR, STATEFUL_ESTIMATOR = "median_baseline", "running_mean_baseline"
 
 
-def install_plugin_pkg(target: Path, python: str = sys.executable) -> Path:
+def install_plugin_pkg(target: Path, python: str | Path = sys.executable, env: dict | None = None) -> Path:
     """``pip install --no-deps --target target`` of the fixture package (built from a copy, so that the
-    checkout gets no build folders): a fresh folder that holds it, entry point and all, and nothing else."""
+    checkout gets no build folders): a fresh folder that holds it, entry point and all, and nothing else.
+    With another ``python`` (a fresh virtual environment's), into that environment itself."""
     source = target.parent / f"{target.name}-source"
     shutil.copytree(PLUGIN_PKG, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    subprocess.run(
-        [
-            python,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            str(target),
-            str(source),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    where = ["--target", str(target)] if str(python) == sys.executable else []
+    pip = [
+        str(python),
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-deps",
+        "--no-build-isolation",
+        *where,
+        str(source),
+    ]
+    subprocess.run(pip, check=True, capture_output=True, env=env)
     return target
 
 
@@ -69,12 +64,18 @@ def sandbox(*dirs: Path) -> Iterator[None]:
     try:
         yield
     finally:
-        for registry in _registries():
-            for name in set(registry.names()) - names.get(id(registry), set()):
-                registry.unregister(name)
+        gone = set()
         for name in set(sys.modules) - modules:
             file = getattr(sys.modules[name], "__file__", None)
             if file is not None and any(Path(file).resolve().is_relative_to(home) for home in homes):
+                gone.add(name)
                 del sys.modules[name]
+        for registry in _registries():
+            if id(registry) in names:  # known before: whatever came since goes
+                new = set(registry.names()) - names[id(registry)]
+            else:  # imported during the block (its built-ins with it): what the plugins' modules registered
+                new = {n for n in registry.names() if getattr(registry.get(n), "__module__", None) in gone}
+            for name in new:
+                registry.unregister(name)
         plugins._loaded.intersection_update(loaded)
         sys.path[:] = path

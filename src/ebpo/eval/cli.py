@@ -396,6 +396,7 @@ def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[st
         "maj_ks": list(args.maj_ks),
         "maj_mode": args.maj_mode,
         "chat_template": args.chat_template,
+        "reward": args.reward,
         "reward_options": dict(args.reward_option or []),
         "skipped_metrics": skipped,
         "data_dir": _data_dir_setting(args.data_dir),
