@@ -53,7 +53,8 @@ except PluginError as error:
 
 from ebpo.integrations.verl.estimators import HOLDER, register_with_verl  # noqa: E402
 
-#: the estimator names this process serves in verl's registry (:func:`register_plugins` adds a plugin's)
+#: the estimator names this process serves in verl's registry (``estimators.SERVED``: a later
+#: :func:`register_with_verl`, after a plugin registered more, updates it)
 REGISTERED: list[str] = register_with_verl()
 
 
@@ -62,7 +63,7 @@ def register_plugins(names: list[str]) -> list[str]:
     registry too; returns the names resolved (files absolute), for the run's Ray processes
     (``$EBPO_PLUGINS``)."""
     resolved = load_plugins(names)
-    REGISTERED[:] = register_with_verl()
+    register_with_verl()
     return resolved
 
 
