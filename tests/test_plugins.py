@@ -8,6 +8,7 @@ import re
 import shutil
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -51,6 +52,19 @@ def test_an_installed_package_is_found_by_its_entry_point(plugin_pkg_dir, monkey
     assert PKG_ESTIMATOR in ebpo.list_estimators() and "answer_anywhere" in list_rewards()
     load_plugins()  # once per process
     assert check_estimator(PKG_ESTIMATOR, trim=1).ok
+
+
+def test_the_example_of_docs_extending_is_the_fixture_and_its_check_is_what_the_page_prints():
+    page = (Path(__file__).resolve().parents[1] / "docs" / "extending.md").read_text()
+    block = page.split("## A 20-line example")[1].split("```python\n")[1].split("```")[0]
+    fixture = MY_ESTIMATORS.read_text()
+    imports, body = block.split("\n\n\n", 1)
+    assert body in fixture and set(imports.split()) <= set(fixture.split())
+    assert len(block.strip().splitlines()) <= 25
+    load_plugins([str(MY_ESTIMATORS)])
+    module = sys.modules["my_estimators"]
+    for printed in (check_estimator(FILE_ESTIMATOR), check_estimator(module.MedianBaseline, q=0.25)):
+        assert f"\n{printed}\n" in page
 
 
 def _dist_info(root, name: str, entry: str) -> None:
