@@ -82,12 +82,18 @@ def _kill_on_step(monkeypatch, step: int) -> None:
 
 
 def test_run_killed_before_its_first_checkpoint_starts_over(
-    tiny_model_dir, configs_dir, tmp_path, monkeypatch
+    tiny_model_dir, configs_dir, tmp_path, monkeypatch, plugin_pkg_dir, plugin_sandbox
 ):
+    from ebpo.plugins import load_plugins
     from ebpo.trainer import Trainer
     from ebpo.trainer.config import ConfigError
+    from helpers.plugins import PKG_ESTIMATOR
 
-    spec = _spec(tiny_model_dir, configs_dir, save_every=2)
+    # the row of an installed package's estimator (its entry point, loaded as the command line loads it), with
+    # an option
+    monkeypatch.syspath_prepend(str(plugin_pkg_dir))
+    load_plugins()
+    spec = _spec(tiny_model_dir, configs_dir, (ESTIMATORS, f"{PKG_ESTIMATOR}:trim=1"), save_every=2)
     with monkeypatch.context() as patch:
         _kill_on_step(patch, 1)
         with pytest.raises(KeyboardInterrupt):
@@ -103,6 +109,7 @@ def test_run_killed_before_its_first_checkpoint_starts_over(
     result = execute(spec, tmp_path)
     assert result["timing"]["resumed_from_step"] == 0
     assert [s for s, _ in result["curves"]["eval/pass@1"]] == [0.0, 1.0, 2.0]  # one history, not two
+    assert f"algorithm.estimator={PKG_ESTIMATOR}" in result["spec"]["overrides"]
 
 
 def test_run_killed_after_a_checkpoint_resumes_exactly(tiny_model_dir, configs_dir, tmp_path, monkeypatch):
