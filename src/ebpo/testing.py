@@ -520,7 +520,7 @@ def dtype_device(make: Callable[[], Any], devices: Sequence[str]) -> None:
         for label, rewards in variants:
             at = Case(f"{case.label}, rewards as {label}", case.rewards, case.index, case.cluster)
             out = _call(make(), case, rewards=rewards)
-            _check_output(out, at, device)
+            _check_output(out, at, rewards.device if isinstance(rewards, torch.Tensor) else "cpu")
             if not torch.allclose(out.cpu().double(), expected.double(), rtol=1e-5, atol=1e-6):
                 raise _Broken(at, f"advantages {_values(out)}, not {_values(expected)} (float64 on the CPU)")
 
