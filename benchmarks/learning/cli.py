@@ -10,6 +10,7 @@ minutes. Only running builds the base model; the other modes read configs and re
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 from collections.abc import Sequence
@@ -33,6 +34,8 @@ from benchmarks.learning.methods import (
 )
 from benchmarks.learning.run import LOG_FILE, add_answer_kinds, load_results, run_dir, write_json_atomic
 from benchmarks.learning.spec import FIXED_PROMPTS, VARIANTS, Budget, model_path_from
+from ebpo.plugins import HELP as PLUGINS_HELP
+from ebpo.plugins import load_plugins
 
 DEFAULTS: dict[str, Any] = {
     "groups": [4, 8, 16],
@@ -104,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--methods",
         nargs="+",
         default=None,
-        help="methods: NAME (every arm with it) or ARM/NAME (default: every row)",
+        help="methods: NAME (every arm with it) or ARM/NAME (default: every row); in arm (a) also any registered "
+        "estimator as NAME or NAME:KEY=VALUE,... (ebpo diagnose's spelling), yours through --plugins",
     )
     d.add_argument(
         "--sweep",
@@ -185,6 +189,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--configs-dir",
         default=None,
         help="read the presets from here (default: the shipped presets, src/ebpo/configs/)",
+    )
+
+    b.add_argument(
+        "--plugins",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=f"{PLUGINS_HELP}; every run imports them too (run.plugins)",
     )
 
     o = p.add_argument_group("execution and output")
@@ -312,6 +324,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace, command: str) -> int:
+    plugins = load_plugins(args.plugins)  # before any method or estimator name is looked up
+    if plugins:  # and in every run's process (the matrix spawns them)
+        args.settings = [*args.settings, f"run.plugins={json.dumps(plugins)}"]
     configs = Path(args.configs_dir) if args.configs_dir else CONFIGS
     tag = args.tag or ("options" if args.select_options else "quick" if args.quick else "matrix")
     root = Path(args.runs_dir) if args.runs_dir else REPO / "runs" / "bench_learning" / tag

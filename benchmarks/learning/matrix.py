@@ -40,12 +40,15 @@ from benchmarks.learning.methods import (
     ARMS,
     BEST,
     CONFIGS,
+    ESTIMATOR_SPEC,
+    ESTIMATORS,
     PUBLISHED,
     Method,
     Selection,
     best_method,
     check_disjoint,
     get_method,
+    is_estimator_method,
     list_methods,
     resolve_values,
 )
@@ -109,13 +112,22 @@ def _select(arms: Sequence[str], names: Sequence[str] | None) -> list[tuple[str,
     chosen = []
     for given in names:
         arm_given, _, name = given.rpartition("/")
-        hits = [arm for arm in arms if (not arm_given or arm == arm_given) and name in list_methods(arm)]
+        hits = [
+            arm
+            for arm in arms
+            if (not arm_given or arm == arm_given)
+            and (name in list_methods(arm) or is_estimator_method(arm, name))
+        ]
         if not hits:
             valid = "; ".join(f"{arm}: {', '.join(list_methods(arm))}" for arm in arms)
-            raise ValueError(f"unknown method {given!r} in arms {list(arms)}; valid: {valid}")
+            raise ValueError(
+                f"unknown method {given!r} in arms {list(arms)}; valid: {valid}; in {ESTIMATORS}, also a "
+                f"registered estimator as {ESTIMATOR_SPEC} (yours: --plugins)"
+            )
         chosen += [(arm, name) for arm in hits if (arm, name) not in chosen]
     order = {(arm, name): (arms.index(arm), i) for arm in arms for i, name in enumerate(list_methods(arm))}
-    return sorted(chosen, key=order.__getitem__)
+    last = len(order)  # rows built on a registered estimator: after the arm's own, in the order given
+    return sorted(chosen, key=lambda pair: order.get(pair, (arms.index(pair[0]), last + chosen.index(pair))))
 
 
 @dataclass

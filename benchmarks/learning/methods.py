@@ -138,10 +138,39 @@ SELECTION_SEEDS = (100, 101, 102)
 
 
 def get_method(arm: str, name: str) -> Method:
-    """The method ``name`` of ``arm`` (``ebpo-best`` is built by :func:`best_method`, not registered)."""
-    if f"{arm}/{name}" not in _METHODS:
-        raise unknown_choice(f"{arm} method", name, list_methods(arm))
-    return _METHODS.get(f"{arm}/{name}")
+    """The method ``name`` of ``arm`` (``ebpo-best`` is built by :func:`best_method`, not registered); in arm
+    (a) also any registered estimator, :func:`estimator_method`."""
+    if f"{arm}/{name}" in _METHODS:
+        return _METHODS.get(f"{arm}/{name}")
+    if is_estimator_method(arm, name):
+        return estimator_method(name)
+    error = unknown_choice(f"{arm} method", name, list_methods(arm))
+    if arm == ESTIMATORS:
+        raise ValueError(f"{error}; or a registered estimator as {ESTIMATOR_SPEC} (yours: --plugins)")
+    raise error
+
+
+ESTIMATOR_SPEC = "NAME or NAME:KEY=VALUE,..."
+
+
+def is_estimator_method(arm: str, name: str) -> bool:
+    """Whether ``name`` of ``arm`` is a row built on a registered estimator (:func:`estimator_method`)."""
+    from ebpo.advantages import list_estimators
+
+    return (
+        arm == ESTIMATORS and f"{arm}/{name}" not in _METHODS and name.partition(":")[0] in list_estimators()
+    )
+
+
+def estimator_method(text: str) -> Method:
+    """Arm (a)'s row for any registered estimator, a plugin's included: ``NAME`` or ``NAME:KEY=VALUE,...``, the
+    spelling of ``ebpo diagnose --estimators`` (values read as YAML; the name and options checked by the
+    estimator), under GRPO's published loss like every row of the arm."""
+    from ebpo.diagnostics.config import parse_estimator
+
+    name, options = parse_estimator(text, where="method")
+    given = ", ".join(f"{key}={value}" for key, value in options.items())
+    return _estimator(text, name, f"{name}{f' ({given})' if given else ''}: a registered estimator", options)
 
 
 def list_methods(arm: str) -> list[str]:

@@ -108,10 +108,10 @@ def commands_line(rows: Sequence[Row]) -> str:
 
 
 def _methods(rows: Sequence[Row], arm: str) -> list[str]:
-    present = {row.cell.method for row in rows if row.cell.arm == arm}
+    present = list(dict.fromkeys(row.cell.method for row in rows if row.cell.arm == arm))
     names = list_methods(arm)
     names += [BEST] if BEST not in names else []  # an arm may register ebpo-best itself: list it once
-    return [name for name in names if name in present]
+    return [name for name in names if name in present] + [name for name in present if name not in names]
 
 
 # ---------------------------------------------------------------------------------------------------

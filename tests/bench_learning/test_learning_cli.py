@@ -86,6 +86,34 @@ def test_errors_are_one_line(configs_dir, tmp_path, no_build, capsys):
     assert "not a multiple of G=6" in capsys.readouterr().err
 
 
+def test_rows_on_your_own_estimators_with_their_options(
+    configs_dir, tmp_path, no_build, capsys, plugin_pkg_dir, plugin_sandbox, monkeypatch
+):
+    from helpers.plugins import FILE_ESTIMATOR, MY_ESTIMATORS, PKG_ESTIMATOR
+
+    # a lone file's estimator (--plugins) and an installed package's (its entry point), as arm (a) rows
+    monkeypatch.syspath_prepend(str(plugin_pkg_dir))
+    rows = [f"{FILE_ESTIMATOR}:q=0.25", f"estimators/{PKG_ESTIMATOR}:trim=1", "grpo"]
+    given = ["--plugins", str(MY_ESTIMATORS), "--methods", *rows, "--sweep", "--no-sensitivity", "--dry-run"]
+    assert cli.main(_args(configs_dir, tmp_path, *given)) == 0
+    out = capsys.readouterr().out
+    for row in (f"estimators/{FILE_ESTIMATOR}:q=0.25", f"estimators/{PKG_ESTIMATOR}:trim=1"):
+        assert f"to run  {row}/fixed-prompts/G4/seed0" in out
+    args = cli.build_parser().parse_args(_args(configs_dir, tmp_path, *given))
+    cli.load_plugins(args.plugins)
+    plan = matrix.plan(cli.design_from(args), cli.budget_from(args), model_path="m", configs=configs_dir)
+    (spec, *_) = [s for c, s in zip(plan.cells, plan.specs) if c.method.startswith(FILE_ESTIMATOR)]
+    config = spec.load_config()
+    assert (config.algorithm.estimator, config.algorithm.estimator_options) == (FILE_ESTIMATOR, {"q": 0.25})
+    assert config.algorithm.loss_agg_mode == "seq-mean-token-mean"  # GRPO's loss, as every arm (a) row
+    # a row's options are checked by its estimator, in one line naming the row
+    bad = ["--plugins", str(MY_ESTIMATORS), "--methods", f"{FILE_ESTIMATOR}:p=1", "--dry-run"]
+    assert cli.main(_args(configs_dir, tmp_path, *bad)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: method {FILE_ESTIMATOR}:p=1: advantage estimator {FILE_ESTIMATOR!r} got")
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_selection_seeds_are_kept_apart_from_the_reported_seeds(configs_dir, tmp_path, no_build, capsys):
     # --select-options on a reported (default) seed is refused before anything runs
     assert cli.main(_args(configs_dir, tmp_path, "--select-options", "--seeds", "0", "100", "--dry-run")) == 2

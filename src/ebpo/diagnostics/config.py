@@ -226,9 +226,10 @@ class EstimatorSpec:
     preset: str
 
 
-def parse_estimator(text: str) -> tuple[str, dict[str, Any]]:
+def parse_estimator(text: str, where: str = "--estimators") -> tuple[str, dict[str, Any]]:
     """``"ebpo:normalize=prior,prior_memory=50"`` -> ``("ebpo", {"normalize": "prior", "prior_memory": 50})``;
-    values are read as YAML scalars. The name and options are checked against the registry."""
+    values are read as YAML scalars. The name and options are checked against the registry; an error names
+    ``where`` (the flag it came from)."""
     import yaml
 
     from ebpo.advantages import get_estimator
@@ -238,15 +239,15 @@ def parse_estimator(text: str) -> tuple[str, dict[str, Any]]:
     for item in filter(None, (part.strip() for part in rest.split(","))):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"--estimators {text}: option {item!r} is not KEY=VALUE")
+            raise ConfigError(f"{where} {text}: option {item!r} is not KEY=VALUE")
         try:
             options[key.strip()] = yaml.safe_load(value)
         except yaml.YAMLError as err:
-            raise ConfigError(f"--estimators {text}: cannot read the value of {key.strip()}: {err}") from None
+            raise ConfigError(f"{where} {text}: cannot read the value of {key.strip()}: {err}") from None
     try:
         get_estimator(name.strip(), **options)
     except (TypeError, ValueError) as err:
-        raise ConfigError(f"--estimators {text}: {err}") from None
+        raise ConfigError(f"{where} {text}: {err}") from None
     return name.strip(), options
 
 

@@ -7,6 +7,7 @@ ebpo train --resume runs/20260101-120000-ebpo run.steps=120
 ebpo train --resume runs/20260101-120000-ebpo/checkpoints/best   # from the best checkpoint instead
 ebpo train run.name=demo --overwrite         # replace the run already in runs/demo
 ebpo train --help-config                     # every config key, its default and help
+ebpo train --plugins my_estimators.py algorithm.estimator=median_baseline   # your own estimator
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
                 raise ConfigError(f"--resume {args.resume}: {saved} does not exist; is it a run directory?")
             base = read_yaml(saved)
         cfg = load_config(args.config, args.overrides, base=base)
+        cfg.run.plugins = list(dict.fromkeys([*cfg.run.plugins, *args.plugins]))  # saved with the run
         from ebpo.trainer.metrics_log import TrackerError
         from ebpo.trainer.report import print_eval_table
         from ebpo.trainer.trainer import RewardError, Trainer

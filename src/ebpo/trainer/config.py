@@ -353,6 +353,12 @@ class RunConfig:
         "row, U = updates per step) | all | none (not computed). Training is the same under all three.",
         default="subset",
     )
+    plugins: list[str] = option(
+        "Your own code to import before the config is checked: .py files or importable modules that register "
+        "estimators, policy losses, rewards, tasks, samplers or schemas (`ebpo.plugins`; `ebpo train --plugins` "
+        "adds to it). A run saves them with absolute paths, so --resume loads them again.",
+        default_factory=list,
+    )
     progress: bool = option("Show a tqdm progress bar.", default=True)
     plot: bool = option("Write training.png into the run directory at the end.", default=True)
     report_to: list[str] = option(

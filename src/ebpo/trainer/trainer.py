@@ -44,6 +44,7 @@ from ebpo.data.dynamic import Group
 from ebpo.logprobs import LogprobOptions, OldLogprobs, logprobs, step_kl
 from ebpo.losses import agg_loss, kl_penalty, masked_mean
 from ebpo.persist import RunDirectory
+from ebpo.plugins import load_plugins
 from ebpo.trainer import checkpoint as ckpt
 from ebpo.trainer.config import TrainConfig
 from ebpo.trainer.config_files import save_config
@@ -87,6 +88,7 @@ class Trainer:
         overwrite: bool = False,
     ) -> None:
         self.cfg = cfg.validate()
+        cfg.run.plugins = load_plugins(cfg.run.plugins)  # before any name is looked up; saved resolved
         check_setup(cfg)  # names, options, files, device: before a run directory is claimed
         if cfg.run.threads is not None:
             torch.set_num_threads(cfg.run.threads)
