@@ -37,6 +37,7 @@ KEYED_ONLY_OFF_DEFAULT = {
     ("run", "step_kl"): "all",
     ("optim", "shared_prompts"): False,
     ("data", "chat_template"): "auto",
+    ("data", "task_options"): {},
 }
 """Config fields added after runs were first keyed, with the value that reproduces those runs (what the trainer
 did before the field existed; the trainer's defaults have since moved to the fast paths): at that value a field

@@ -162,9 +162,12 @@ def test_fields_added_later_enter_the_key_only_off_their_earlier_default(configs
         ("run", "step_kl"): "all",
         ("optim", "shared_prompts"): False,
         ("data", "chat_template"): "auto",
+        ("data", "task_options"): {},
     }
     assert config.data.chat_template == "auto"  # the default: keyed as before the field existed
     assert key_with(*exact, "data.chat_template=off") != key_with(*exact)
+    assert config.data.task_options == {}  # likewise; a task's generator settings are another run
+    assert key_with(*exact, "data.task_options={chain_sum: {max_terms: 2}}") != key_with(*exact)
 
 
 def test_key_follows_the_model_weights_not_the_model_path(configs_dir, tmp_path):
