@@ -7,7 +7,8 @@ What these tests prove, and what they do not (docs/base_model.md, "The shipped m
 - the shipped weights are the ones the build recorded (their SHA-256), and load;
 - the first PREFIX_STEPS SFT steps of the current code, rebuilt here on one thread, give the recorded
   hash bit for bit: the data, labels, batch order, initialisation, optimizer and schedule of the build
-  are unchanged (on the same torch version and CPU kernel set; skipped elsewhere, with the reason);
+  are unchanged (on the torch version and CPU kernel set of the build, which build_info.json records;
+  skipped elsewhere, naming both);
 - ``build_base_model()`` returns the shipped directory without training;
 - the shipped model has the latent skill it was built for, re-measured on fresh validation problems.
 
@@ -61,10 +62,15 @@ def test_the_shipped_weights_are_the_recorded_ones_and_load(info):
 
 
 def test_the_first_sft_steps_rebuild_bit_for_bit(info):
+    """Holds for the torch version and CPU kernel set the shipped model was built with, which its
+    build_info.json records (docs/base_model.md names them); elsewhere it skips, naming both."""
     here = bm.platform_info()
     recorded = {key: info.get(key) for key in here}
     if recorded != here:
-        pytest.skip(f"built with {recorded}, here {here}: float rounding may differ in the last bits")
+        pytest.skip(
+            f"holds for torch {recorded['torch']} with {recorded['cpu_capability']} kernels (the shipped build's); "
+            f"here torch {here['torch']}, {here['cpu_capability']}: float rounding may differ in the last bits"
+        )
     assert info["prefix_steps"] == bm.PREFIX_STEPS
     assert bm.train_prefix_sha256(recipe.BaseModelConfig()) == info["prefix_sha256"]
 
