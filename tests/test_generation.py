@@ -466,22 +466,47 @@ def _spiky_copy(spiky, attn_implementation="sdpa"):
     return model
 
 
+COPIED_KV = "test_sdpa_copied_kv"
+
+
+def _sdpa_on_copied_kv(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """The reference for in-kernel GQA: ``sdpa`` on keys and values copied once per query head (query head
+    h reads key/value head h // groups), at every step. Transformers' own ``sdpa`` did that copy whenever a
+    padding mask was given until 5.22; from 5.23 it packs a decoding step's query heads per key/value head
+    instead, which sums in another order."""
+    groups = module.num_key_value_groups
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    causal = query.shape[2] > 1 and attention_mask is None and getattr(module, "is_causal", True)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=causal
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
 @pytest.mark.parametrize("n,temperature,top_p,seed", [(8, 1.0, 1.0, 0), (6, 0.7, 0.9, 1), (5, 0.0, 1.0, 2)])
 def test_in_kernel_gqa_samples_the_same_to_the_bit(spiky, n, temperature, top_p, seed):
     """in_kernel_gqa hands a grouped-query model's keys and values to the attention kernel per key/value head
-    instead of copied per query head: draws, log-probs and entropies equal sdpa's to the bit."""
+    instead of copied per query head: draws, log-probs and entropies equal those of sdpa on the copies to the
+    bit, so a run samples the same on every transformers release of the range."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
     from ebpo.generation import IN_KERNEL_GQA, in_kernel_gqa
 
-    model, tok = spiky
-    assert model.config.num_attention_heads > model.config.num_key_value_heads  # 2 query heads per key head
+    spiky_model, tok = spiky
+    assert spiky_model.config.num_attention_heads > spiky_model.config.num_key_value_heads  # 2 per key head
+    AttentionInterface.register(COPIED_KV, _sdpa_on_copied_kv)
+    AttentionMaskInterface.register(COPIED_KV, sdpa_mask)
+    copied = _spiky_copy(spiky, COPIED_KV)
     fast = _spiky_copy(spiky)
     assert in_kernel_gqa(fast) and fast.config._attn_implementation == IN_KERNEL_GQA
-    stop_ids = frequent_tokens(model, tok, 3)
+    stop_ids = frequent_tokens(copied, tok, 3)
     settings = dict(n=n, temperature=temperature, top_p=top_p, max_new_tokens=12, eos_token_id=stop_ids)
     ours = sample(fast, tok, PROMPTS, generator=seed, with_entropy=True, **settings)
-    plain = sample(model, tok, PROMPTS, generator=seed, with_entropy=True, **settings)
-    assert torch.equal(ours.response_ids, plain.response_ids) and torch.equal(ours.old_logp, plain.old_logp)
-    assert torch.equal(ours.entropy, plain.entropy)
+    reference = sample(copied, tok, PROMPTS, generator=seed, with_entropy=True, **settings)
+    assert torch.equal(ours.response_ids, reference.response_ids)
+    assert torch.equal(ours.old_logp, reference.old_logp)
+    assert torch.equal(ours.entropy, reference.entropy)
 
 
 def test_in_kernel_gqa_forwards_equal_sdpa_with_and_without_gradient(spiky, tmp_path):
