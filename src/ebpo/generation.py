@@ -40,11 +40,13 @@ __all__ = [
     "IN_KERNEL_GQA",
     "MIN_FORWARD_ROWS",
     "Rollouts",
+    "cache_argument",
     "in_kernel_gqa",
     "keeps_last_logits",
     "left_pad",
     "pad_rows",
     "prompt_position_ids",
+    "returned_cache",
     "sample",
     "sample_next_token",
     "stop_token_ids",
@@ -125,8 +127,11 @@ def _sdpa_gqa_without_grad(
     query head: Hugging Face makes that copy whenever a padding mask is given, and in decoding it copies the
     whole cache at every layer and step. The kernel reads key/value head ``h // groups`` for query head
     ``h``, as the copy does, so the numbers are the same to the bit (``tests/test_generation.py``,
-    ``tests/test_logprobs.py``). With gradient, or on another device, it is ``sdpa`` itself: there the
-    backward of the in-kernel version would sum the query heads' key and value gradients in another order."""
+    ``tests/test_logprobs.py``). From transformers 5.23, ``sdpa`` decodes (one query position, with a mask)
+    by packing the query heads of each key/value head instead, which sums in another order; this attention
+    keeps the copy's numbers there, so a run samples the same on every transformers release we accept.
+    With gradient, or on another device, it is ``sdpa`` itself: there the backward of the in-kernel version
+    would sum the query heads' key and value gradients in another order."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     groups = getattr(module, "num_key_value_groups", 1)
@@ -278,16 +283,31 @@ def _encode_prompts(tokenizer, prompts: Sequence[str | Sequence[int]]) -> list[l
     return encoded
 
 
-def keeps_last_logits(model) -> bool:
-    """Whether the model's forward takes ``logits_to_keep=k`` (Hugging Face causal LMs do): logits for the
-    last k positions only, instead of a (B, L, V) tensor (gigabytes for long prompts and a large vocab)."""
+def _forward_takes(model, name: str) -> bool:
+    """Whether the model's forward has a parameter ``name`` (False where its signature cannot be read)."""
     import inspect
 
     try:
-        params = inspect.signature(model.forward).parameters
+        return name in inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
         return False
-    return "logits_to_keep" in params
+
+
+def keeps_last_logits(model) -> bool:
+    """Whether the model's forward takes ``logits_to_keep=k`` (Hugging Face causal LMs do): logits for the
+    last k positions only, instead of a (B, L, V) tensor (gigabytes for long prompts and a large vocab)."""
+    return _forward_takes(model, "logits_to_keep")
+
+
+def cache_argument(model) -> str:
+    """The name under which the model's forward takes its KV cache: ``cache`` where it has that parameter
+    (transformers 5.24 renamed it, and warns on ``past_key_values``), else ``past_key_values``."""
+    return "cache" if _forward_takes(model, "cache") else "past_key_values"
+
+
+def returned_cache(out: Any) -> Any:
+    """The KV cache in a forward's output, under either name (see :func:`cache_argument`)."""
+    return out.cache if hasattr(out, "cache") else out.past_key_values
 
 
 def _last_logits_only(model) -> dict[str, int]:
@@ -358,16 +378,17 @@ def _generate_chunk(
     # tokens share one cache row and one forward per step (prefix_A maps the active rows to them). A row's
     # numbers do not depend on the other rows of a forward, so the draws equal those of a forward per row.
     mask_BP = prompt_mask_BP.to(device)
+    cache_arg = cache_argument(model)
     cache = DynamicCache(config=model.config)
     out = model(
         input_ids=prompt_ids_BP.to(device),
         attention_mask=mask_BP,
         position_ids=prompt_position_ids(mask_BP),
-        past_key_values=cache,
         use_cache=True,
+        **{cache_arg: cache},
         **_last_logits_only(model),
     )
-    cache = out.past_key_values
+    cache = returned_cache(out)
     logits_UV = out.logits[:, -1, :].float()  # U = distinct prefixes, here the prompts
     attn_mask_UL = mask_BP  # L = tokens so far
     next_pos_U = attn_mask_UL.sum(-1)  # position of the next token = number of real tokens so far
@@ -414,10 +435,10 @@ def _generate_chunk(
             input_ids=new_token_U[:, None],
             attention_mask=attn_mask_UL,
             position_ids=next_pos_U[:, None],
-            past_key_values=cache,
             use_cache=True,
+            **{cache_arg: cache},
         )
-        cache = out.past_key_values
+        cache = returned_cache(out)
         logits_UV = out.logits[:, -1, :].float()
         next_pos_U = next_pos_U + 1
         del out
@@ -450,7 +471,8 @@ def sample(
 
     Args:
         model: a Hugging Face causal LM (``model(input_ids, attention_mask, position_ids,
-            past_key_values)`` -> ``.logits``); CPU or CUDA; put in eval mode for the call and restored.
+            past_key_values)`` -> ``.logits``, the cache named as :func:`cache_argument` says); CPU or CUDA;
+            put in eval mode for the call and restored.
         tokenizer: its tokenizer (pad id: ``pad_token_id``, else the first EOS id).
         prompts: B strings (tokenized with the tokenizer's defaults; apply any chat template first) or B
             lists of token ids.

@@ -64,7 +64,14 @@ import torch
 from torch import Tensor
 
 from ebpo.errors import ConfigError
-from ebpo.generation import IN_KERNEL_GQA, Rollouts, keeps_last_logits, pad_rows
+from ebpo.generation import (
+    IN_KERNEL_GQA,
+    Rollouts,
+    cache_argument,
+    keeps_last_logits,
+    pad_rows,
+    returned_cache,
+)
 from ebpo.losses import entropy_from_logits, kl_penalty, masked_mean
 
 __all__ = [
@@ -312,8 +319,9 @@ def _response_logits_shared_prompts(model: torch.nn.Module, tokens: Tokens) -> T
     """The logits ``(B, T, V)`` that predict each response token, each distinct prompt computed once: the
     distinct prompts less their last token go through the model packed (:func:`_packed_prompt_cache`), and
     one forward runs every row's last prompt token and its response on their cached keys and values (the
-    last prompt token's output predicts the first response token). Needs a model that takes
-    ``past_key_values`` (Hugging Face causal LMs) with an attention of :data:`SHARED_PROMPT_ATTENTION`."""
+    last prompt token's output predicts the first response token). Needs a model that takes a KV cache
+    (Hugging Face causal LMs; :func:`ebpo.generation.cache_argument`) with an attention of
+    :data:`SHARED_PROMPT_ATTENTION`."""
     prompt_ids_BP, prompt_mask_BP = tokens.prompt_ids_BP, tokens.prompt_mask_BP
     response_ids_BT, response_mask_BT = tokens.response_ids_BT, tokens.response_mask_BT
     first_U, inverse_B = _first_of_each(torch.cat([prompt_ids_BP, prompt_mask_BP], dim=1))
@@ -327,8 +335,8 @@ def _response_logits_shared_prompts(model: torch.nn.Module, tokens: Tokens) -> T
         input_ids=torch.cat([last_B1, response_ids_BT[:, :-1]], dim=1),
         attention_mask=attention_BL,
         position_ids=position_BL[:, prompt_mask_BW.shape[1] :],
-        past_key_values=cache,
         use_cache=cache is not None,
+        **{cache_argument(model): cache},
     ).logits
 
 
@@ -374,14 +382,16 @@ def _packed_prompt_cache(
         mask_R1WW = torch.zeros(attend_R1WW.shape, dtype=dtype, device=device).masked_fill(
             ~attend_R1WW, torch.finfo(dtype).min
         )
-    packed = model(
-        input_ids=packed_RW,
-        attention_mask=mask_R1WW,
-        position_ids=position_RW,
-        past_key_values=DynamicCache(config=config),
-        use_cache=True,
-        **({"logits_to_keep": 1} if keeps_last_logits(model) else {}),
-    ).past_key_values
+    packed = returned_cache(
+        model(
+            input_ids=packed_RW,
+            attention_mask=mask_R1WW,
+            position_ids=position_RW,
+            use_cache=True,
+            **{cache_argument(model): DynamicCache(config=config)},
+            **({"logits_to_keep": 1} if keeps_last_logits(model) else {}),
+        )
+    )
     # row b's prompt, left-padded to the width: column w holds packed position (bin, start + w - (width -
     # length)), or a zero column (flat index R * width) where w is padding
     bin_t, start_t, length_t = (torch.tensor(v, device=device) for v in (bin_U, start_U, length_U))
