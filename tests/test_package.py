@@ -4,10 +4,10 @@ plugin package installed beside it (``tests/fixtures/plugin_pkg``) reaches both 
 
 Nothing here reads the repository once the wheel and the plugin package are installed: the commands run with
 the working directory, HOME and the ebpo cache in empty temporary folders, and the environment has no
-``PYTHONPATH``. The fresh
-environment installs torch the way ``make`` does (``torch==2.13.0``, from ``$TORCH_INDEX`` when set) and the
-wheel's dependencies from the package index (pip's cache and configuration apply), so this test needs the
-index but nothing else; it takes a few minutes, most of them pip installing torch.
+``PYTHONPATH``. The fresh environment installs torch the way ``make`` does (``torch==$TORCH_VERSION``,
+default 2.13.0, from ``$TORCH_INDEX`` when set), then the wheel and its dependencies from the package index
+(pip's cache and configuration apply), and checks that the wheel kept that torch; so this test needs the index
+but nothing else. It takes a few minutes, most of them pip installing torch.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from ebpo.trainer.config_files import list_presets
 from helpers.plugins import PKG_ESTIMATOR, install_plugin_pkg
 
 REPO = Path(__file__).resolve().parents[1]
-TORCH_VERSION = "2.13.0"  # the Makefile's TORCH_VERSION
+# the Makefile's TORCH_VERSION, which `make` exports: `make test TORCH_VERSION=2.15.0` tests the wheel on it
+TORCH_VERSION = os.environ.get("TORCH_VERSION") or "2.13.0"
 
 
 def _run(argv: list[str | Path], *, cwd: Path, env: dict[str, str], timeout: int = 600) -> str:
@@ -71,6 +72,8 @@ def test_wheel_in_a_fresh_venv_trains_and_evaluates_from_an_empty_directory(tmp_
         env=base_env,
     )
     _run([*pip, wheel], cwd=tmp_path, env=base_env)
+    torch_here = _run([python, "-c", "import torch; print(torch.__version__)"], cwd=tmp_path, env=base_env)
+    assert torch_here.strip().split("+")[0] == TORCH_VERSION  # the wheel's requirements kept it
     # a user's plugin package, installed as users install one: its estimator and reward by entry point
     install_plugin_pkg(tmp_path / "plugin", python=python, env=base_env)
 
