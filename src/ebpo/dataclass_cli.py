@@ -595,15 +595,21 @@ def add_command(
     name: str,
     *,
     help: str,
-    parser: Callable[[str], argparse.ArgumentParser],
+    parser: Callable[..., argparse.ArgumentParser],
     run: Callable[[argparse.Namespace], int],
+    parser_reads_words: bool = False,
 ) -> None:
     """Add the command ``name``, whose parser ``parser(prog)`` is built only when the command runs.
 
     The entry in ``subparsers`` takes every remaining word as it is (no character starts a flag there) and
     hands them to the real parser, which prints the command's ``--help`` and its errors. ``run`` gets the
-    parsed flags.
+    parsed flags. With ``parser_reads_words`` the parser is ``parser(prog, words)``: a command whose flags
+    depend on one of them (``ebpo base-model --recipe gym`` takes the gym recipe's fields).
     """
     command = subparsers.add_parser(name, help=help, add_help=False, prefix_chars="\0")
     command.add_argument("words", nargs="*", help=argparse.SUPPRESS)
-    command.set_defaults(func=lambda args: run(parser(command.prog).parse_args(args.words)))
+
+    def build(words: list[str]) -> argparse.ArgumentParser:
+        return parser(command.prog, words) if parser_reads_words else parser(command.prog)
+
+    command.set_defaults(func=lambda args: run(build(args.words).parse_args(args.words)))
