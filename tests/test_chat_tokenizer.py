@@ -64,6 +64,7 @@ def test_saved_model_loads_with_auto_classes_unchanged(chat_model_dir):
     assert json.loads(loaded.backend_tokenizer.to_str()) == json.loads(built.backend_tokenizer.to_str())
     assert loaded.chat_template == CHATML_TEMPLATE
     assert (loaded.eos_token, loaded.pad_token, loaded.bos_token) == (IM_END, PAD_TOKEN, None)
+    assert loaded.padding_side == built.padding_side == "right"
     for text in SAMPLES + chat_texts(5):
         assert loaded(text)["input_ids"] == built(text)["input_ids"]
 

@@ -28,6 +28,11 @@ processes, keep the two products: ``per_device_train_batch_size * processes * gr
 Every ``EBPOConfig`` / ``GRPOConfig`` field is a flag (``--help`` lists them with their help text); the flags of
 ``ScriptArguments`` below choose the model, the data, the reward and the validation. Without ``--model`` the
 laptop settings (``LAPTOP_DEFAULTS``) are the defaults, each still overridable by its flag.
+
+Prompts: a model whose tokenizer has a chat template (a Qwen instruct model) gets conversational prompts, a
+``prompt`` column of chat messages that TRL renders with the template, as ``ebpo train`` and ``ebpo eval``
+render them (``ebpo.data.prompts``; ``--chat_template auto|on|off``, auto: when the tokenizer has one); a base
+model without one (the shipped arith model) gets the plain prompt text.
 """
 
 from __future__ import annotations
@@ -98,6 +103,13 @@ class ScriptArguments:
     reward: str = field(
         default="arith", metadata={"help": "Reward from ebpo.rewards: `arith`, `math`, `math_dapo`."}
     )
+    chat_template: str = field(
+        default="auto",
+        metadata={
+            "help": "Prompts as chat messages rendered with the tokenizer's chat template: auto (when the tokenizer "
+            "has one) | on | off (plain text), as `ebpo train`'s data.chat_template."
+        },
+    )
 
 
 def load_datasets(script: ScriptArguments, seed: int):
@@ -119,12 +131,16 @@ def load_datasets(script: ScriptArguments, seed: int):
     return train, val
 
 
-def to_dataset(records):
+def to_dataset(records, prompt_format):
+    """TRL's dataset: ``prompt`` is each record's conversation (chat messages, which TRL renders with the
+    template) when ``prompt_format`` is chat, else its text."""
     import datasets
+
+    from ebpo.data.prompts import conversation, prompt_text
 
     return datasets.Dataset.from_dict(
         {
-            "prompt": [r.prompt for r in records],
+            "prompt": [conversation(r) if prompt_format.chat else prompt_text(r) for r in records],
             "answer": [str(r.answer) for r in records],
             "topic": [r.topic or "" for r in records],
             "difficulty": [
@@ -140,7 +156,9 @@ def make_reward(name: str):
     scorer = get_reward(name)
 
     def verifiable_reward(completions, answer, **kwargs):
-        return scorer.batch(completions, answer)
+        # a conversational completion is a list of messages: its text is the assistant's message
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return scorer.batch(texts, answer)
 
     verifiable_reward.__name__ = name
     return verifiable_reward
@@ -161,6 +179,7 @@ def validation(trainer, records, script: ScriptArguments, config) -> dict[str, f
             f"run.eval_temperature={config.temperature}",
             f"rollout.top_p={config.top_p}",
             f"rollout.max_new_tokens={config.max_completion_length}",
+            f"data.chat_template={script.chat_template}",
         ]
     )
     model = trainer.accelerator.unwrap_model(trainer.model)
@@ -187,7 +206,9 @@ def parse_arguments(arguments: list[str]):
 
 def main(argv: list[str] | None = None) -> int:
     import torch
+    from transformers import AutoTokenizer
 
+    from ebpo.data.prompts import PromptFormat
     from ebpo.integrations.trl import EBPOTrainer
 
     script, config = parse_arguments(sys.argv[1:] if argv is None else argv)
@@ -197,12 +218,19 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(1)  # as `ebpo train` (run.threads): a small model gains nothing from more
         model = str(build_base_model())
+    try:
+        prompt_format = PromptFormat.resolve(
+            AutoTokenizer.from_pretrained(model), script.chat_template, option="--chat_template", source=model
+        )
+    except ValueError as err:  # an unknown setting, or on without a template: one line
+        print(f"train_ebpo.py: {err}", file=sys.stderr)
+        return 2
     train_records, val_records = load_datasets(script, config.seed)
     trainer = EBPOTrainer(
         model=model,
         reward_funcs=make_reward(script.reward),
         args=config,
-        train_dataset=to_dataset(train_records),
+        train_dataset=to_dataset(train_records, prompt_format),
     )
     validating = bool(val_records) and script.eval_n > 0
     main_process = trainer.accelerator.is_main_process

@@ -46,7 +46,8 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int):
     Vocabulary: ``<|endoftext|>`` (pad, id 0), ``<|im_start|>`` (1), ``<|im_end|>`` (EOS, 2), the 256
     byte symbols, then merges learnt from ``texts`` up to ``vocab_size`` (fewer when the texts run out of
     pairs). Any text encodes (bytes are the fallback) and ``decode(encode(s)) == s`` for NFC text. The
-    chat template is :data:`CHATML_TEMPLATE`; padding is on the left, as decoder-only generation wants.
+    chat template is :data:`CHATML_TEMPLATE`. Padding is on the right, as Qwen's tokenizers save it (it is
+    not written by ``save_pretrained``): ``ebpo.generation`` left-pads prompts itself.
     """
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import Qwen2Tokenizer
@@ -82,7 +83,6 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int):
     )
     tokenizer = Qwen2Tokenizer(**options)
     tokenizer.chat_template = CHATML_TEMPLATE
-    tokenizer.padding_side = "left"
     return tokenizer
 
 

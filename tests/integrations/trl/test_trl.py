@@ -647,6 +647,41 @@ def test_the_laptop_run_prints_validation_before_and_after(example, tmp_path, ca
     assert (tmp_path / "run" / "model.safetensors").is_file()
 
 
+def test_a_chat_model_gets_conversational_prompts_rendered_as_ebpo_renders_them(
+    example, chat_model_dir, tiny_model_dir, tmp_path, monkeypatch, capsys
+):
+    # the tiny Qwen3 chat model: TRL tokenizes the conversational prompts to the ids ebpo train and ebpo eval
+    # give the model (ebpo.data.prompts), and the validation before and after reads them too
+    from transformers import AutoTokenizer
+
+    from ebpo.data.prompts import PromptFormat
+    from ebpo.tasks.arith import generate
+
+    tokenized = []
+    tokenize = EBPOTrainer._tokenize_prompts
+
+    def spy(self, prompts):
+        assert all(isinstance(p, list) and p[-1]["role"] == "user" for p in prompts)  # conversational
+        tokenized.append(tokenize(self, prompts))
+        return tokenized[-1]
+
+    monkeypatch.setattr(EBPOTrainer, "_tokenize_prompts", spy)
+    argv = ["--model", str(chat_model_dir), "--output_dir", str(tmp_path / "run"), "--use_cpu",
+            "--max_steps", "1", "--num_generations", "2", "--per_device_train_batch_size", "4",
+            "--max_completion_length", "4", "--num_problems", "8", "--val_size", "3", "--eval_n", "2",
+            "--report_to", "none", "--save_strategy", "no", "--seed", "0"]  # fmt: skip
+    assert example.main(argv) == 0
+    assert "validation before training: 3 problems x 2 samples" in capsys.readouterr().out
+    ours = PromptFormat.resolve(AutoTokenizer.from_pretrained(chat_model_dir), "auto")
+    expected = {tuple(ids) for ids in ours.ids(generate("train", 8, 0))}
+    drawn = [tuple(row) for prompt_ids, _, _ in tokenized for row in prompt_ids]
+    assert drawn and set(drawn) <= expected
+    # on without a template: one line, before any training
+    code = example.main(["--model", str(tiny_model_dir), "--output_dir", str(tmp_path / "x"), "--use_cpu",
+                         "--chat_template", "on"])  # fmt: skip
+    assert code == 2 and "--chat_template=on, but the tokenizer of" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------------------------------------
 # the estimator state file on a bad day: a disk that refuses the write, a damaged file on resume (one line
 # naming the file, never a traceback from torch or pickle; no half-written file left)

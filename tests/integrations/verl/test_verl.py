@@ -298,6 +298,36 @@ def test_parquet_rows_have_verls_format(verl_parquet):
     assert row["data_source"] == "arith" and row["ability"] == "math"
 
 
+def test_chat_rows_render_in_verl_to_the_ids_ebpo_gives(chat_model_dir, tmp_path):
+    # the tiny Qwen3 chat model: verl's dataset hands the row's messages to its agent loop, whose Qwen3
+    # builder renders them with the chat template; the ids are those of ebpo train and ebpo eval
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+    from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
+
+    from ebpo.data.prompts import PromptFormat
+    from ebpo.tasks import arith
+
+    tokenizer = AutoTokenizer.from_pretrained(chat_model_dir)
+    dapo = Record(
+        id="d", prompt="flat", answer="1", extra={"messages": [{"role": "user", "content": "1+0?"}]}
+    )
+    records = [*arith.generate("train", 4, seed=0), dapo]
+    path = ev.write_verl_parquet(records, tmp_path / "train.parquet", data_source="arith", instruction="")
+    rows = pq.read_table(path).to_pylist()
+    assert rows[0]["prompt"] == [{"role": "user", "content": records[0].prompt}]
+    assert rows[-1]["prompt"] == [{"role": "user", "content": "1+0?"}]  # a loader's own conversation
+    builder = create_continuous_token_builder(tokenizer, hf_model_type="qwen3")
+    ours = PromptFormat.resolve(tokenizer, "auto")
+    assert [builder.build_initial_tokens(row["prompt"]) for row in rows] == ours.ids(records)
+    from verl.trainer.ppo.utils import create_rl_dataset
+
+    dataset = create_rl_dataset(
+        str(path), data_config(tmp_path, "TopicSampler", 1), tokenizer, None, is_train=True
+    )
+    assert [list(dataset[i]["raw_prompt"]) for i in range(len(rows))] == [row["prompt"] for row in rows]
+
+
 def test_gym_records_reach_verls_reward_call_as_the_entry(tmp_path, tiny_model_dir):
     """A gym task's records through our writer and verl's own dataset: the ground truth verl hands the reward is
     the record's answer (the reasoning-gym entry), and ``compute_score`` scores it with the dataset's score_answer."""

@@ -22,18 +22,26 @@ def record_to_verl_row(
 ) -> dict[str, Any]:
     """One ``ebpo.data.records.Record`` as a row of verl's RL parquet format.
 
-    ``{"data_source", "prompt": [{"role": "user", "content": prompt + instruction}], "ability",
+    ``{"data_source", "prompt": [{"role": "user", "content": prompt + " " + instruction}], "ability",
     "reward_model": {"style": "rule", "ground_truth": answer}, "extra_info": {"index", "id", "source", "topic",
-    "difficulty"}}``. ``data_source`` is what verl's reward dispatches on (``math_dapo``: verl's DAPO math
+    "difficulty"}}``. ``prompt`` is the record's conversation (``ebpo.data.prompts.conversation``: a loader's own
+    messages, else one user turn), the instruction appended to its last message: chat messages, which verl's
+    dataset and agent loop render with the model's chat template, so a model reads the ids ``ebpo train`` and
+    ``ebpo eval`` give it (``data.chat_template=auto``; a tokenizer without a template needs one for verl).
+    ``data_source`` is what verl's reward dispatches on (``math_dapo``: verl's DAPO math
     verifier; ``ebpo.integrations.verl.rewards.compute_score`` reads our reward names such as ``arith``), so
     it is the same for every row and the record's own source goes to ``extra_info``; ``topic`` /
     ``difficulty`` are what the clustered samplers and ``cluster_key`` read (missing ones are written as
     None). ``instruction=""`` keeps the prompt as it is (the ``arith`` models answer bare prompts).
     """
-    content = record.prompt if not instruction else f"{record.prompt} {instruction}"
+    from ebpo.data.prompts import conversation
+
+    messages = conversation(record)
+    if instruction:
+        messages[-1]["content"] = f"{messages[-1]['content']} {instruction}"
     return {
         "data_source": data_source,
-        "prompt": [{"role": "user", "content": content}],
+        "prompt": messages,
         "ability": ability,
         "reward_model": {"style": "rule", "ground_truth": str(record.answer)},
         "extra_info": {
