@@ -6,7 +6,8 @@
 # (pip's own configuration applies either way: a machine whose pip has a local wheel folder uses it).
 # Two environments, because verl 0.9's workers cannot run beside TRL 1.x (verl's FSDP engine
 # imports a TRL class that TRL 1.x removed; docs/integrations.md):
-#   .venv       core + TRL + embeddings + reasoning-gym  (`ebpo[dev,trl,embed,gym]`): the demo, the whole suite
+#   .venv       core + TRL + embeddings + reasoning-gym + trackers  (`ebpo[dev,trl,embed,gym,wandb,mlflow]`): the demo,
+#               the whole suite
 #   .venv-verl  core + verl + reasoning-gym              (`ebpo[dev,verl,gym]`): the verl adapter's tests, incl. the
 #               CPU end-to-end run
 # `make test` builds both and runs the suite in .venv, then the verl tests in .venv-verl (CI runs `make test`).
@@ -31,7 +32,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) $(TORCH_INSTALL)
-	$(PIP) install -q -e ".[dev,trl,embed,gym]"
+	$(PIP) install -q -e ".[dev,trl,embed,gym,wandb,mlflow]"
 	touch $(STAMP)
 
 $(VERL_STAMP): pyproject.toml

@@ -41,6 +41,7 @@ import argparse
 import json
 import math
 import platform
+import shlex
 import sys
 import tempfile
 import time
@@ -56,6 +57,8 @@ sys.path[:0] = [str(REPO / "benchmarks"), str(REPO)]
 import bench_advantages  # noqa: E402
 import bench_eval  # noqa: E402
 import throughput  # noqa: E402
+
+from benchmarks.pages import portable_command  # noqa: E402
 
 TOLERANCE = {"float32": (1e-3, 1e-4), "bfloat16": (0.25, 0.05)}
 """(relative, absolute) bound on |device - CPU| for the first steps' metrics, per ``model.dtype``: a metric
@@ -342,7 +345,7 @@ def diagnose_rows(device: str, sizes: Sizes, sections: list[str]) -> list[Row]:
     ]
 
 
-def environment(device: str) -> list[str]:
+def environment(device: str, argv: Sequence[str]) -> list[str]:
     import torch
 
     versions = []
@@ -356,8 +359,8 @@ def environment(device: str) -> list[str]:
     lines = [
         f"Device: {where}; CUDA {'available' if device == 'cuda' else 'NOT available: every check ran on the CPU'}.",
         f"Python {platform.python_version()}; {', '.join(versions)}.",
-        f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: `python3 benchmarks/gpu_check.py "
-        f"{' '.join(sys.argv[1:])}`.",
+        f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
+        f"`{portable_command(shlex.join(['python3', 'benchmarks/gpu_check.py', *argv]))}`.",
     ]
     return lines
 
@@ -415,7 +418,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sections: list[str] = []
     with tempfile.TemporaryDirectory(prefix="ebpo-gpu-check-") as tmp:
         rows = run_checks(device, sizes, Path(tmp), sections)
-    text = "\n".join([render(environment(device), rows), *sections])
+    words = list(sys.argv[1:] if argv is None else argv)
+    text = "\n".join([render(environment(device, words), rows), *sections])
     Path(args.out).write_text(text, encoding="utf-8")
     if args.json:
         Path(args.json).write_text(json.dumps([row.__dict__ for row in rows], indent=1))

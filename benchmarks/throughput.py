@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import tempfile
@@ -42,6 +43,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # run as a script: the repository root, for benchmarks.pages
+    sys.path.append(str(REPO))
+
+from benchmarks.pages import portable_command, portable_path  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -305,7 +310,7 @@ def resolve_model(args: argparse.Namespace, tmp: Path) -> tuple[str, str]:
         from ebpo.models.base_model import build_base_model
 
         path = str(build_base_model())
-        return path, f"the built-in arith base model (`{path}`)"
+        return path, f"the built-in arith base model (`{portable_path(path, 'model')}`)"
     if args.model == "random":
         from ebpo.models.tiny import build_tiny_model
 
@@ -315,7 +320,7 @@ def resolve_model(args: argparse.Namespace, tmp: Path) -> tuple[str, str]:
             )
         )
         return path, f"a random Llama, {args.hidden_size} wide, {args.layers} layers, character tokenizer"
-    return args.model, f"`{args.model}`"
+    return args.model, f"`{portable_path(args.model, 'model')}`"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -377,7 +382,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps(payload, indent=1))
     if args.append:
         stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-        command = "python benchmarks/throughput.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        words = list(sys.argv[1:] if argv is None else argv)
+        command = portable_command(shlex.join(["python", "benchmarks/throughput.py", *words]))
         with open(args.append, "a", encoding="utf-8") as handle:
             handle.write(f"\n### Throughput run {stamp}\n\n`{command}`\n\n{table}\n")
     return 0

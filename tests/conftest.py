@@ -100,3 +100,21 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def plugin_pkg_dir(tmp_path_factory) -> Path:
+    """The fixture plugin package (``tests/fixtures/plugin_pkg``) installed by pip into a fresh folder: put it on
+    ``sys.path`` (or ``PYTHONPATH``) and its ``ebpo.plugins`` entry point is found."""
+    from helpers.plugins import install_plugin_pkg
+
+    return install_plugin_pkg(tmp_path_factory.mktemp("plugin-pkg") / "site")
+
+
+@pytest.fixture
+def plugin_sandbox(tmp_path_factory):
+    """Every plugin a test loads (and what it registers) is gone when the test ends."""
+    from helpers.plugins import sandbox
+
+    with sandbox(tmp_path_factory.getbasetemp()):
+        yield

@@ -27,6 +27,9 @@ def test_gpu_check_cpu_fallback_writes_every_check(tmp_path):
     text, rows = out.read_text(), json.loads(rows_file.read_text())
     assert code == 0, text
     assert "CUDA NOT available: every check ran on the CPU" in text
+    # the page's command runs in any checkout: the machine's folders are placeholders
+    assert "`python3 benchmarks/gpu_check.py --quick --device cpu --out <out> --json <json>`" in text
+    assert str(tmp_path) not in text
     checks = [row["check"] for row in rows]
     assert checks.count("ebpo train (the ebpo preset, shipped model)") == 2
     assert checks.count("sample vs model.generate (bench_eval)") == 2

@@ -86,6 +86,8 @@ def test_help_lists_the_old_flags_and_every_field_with_its_help_and_default(comm
             default = f.default_factory() if callable(f.default_factory) else f.default
             if isinstance(default, tuple):  # shown as the flag takes it: 1,16 (an empty one is not shown)
                 default = ",".join(map(str, default)) or None
+            if default == []:  # an empty list is not shown either
+                default = None
             if not any(default is nothing for nothing in (None, False, dataclasses.MISSING)):
                 assert f"{help_text} (default {default})" in text, f.name
 

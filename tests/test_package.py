@@ -1,8 +1,10 @@
 """The package stands on its own: ``python -m build`` makes a wheel that, installed (not editable) into a fresh
-virtual environment, finds its presets and base model, trains and evaluates from an empty directory.
+virtual environment, finds its presets and base model, trains and evaluates from an empty directory; and a
+plugin package installed beside it (``tests/fixtures/plugin_pkg``) reaches both commands by its entry point.
 
-Nothing here reads the repository once the wheel is built: the commands run with the working directory, HOME
-and the ebpo cache in empty temporary folders, and the environment has no ``PYTHONPATH``. The fresh
+Nothing here reads the repository once the wheel and the plugin package are installed: the commands run with
+the working directory, HOME and the ebpo cache in empty temporary folders, and the environment has no
+``PYTHONPATH``. The fresh
 environment installs torch the way ``make`` does (``torch==2.13.0``, from ``$TORCH_INDEX`` when set) and the
 wheel's dependencies from the package index (pip's cache and configuration apply), so this test needs the
 index but nothing else; it takes a few minutes, most of them pip installing torch.
@@ -21,6 +23,7 @@ import pytest
 
 import ebpo
 from ebpo.trainer.config_files import list_presets
+from helpers.plugins import PKG_ESTIMATOR, install_plugin_pkg
 
 REPO = Path(__file__).resolve().parents[1]
 TORCH_VERSION = "2.13.0"  # the Makefile's TORCH_VERSION
@@ -69,6 +72,8 @@ def test_wheel_in_a_fresh_venv_trains_and_evaluates_from_an_empty_directory(tmp_
         env=base_env,
     )
     _run([*pip, wheel], cwd=tmp_path, env=base_env)
+    # a user's plugin package, installed as users install one: its estimator and reward by entry point
+    install_plugin_pkg(tmp_path / "plugin", python=python, env=base_env)
 
     # 3. from an empty directory, with an empty HOME and ebpo cache
     empty, home = tmp_path / "empty", tmp_path / "home"
@@ -81,16 +86,19 @@ def test_wheel_in_a_fresh_venv_trains_and_evaluates_from_an_empty_directory(tmp_
     preset = "from ebpo.trainer import load_config; print(load_config('grpo').algorithm.estimator)"
     assert _run([python, "-c", preset], cwd=empty, env=env).strip() == "grpo"  # a preset by name
 
-    out = _run([ebpo_cmd, "train", "run.steps=2"], cwd=empty, env=env)
+    estimator = [f"algorithm.estimator={PKG_ESTIMATOR}", "algorithm.estimator_options.trim=1"]
+    out = _run([ebpo_cmd, "train", "run.steps=2", *estimator], cwd=empty, env=env)
     run_dir = empty / out.splitlines()[0].removeprefix("run directory: ")
-    assert run_dir.parent == empty / "runs"
+    assert run_dir.parent == empty / "runs" and run_dir.name.endswith(f"-{PKG_ESTIMATOR}")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["step"] == 2 and 0 <= summary["eval_after"]["eval/pass@1"] <= 1
     assert (run_dir / "checkpoints" / "last").is_dir() and (run_dir / "training.png").is_file()
 
-    out = _run([ebpo_cmd, "eval", "--benchmarks", "arith", "--limit", "2", "--quiet"], cwd=empty, env=env)
+    arith = ["--benchmarks", "arith", "--limit", "2", "--quiet"]
+    out = _run([ebpo_cmd, "eval", *arith, "--reward", "answer_anywhere"], cwd=empty, env=env)
     results = json.loads((empty / "eval_results" / "results.json").read_text())
     assert results["benchmarks"] == ["arith"] and results["settings"]["limit"] == 2
+    assert results["settings"]["reward"] == "answer_anywhere"
     assert 0 <= results["results"]["builtin"]["arith"]["pass@1"] <= 1
     assert "| builtin |" in out
     assert sorted(p.name for p in empty.iterdir()) == ["eval_results", "runs"]  # nothing else written here

@@ -204,7 +204,7 @@ def test_retain_keeps_the_accepted_lines_as_written(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 0, "x": 1.50}\n{"step": 1}\n{"step": 2}\n{"step": 3, "x"')
     with pytest.warns(RuntimeWarning, match="line 4: dropped a torn last line"):
-        Journal(path).retain(lambda row: row["step"] <= 1)
+        assert Journal(path).retain(lambda row: row["step"] <= 1) == 1  # step 2 (the torn line is not a row)
     assert path.read_text() == '{"step": 0, "x": 1.50}\n{"step": 1}\n'  # bytes kept, not re-serialised
     assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]
 
@@ -264,7 +264,7 @@ def test_run_directory_rewinds_or_clears_and_writes_its_summary(tmp_path):
     run.metrics.append([{"step": s} for s in range(4)])
     run.write_summary({"step": 3, "best_step": None})
     assert json.loads((run.path / "summary.json").read_text()) == {"best_step": None, "step": 3}
-    run.start(rewind_to=2, overwrite=False)
+    assert run.start(rewind_to=2, overwrite=False) == 1  # step 3 went
     assert [row["step"] for row in run.metrics.read()] == [0, 1, 2]
     (run.path / "checkpoints" / "last").mkdir(parents=True)
     run.start(rewind_to=None, overwrite=True)

@@ -27,9 +27,12 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),  # ConfigError: no ebpo imports
-    ("registry", "welford", "dataclass_cli", "persist"),  # persist: atomic writes, journals, run directories
+    ("registry", "welford", "persist"),  # persist: atomic writes, journals, run directories
+    ("plugins",),  # a user's code, imported before any name is looked up
+    ("dataclass_cli",),  # settings from YAML, overrides and flags; every command's start (plugins first)
     ("advantages", "losses"),  # the algorithm's math: estimators and policy losses
     ("ebpo",),  # the package's public entry points (get_estimator, get_policy_loss)
+    ("testing",),  # check_estimator: the estimators' contract, for an author's own
     ("data",),  # records, loaders, samplers
     ("tasks",),  # generated tasks (arith)
     ("rewards",),  # verifiable rewards

@@ -3,13 +3,14 @@
 Modes: (none) run the matrix, then write the report; ``--plan`` count the cells and runs and project the
 time; ``--dry-run`` list every run and its status; ``--estimate`` only the projection; ``--report-only``
 tables and plots from the finished runs; ``--select-options`` run the EBPO option candidates on the
-selection seeds and write the winner that ``ebpo-best`` uses. ``--quick`` is a smoke matrix of a few
+selection seeds and write the leader, which ``ebpo-best`` runs when its lead over the paper's options is resolved. ``--quick`` is a smoke matrix of a few
 minutes. Only running builds the base model; the other modes read configs and result files.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ from benchmarks.learning.methods import (
     CONFIGS,
     ESTIMATORS,
     OPTION_CANDIDATES,
+    PAPER_OPTIONS,
     REPO,
     SELECTION_SEEDS,
     Selection,
@@ -32,6 +34,8 @@ from benchmarks.learning.methods import (
 )
 from benchmarks.learning.run import LOG_FILE, add_answer_kinds, load_results, run_dir, write_json_atomic
 from benchmarks.learning.spec import FIXED_PROMPTS, VARIANTS, Budget, model_path_from
+from ebpo.plugins import HELP as PLUGINS_HELP
+from ebpo.plugins import load_plugins
 
 DEFAULTS: dict[str, Any] = {
     "groups": [4, 8, 16],
@@ -87,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help=f"the selection matrix instead: the EBPO candidates ({', '.join(OPTION_CANDIDATES)}) in arm (a) at "
         f"the headline cell on the selection seeds (default {' '.join(map(str, SELECTION_SEEDS))}); running it "
-        "(or --report-only) writes the one with the highest validation AUC to --best-file",
+        "(or --report-only) writes the one with the highest validation AUC to --best-file, which the matrix "
+        "runs as ebpo-best only if its lead over ebpo (paired by seed) has a 95%% interval above 0",
     )
     p.add_argument(
         "--quick",
@@ -102,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--methods",
         nargs="+",
         default=None,
-        help="methods: NAME (every arm with it) or ARM/NAME (default: every row)",
+        help="methods: NAME (every arm with it) or ARM/NAME (default: every row); in arm (a) also any registered "
+        "estimator as NAME or NAME:KEY=VALUE,... (ebpo diagnose's spelling), yours through --plugins",
     )
     d.add_argument(
         "--sweep",
@@ -185,6 +191,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="read the presets from here (default: the shipped presets, src/ebpo/configs/)",
     )
 
+    b.add_argument(
+        "--plugins",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=f"{PLUGINS_HELP}; every run imports them too (run.plugins)",
+    )
+
     o = p.add_argument_group("execution and output")
     o.add_argument("--jobs", type=int, default=2, help="runs side by side, one process each (default 2)")
     o.add_argument("--tag", default=None, help="name in file names (default matrix, quick or options)")
@@ -193,7 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument(
         "--best-file",
         default=None,
-        help="ebpo-best's selection (default <results-dir>/ebpo_best_options.json)",
+        help="the selection of ebpo-best (default <results-dir>/ebpo_best_options.json); without one, or with "
+        "one whose leader is not resolved, the matrix has no ebpo-best row",
     )
     o.add_argument(
         "--estimate-from",
@@ -309,6 +324,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace, command: str) -> int:
+    plugins = load_plugins(args.plugins)  # before any method or estimator name is looked up
+    if plugins:  # and in every run's process (the matrix spawns them)
+        args.settings = [*args.settings, f"run.plugins={json.dumps(plugins)}"]
     configs = Path(args.configs_dir) if args.configs_dir else CONFIGS
     tag = args.tag or ("options" if args.select_options else "quick" if args.quick else "matrix")
     root = Path(args.runs_dir) if args.runs_dir else REPO / "runs" / "bench_learning" / tag
@@ -319,6 +337,11 @@ def _main(args: argparse.Namespace, command: str) -> int:
     model_path = model_path_from(configs, args.model_path)
     if args.select_options:
         check_disjoint(tuple(DEFAULTS["seeds"]), design.seeds)
+        if PAPER_OPTIONS not in {name.rpartition("/")[2] for name in design.methods or ()}:
+            raise ValueError(
+                f"--select-options measures each candidate against {PAPER_OPTIONS} (the paper's options): "
+                f"add it to --methods"
+            )
     selection = None if args.select_options else read_selection(best_file)
     plan = matrix.plan(design, budget, model_path=model_path, configs=configs, selection=selection)
     threshold = _pick(args, "threshold", DEFAULTS["threshold"]) / 100
@@ -359,15 +382,24 @@ def _main(args: argparse.Namespace, command: str) -> int:
         for cell, spec in zip(plan.cells, plan.specs)
         if spec.key in results
     ]
+    best_how = plan.best_how
     if args.select_options:
-        scores = {
-            name: [report.METRICS["auc"].value(row.result) for row in rows if row.cell.method == name]
-            for name in design.methods or OPTION_CANDIDATES
-        }
-        winner, how = select_best({name: values for name, values in scores.items() if values})
-        chosen = Selection(winner, how, design.seeds, model_path, command, model_identity(model_path))
+        names = [name.rpartition("/")[2] for name in design.methods or OPTION_CANDIDATES]
+        scores = {name: report.by_seed(rows, "auc", method=name) for name in names}
+        leader, resolved, how = select_best({name: values for name, values in scores.items() if values})
+        chosen = Selection(
+            leader,
+            how,
+            design.seeds,
+            report.portable_path(model_path, "model-path"),
+            report.portable_command(command),
+            model_identity(model_path),
+            resolved,
+        )
         write_json_atomic(best_file, chosen.to_dict())
-        print(f"ebpo-best = {winner}: {how}\nwrote {best_file}")
+        best_how = f"**Selection**: {how}"
+        verdict = f"ebpo-best = {leader}" if resolved else "no resolved winner (no ebpo-best row)"
+        print(f"{verdict}: {how}\nwrote {best_file}")
     for path in report.write_report(
         rows,
         results_dir,
@@ -378,7 +410,7 @@ def _main(args: argparse.Namespace, command: str) -> int:
         sensitivity_pair=design.sensitivity,
         threshold=threshold,
         sessions=matrix.read_sessions(root, tag),
-        best_how=plan.best_how,
+        best_how=best_how,
     ):
         print(f"wrote {path}")
     failed = not args.report_only and outcome.failed

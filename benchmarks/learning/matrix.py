@@ -10,8 +10,8 @@ Run. Runs without a finished result are executed ``jobs`` at a time, each in its
 handed out one by one as workers free up, so that Ctrl-C stops the matrix after the runs in flight; a
 failed run is reported and the others go on. An invocation locks the runs directory (a second one is
 refused with one line). Every invocation records its wall time in ``<runs-dir>/sessions.jsonl`` after each
-run and as it ends (a killed one's up to its last finished run): the matrix wall time is their sum, the sum of
-run times is not.
+run and as it ends, and once as it starts (a killed one's up to its last finished run, or its start): the
+matrix wall time is their sum, the sum of run times is not.
 
 Estimate. CPU seconds of finished runs are split into a fixed cost per run, training (per training
 response, by cost class) and sampling (per validation or test answer); a planned run costs its responses
@@ -40,12 +40,15 @@ from benchmarks.learning.methods import (
     ARMS,
     BEST,
     CONFIGS,
+    ESTIMATOR_SPEC,
+    ESTIMATORS,
     PUBLISHED,
     Method,
     Selection,
     best_method,
     check_disjoint,
     get_method,
+    is_estimator_method,
     list_methods,
     resolve_values,
 )
@@ -109,13 +112,22 @@ def _select(arms: Sequence[str], names: Sequence[str] | None) -> list[tuple[str,
     chosen = []
     for given in names:
         arm_given, _, name = given.rpartition("/")
-        hits = [arm for arm in arms if (not arm_given or arm == arm_given) and name in list_methods(arm)]
+        hits = [
+            arm
+            for arm in arms
+            if (not arm_given or arm == arm_given)
+            and (name in list_methods(arm) or is_estimator_method(arm, name))
+        ]
         if not hits:
             valid = "; ".join(f"{arm}: {', '.join(list_methods(arm))}" for arm in arms)
-            raise ValueError(f"unknown method {given!r} in arms {list(arms)}; valid: {valid}")
+            raise ValueError(
+                f"unknown method {given!r} in arms {list(arms)}; valid: {valid}; in {ESTIMATORS}, also a "
+                f"registered estimator as {ESTIMATOR_SPEC} (yours: --plugins)"
+            )
         chosen += [(arm, name) for arm in hits if (arm, name) not in chosen]
     order = {(arm, name): (arms.index(arm), i) for arm in arms for i, name in enumerate(list_methods(arm))}
-    return sorted(chosen, key=order.__getitem__)
+    last = len(order)  # rows built on a registered estimator: after the arm's own, in the order given
+    return sorted(chosen, key=lambda pair: order.get(pair, (arms.index(pair[0]), last + chosen.index(pair))))
 
 
 @dataclass
@@ -147,19 +159,29 @@ def plan(
     selection: Selection | None = None,
 ) -> Plan:
     """The matrix of ``design`` under ``budget`` (resolved here from ``src/ebpo/configs/ebpo.yaml``). Refuses
-    reported seeds that selected ``ebpo-best``, and budget variants a G does not divide."""
+    reported seeds that selected ``ebpo-best``, and budget variants a G does not divide. Without a resolved
+    selection the default rows leave ``ebpo-best`` out (``best_how`` says why); naming it is an error."""
     budget = budget if budget.resolved else budget.resolve(configs)
     pairs = _select(design.arms, design.methods)
     sweep = set(pairs if design.sweep is None else _select(design.arms, design.sweep))
     methods: dict[tuple[str, str], Method] = {}
     best_how = ""
     for arm, name in pairs + [SENSITIVITY_METHOD]:
-        if name == BEST:
-            methods[(arm, name)], best_how = best_method(selection, model_path)
-            if selection is not None:
-                check_disjoint(tuple(design.seeds), selection.seeds)
-        else:
+        if name != BEST:
             methods[(arm, name)] = get_method(arm, name)
+            continue
+        best, best_how = best_method(selection, model_path)
+        if best is None and design.methods is not None:
+            raise ValueError(
+                f"{arm}/{BEST} was asked for, but {best_how.removeprefix('no `ebpo-best` row: ')}; "
+                "name the options to run instead (estimators/ebpo, estimators/ebpo-pooled, ...)"
+            )
+        if best is None:
+            pairs = [pair for pair in pairs if pair != (arm, name)]
+            continue
+        methods[(arm, name)] = best
+        if selection is not None:
+            check_disjoint(tuple(design.seeds), selection.seeds)
     for variant in design.variants:  # fail before any run if a G does not divide the budget
         for G in design.groups:
             budget.prompts_per_step(variant, G)
@@ -217,8 +239,8 @@ def run_matrix(
     worker: Callable[[RunSpec, str, bool, str], tuple[str, str]] = execute_logged,
 ) -> Outcome:
     """Execute every run of ``runs`` without a finished result, ``jobs`` at a time (1: in this process);
-    record this invocation (its command, ``tag`` and wall time so far) in ``<root>/sessions.jsonl`` after each
-    run and as it ends. A kill loses at most the runs in flight, which continue from their last checkpoint when
+    record this invocation (its command, ``tag`` and wall time so far) in ``<root>/sessions.jsonl`` as it
+    starts, after each run and as it ends. A kill loses at most the runs in flight, which continue from their last checkpoint when
     the same command is run again."""
     root = Path(root)
     with DirectoryLock(
@@ -249,7 +271,7 @@ def _run_pending(
 
     def record(ended: bool) -> None:
         """Append this invocation's record as it stands; the last record of an ``id`` is the one read, so a
-        SIGKILL loses at most the time since the last run finished."""
+        SIGKILL loses at most the time since the invocation started or its last run finished."""
         session = {
             "id": session_id,
             "command": command,
@@ -281,6 +303,7 @@ def _run_pending(
         log(f"[{finished}/{len(pending)}] {spec.label} {spec.key}: {status} (matrix at {elapsed:.0f} s)")
         record(ended=False)
 
+    record(ended=False)  # before the first run: a kill during it still leaves the invocation on record
     try:
         if jobs <= 1:
             for spec in pending:

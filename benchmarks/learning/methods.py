@@ -1,5 +1,9 @@
 """The compared methods, in two arms, and the EBPO option candidates behind ``ebpo-best``.
 
+``ebpo-best`` is a row only when a selection (``--select-options``) found a variant whose lead over the paper's
+options (``ebpo``) is resolved on the selection's seeds; otherwise arm (a) runs the paper's options under their
+own name, ``ebpo``, and no row claims a "best" that nothing measured.
+
 Arm (a), ``estimators``: one loss for every method, only the advantage estimator and its options differ.
 The loss is GRPO's as published, the whole ``algorithm`` section of ``src/ebpo/configs/grpo.yaml`` (PPO clip 0.2 /
 0.2, dual clip 3, ``seq-mean-token-mean``, its KL to the reference policy, no dynamic sampling, no overlong
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.learning.stats import paired_ci
 from ebpo.dataclass_cli import merge_dicts, read_yaml
 from ebpo.registry import Registry, unknown_choice
 from ebpo.trainer.config_files import PRESETS_DIR
@@ -125,18 +130,47 @@ ARM_METHODS = {
 
 OPTION_CANDIDATES = ("ebpo", "ebpo-prior", "ebpo-cluster", "ebpo-latent", "ebpo-pooled", "ebpo-ewm")
 """Arm (a) EBPO variants compared by ``--select-options``; ties go to the first (the paper's options)."""
-DEFAULT_BEST = "ebpo-cluster"
-"""``ebpo-best`` while no selection was measured: docs/design.md §2's argued choice (one prior per topic),
-labelled "not selected" in every table."""
+PAPER_OPTIONS = "ebpo"
+"""The candidate every other is measured against: a variant is ``ebpo-best`` only when its lead over these,
+paired by seed on the selection's seeds, has a 95% interval above 0."""
 SELECTION_SEEDS = (100, 101, 102)
 """Seeds of ``--select-options``: disjoint from the reported seeds (enforced, see :func:`check_disjoint`)."""
 
 
 def get_method(arm: str, name: str) -> Method:
-    """The method ``name`` of ``arm`` (``ebpo-best`` is built by :func:`best_method`, not registered)."""
-    if f"{arm}/{name}" not in _METHODS:
-        raise unknown_choice(f"{arm} method", name, list_methods(arm))
-    return _METHODS.get(f"{arm}/{name}")
+    """The method ``name`` of ``arm`` (``ebpo-best`` is built by :func:`best_method`, not registered); in arm
+    (a) also any registered estimator, :func:`estimator_method`."""
+    if f"{arm}/{name}" in _METHODS:
+        return _METHODS.get(f"{arm}/{name}")
+    if is_estimator_method(arm, name):
+        return estimator_method(name)
+    error = unknown_choice(f"{arm} method", name, list_methods(arm))
+    if arm == ESTIMATORS:
+        raise ValueError(f"{error}; or a registered estimator as {ESTIMATOR_SPEC} (yours: --plugins)")
+    raise error
+
+
+ESTIMATOR_SPEC = "NAME or NAME:KEY=VALUE,..."
+
+
+def is_estimator_method(arm: str, name: str) -> bool:
+    """Whether ``name`` of ``arm`` is a row built on a registered estimator (:func:`estimator_method`)."""
+    from ebpo.advantages import list_estimators
+
+    return (
+        arm == ESTIMATORS and f"{arm}/{name}" not in _METHODS and name.partition(":")[0] in list_estimators()
+    )
+
+
+def estimator_method(text: str) -> Method:
+    """Arm (a)'s row for any registered estimator, a plugin's included: ``NAME`` or ``NAME:KEY=VALUE,...``, the
+    spelling of ``ebpo diagnose --estimators`` (values read as YAML; the name and options checked by the
+    estimator), under GRPO's published loss like every row of the arm."""
+    from ebpo.diagnostics.config import parse_estimator
+
+    name, options = parse_estimator(text, where="method")
+    given = ", ".join(f"{key}={value}" for key, value in options.items())
+    return _estimator(text, name, f"{name}{f' ({given})' if given else ''}: a registered estimator", options)
 
 
 def list_methods(arm: str) -> list[str]:
@@ -166,8 +200,9 @@ def resolve_values(method: Method, configs: Path = CONFIGS) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Selection:
-    """What ``--select-options`` wrote: the winner, how it won, and on which seeds and model (``model_id``,
-    :func:`model_identity`; ``model_path`` is where it was then, for the reader)."""
+    """What ``--select-options`` wrote: the leader (the candidate with the highest mean validation AUC), how
+    it led, whether its lead over :data:`PAPER_OPTIONS` is resolved, and on which seeds and model
+    (``model_id``, :func:`model_identity`; ``model_path`` is where it was then, for the reader)."""
 
     method: str
     chosen_by: str
@@ -175,6 +210,7 @@ class Selection:
     model_path: str
     command: str
     model_id: str = ""  # absent from files written before it was recorded: the path is compared then
+    resolved: bool = False  # the leader's paired 95% interval over the paper's options lies above 0
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "seeds": list(self.seeds)}
@@ -213,7 +249,8 @@ def _model_identity(model_path: str, state: tuple) -> str:
 
 
 def read_selection(path: Path) -> Selection | None:
-    """The selection file, or None when there is none; a file from an older format is one clear error."""
+    """The selection file, or None when there is none; a file from an older format, one that does not say
+    whether its leader's lead is resolved included, is one clear error."""
     path = Path(path)
     if not path.is_file():
         return None
@@ -226,35 +263,46 @@ def read_selection(path: Path) -> Selection | None:
             row["model_path"],
             row["command"],
             str(row.get("model_id", "")),
+            row.get("resolved"),
         )
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
         raise ValueError(
             f"{path}: not a selection written by --select-options ({type(err).__name__}: {err}); rerun "
             "--select-options or remove the file"
         ) from None
+    if not isinstance(selection.resolved, bool):
+        raise ValueError(
+            f"{path}: written before --select-options recorded whether its leader's lead over {PAPER_OPTIONS} "
+            "is resolved; rerun --select-options (with --report-only it recomputes that from the finished runs)"
+        )
     get_method(ESTIMATORS, selection.method)  # a name that no longer exists is an error, not a fallback
     return selection
 
 
-def best_method(selection: Selection | None, model_path: str) -> tuple[Method, str]:
-    """``ebpo-best`` (arm (a)) and how it was chosen: the selected candidate's options, or
-    :data:`DEFAULT_BEST` labelled as not selected. A selection made on another model is refused."""
+def best_method(selection: Selection | None, model_path: str) -> tuple[Method | None, str]:
+    """``ebpo-best`` (arm (a)) with the selected candidate's options and how it was chosen; or None and why
+    there is no such row: no selection, or a selection whose leader's lead over the paper's options is not
+    resolved (arm (a) then runs the paper's options as ``ebpo``, under their own name). A selection made on
+    another model is refused."""
     if selection is None:
-        base = get_method(ESTIMATORS, DEFAULT_BEST)
-        how = f"{DEFAULT_BEST} by default: NOT selected on this model (run --select-options first)"
-    else:
-        current = model_identity(model_path)  # hashes the weight files of a model without build_info.json
-        same = selection.model_id == current if selection.model_id else selection.model_path == model_path
-        if not same:
-            raise ValueError(
-                f"ebpo-best was selected on model {selection.model_path} ({selection.model_id or 'no id'}), "
-                f"not on {model_path} ({current}): rerun --select-options on this model (or "
-                "pass --model-path to the selection's model)"
-            )
-        base = get_method(ESTIMATORS, selection.method)
-        how = f"{selection.method}, {selection.chosen_by} (seeds {list(selection.seeds)})"
+        return None, "no `ebpo-best` row: no selection was made on this model (run --select-options first)"
+    current = model_identity(model_path)  # hashes the weight files of a model without build_info.json
+    same = selection.model_id == current if selection.model_id else selection.model_path == model_path
+    if not same:
+        raise ValueError(
+            f"ebpo-best was selected on model {selection.model_path} ({selection.model_id or 'no id'}), "
+            f"not on {model_path} ({current}): rerun --select-options on this model (or "
+            "pass --model-path to the selection's model)"
+        )
+    seeds = f"seeds {list(selection.seeds)}"
+    if not selection.resolved:
+        return None, (
+            f"no `ebpo-best` row: the selection found no resolved winner ({selection.chosen_by}; {seeds}), so "
+            f"`{PAPER_OPTIONS}` runs the paper's options under their own name"
+        )
+    base = get_method(ESTIMATORS, selection.method)
     method = Method(ESTIMATORS, BEST, f"EBPO, best options = {base.name}", base.preset, base.overrides)
-    return method, how
+    return method, f"`ebpo-best` = {selection.method}: {selection.chosen_by} ({seeds})"
 
 
 def check_disjoint(report_seeds: tuple[int, ...], selection_seeds: tuple[int, ...]) -> None:
@@ -268,19 +316,43 @@ def check_disjoint(report_seeds: tuple[int, ...], selection_seeds: tuple[int, ..
         )
 
 
-def select_best(scores: dict[str, list[float]]) -> tuple[str, str]:
-    """The candidate with the highest mean validation AUC (never the test set); ties go to the earliest in
-    :data:`OPTION_CANDIDATES` order. Returns (name, how it was chosen)."""
-    means = {name: sum(values) / len(values) for name, values in scores.items() if values}
+def select_best(scores: dict[str, dict[int, float]]) -> tuple[str, bool, str]:
+    """The leader, the candidate with the highest mean validation AUC (never the test set; ties go to the
+    earliest in :data:`OPTION_CANDIDATES` order), and whether it is a winner: its lead over the paper's
+    options (:data:`PAPER_OPTIONS`), paired by seed, has a 95% t-interval above 0. ``scores``: each
+    candidate's validation AUC by seed. Returns (leader, resolved, how it was chosen)."""
+    means = {name: sum(values.values()) / len(values) for name, values in scores.items() if values}
     if not means:
         raise ValueError(f"no finished runs of the candidates {sorted(scores)}")
     order = {name: i for i, name in enumerate(OPTION_CANDIDATES)}
-    winner = min(means, key=lambda name: (-means[name], order.get(name, len(order)), name))
+    leader = min(means, key=lambda name: (-means[name], order.get(name, len(order)), name))
     table = ", ".join(
         f"{name} {means[name]:.4f} (n={len(scores[name])})" for name in sorted(means, key=lambda n: -means[n])
     )
-    tied = sorted(name for name, mean in means.items() if mean == means[winner])
+    tied = sorted(name for name, mean in means.items() if mean == means[leader])
     how = f"highest mean validation AUC: {table}"
     if len(tied) > 1:
-        how += f"; a tie between {', '.join(tied)}, broken in favour of {winner} (candidate order)"
-    return winner, how
+        how += f"; a tie between {', '.join(tied)}, broken in favour of {leader} (candidate order)"
+    if leader == PAPER_OPTIONS:
+        return (
+            leader,
+            False,
+            how + f"; the paper's options ({PAPER_OPTIONS}) lead: no variant is ahead of them",
+        )
+    if PAPER_OPTIONS not in means:
+        raise ValueError(
+            f"no finished runs of {PAPER_OPTIONS} (the paper's options), which the leader's lead is measured "
+            "against; run them with the other candidates"
+        )
+    lead = paired_ci(scores[leader], scores[PAPER_OPTIONS])
+    low, high = lead.mean - lead.half_width, lead.mean + lead.half_width
+    resolved = lead.n >= 2 and low > 0
+    interval = f"{100 * lead.mean:+.2f} points" + (
+        f", 95% interval [{100 * low:+.2f}, {100 * high:+.2f}]" if lead.n >= 2 else " (one seed: no interval)"
+    )
+    verdict = "resolved: ebpo-best" if resolved else "not resolved: no resolved winner"
+    return (
+        leader,
+        resolved,
+        how + f"; {leader} - {PAPER_OPTIONS}, paired over {lead.n} seeds: {interval}, {verdict}",
+    )

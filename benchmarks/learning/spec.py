@@ -28,18 +28,23 @@ VARIANT_TITLES = {
     EQUAL_RESPONSES: "R responses per step at every G (prompts per step = R / G: an equal sampling budget)",
 }
 
-RESULT_KEYS_IGNORED = ("out_dir", "name", "progress", "plot")
-"""``run`` fields that do not change a run's result, left out of its key."""
+RESULT_KEYS_IGNORED = ("out_dir", "name", "progress", "plot", "plugins", "report_to")
+"""``run`` fields that do not change a run's result, left out of its key (``plugins``: where a method's
+estimator is defined, its name and options being keyed; ``report_to``: where the metrics are also sent)."""
 
 KEYED_ONLY_OFF_DEFAULT = {
     ("rollout", "old_logp"): "recompute",
     ("run", "step_kl"): "all",
     ("optim", "shared_prompts"): False,
+    ("data", "chat_template"): "auto",
+    ("data", "task_options"): {},
 }
 """Config fields added after runs were first keyed, with the value that reproduces those runs (what the trainer
 did before the field existed; the trainer's defaults have since moved to the fast paths): at that value a field
 is left out of the key, so the earlier runs keep their keys and finished results; any other value, the present
-default included, enters it (``--set`` plans the earlier runs)."""
+default included, enters it (``--set`` plans the earlier runs). ``data.chat_template``'s default, ``auto``,
+renders raw prompts for a tokenizer without a chat template, as every keyed run had, and the model's identity
+is in the key, so a chat model's runs never share a key with those."""
 
 KEYED_AS_GIVEN = {"estimator_options": "ebpo", "loss_options": "loss"}
 """The ``algorithm`` sections keyed as the run's values and overrides give them, under the names runs were

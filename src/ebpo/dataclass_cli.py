@@ -602,14 +602,49 @@ def add_command(
     """Add the command ``name``, whose parser ``parser(prog)`` is built only when the command runs.
 
     The entry in ``subparsers`` takes every remaining word as it is (no character starts a flag there) and
-    hands them to the real parser, which prints the command's ``--help`` and its errors. ``run`` gets the
-    parsed flags. With ``parser_reads_words`` the parser is ``parser(prog, words)``: a command whose flags
-    depend on one of them (``ebpo base-model --recipe gym`` takes the gym recipe's fields).
+    hands them to the real parser, which prints the command's ``--help`` and its errors. Every command takes
+    ``--plugins NAME`` (:mod:`ebpo.plugins`): the plugins are imported before the parser is built, so that
+    nothing checks a name before a plugin could register it; a plugin that fails is one line on stderr and
+    exit code 2. ``run`` gets the parsed flags (``plugins``: the names given, resolved). With
+    ``parser_reads_words`` the parser is ``parser(prog, words)``: a command whose flags depend on one of them
+    (``ebpo base-model --recipe gym`` takes the gym recipe's fields).
     """
     command = subparsers.add_parser(name, help=help, add_help=False, prefix_chars="\0")
     command.add_argument("words", nargs="*", help=argparse.SUPPRESS)
 
-    def build(words: list[str]) -> argparse.ArgumentParser:
-        return parser(command.prog, words) if parser_reads_words else parser(command.prog)
+    def start(args: argparse.Namespace) -> int:
+        build = (lambda prog: parser(prog, args.words)) if parser_reads_words else parser
+        return _start(command.prog, build, run, args.words)
 
-    command.set_defaults(func=lambda args: run(build(args.words).parse_args(args.words)))
+    command.set_defaults(func=start)
+
+
+def _plugins_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``parser`` with the ``--plugins NAME`` flag every command takes (repeatable, comma-separated)."""
+    from ebpo.plugins import HELP
+
+    parser.add_argument("--plugins", action="append", default=[], metavar="NAME", help=HELP)
+    return parser
+
+
+def _start(
+    prog: str,
+    parser: Callable[[str], argparse.ArgumentParser],
+    run: Callable[[argparse.Namespace], int],
+    words: list[str],
+) -> int:
+    """Import the plugins (entry points and ``--plugins``), then parse ``words`` with the command's parser and
+    run it."""
+    from ebpo.plugins import PluginError, load_plugins
+
+    named, _ = _plugins_flag(argparse.ArgumentParser(add_help=False, allow_abbrev=False)).parse_known_args(
+        words
+    )
+    try:
+        load_plugins(named.plugins)
+    except PluginError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return 2
+    args = _plugins_flag(parser(prog)).parse_args(words)
+    args.plugins = load_plugins(args.plugins)  # loaded above: the names resolved
+    return run(args)

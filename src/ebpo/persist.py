@@ -436,13 +436,16 @@ class Journal:
                 handle.write(data)
                 handle.flush()
 
-    def retain(self, keep: Callable[[dict[str, Any]], bool]) -> None:
+    def retain(self, keep: Callable[[dict[str, Any]], bool]) -> int:
         """Rewrite the journal (atomically) with the lines whose rows ``keep`` accepts, as they were written;
-        a torn last line goes, a bad line elsewhere raises as in :meth:`read`."""
+        a torn last line goes, a bad line elsewhere raises as in :meth:`read`. Returns how many whole lines
+        ``keep`` refused."""
         if not self.path.is_file():
-            return
-        kept = [line for number, line in self._lines(repair=False) if keep(self._parse(number, line, None))]
+            return 0
+        lines = self._lines(repair=False)
+        kept = [line for number, line in lines if keep(self._parse(number, line, None))]
         write_bytes_atomic(self.path, b"".join(line + b"\n" for line in kept))
+        return len(lines) - len(kept)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -545,6 +548,7 @@ class RunDirectory:
         checkpoints/best/    the same at the best validation maj@k, + best.json
         summary.json         written at the end
         training.png         written at the end
+        trackers.json        the runs of the experiment trackers it reports to (``ebpo.trainer.metrics_log``)
         .lock                while a process trains in it (:class:`DirectoryLock`)
 
     Its life: :meth:`claim` takes the lock; :meth:`check` refuses a fresh run where a run already is (and
@@ -564,7 +568,9 @@ class RunDirectory:
     """A checkpoint's model and tokenizer, ``checkpoints/<name>/model`` (``from_pretrained`` loads it)."""
     SUMMARY = "summary.json"
     PLOT = "training.png"
-    OUTPUTS = (METRICS, CHECKPOINTS, SUMMARY, TENSORBOARD, PLOT, CONFIG)
+    TRACKERS = "trackers.json"
+    """The experiment trackers' runs (wandb, MLflow) this run reports to, so that ``--resume`` continues them."""
+    OUTPUTS = (METRICS, CHECKPOINTS, SUMMARY, TENSORBOARD, PLOT, CONFIG, TRACKERS)
     """What a run writes; ``--overwrite`` removes exactly these (and nothing else in the directory)."""
 
     def __init__(self, path: StrPath) -> None:
@@ -619,12 +625,14 @@ class RunDirectory:
                 "replace it"
             )
 
-    def start(self, *, rewind_to: int | None, overwrite: bool) -> None:
+    def start(self, *, rewind_to: int | None, overwrite: bool) -> int:
         """Make the directory ready for the run: a resume in place keeps the metrics up to ``rewind_to`` (the
         checkpoint's step; later lines and a torn last line go), ``overwrite`` removes a previous run's
-        outputs (:data:`OUTPUTS`; other files stay)."""
+        outputs (:data:`OUTPUTS`; other files stay). Returns how many whole metrics lines past ``rewind_to``
+        went (steps the run had logged after its checkpoint)."""
+        dropped = 0
         if rewind_to is not None:
-            self.metrics.retain(lambda row: row["step"] <= rewind_to)
+            dropped = self.metrics.retain(lambda row: row["step"] <= rewind_to)
         elif overwrite:
             for name in self.OUTPUTS:
                 path = self.path / name
@@ -633,6 +641,7 @@ class RunDirectory:
                 elif path.exists():
                     path.unlink()
         self.path.mkdir(parents=True, exist_ok=True)
+        return dropped
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         """``summary.json``, atomically."""

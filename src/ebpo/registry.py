@@ -13,8 +13,9 @@
     ESTIMATORS.names()       # sorted
     "grpo" in ESTIMATORS     # True
 
-Registering a name twice raises ``ValueError`` (``advantage estimator 'grpo' is already registered``): a
-plugin cannot silently replace a built-in.
+Registering a name twice raises :class:`AlreadyRegistered`, a ``ValueError`` naming the module that holds the
+name (``advantage estimator 'grpo' is already registered (by ebpo.advantages.baselines)``): a plugin cannot
+silently replace a built-in.
 
 A *family* is an entry built from a name with an argument, ``<prefix>:<argument>``: ``TASKS.register_family("gym",
 make_gym_task, pattern="<dataset>[,<dataset>...]")`` makes ``TASKS.get("gym:chain_sum,gcd")`` call
@@ -35,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar, overload
 
-__all__ = ["Registry", "check_choice", "unknown_choice"]
+__all__ = ["AlreadyRegistered", "Registry", "check_choice", "unknown_choice"]
 
 T = TypeVar("T")
 
@@ -45,6 +46,15 @@ class _Missing:
 
 
 _MISSING = _Missing()
+
+
+class AlreadyRegistered(ValueError):
+    """A name registered twice; ``kind`` and ``name`` say which (a plugin's loader names the plugin)."""
+
+    def __init__(self, kind: str, name: str, holder: str | None) -> None:
+        by = f" (by {holder})" if holder else ""
+        super().__init__(f"{kind} {name!r} is already registered{by}")
+        self.kind, self.name = kind, name
 
 
 def unknown_choice(kind: str, value: object, choices: Iterable[str]) -> ValueError:
@@ -80,14 +90,16 @@ class Registry(Generic[T]):
     def register(self, name: str, entry: T | _Missing = _MISSING) -> T | Callable[[T], T]:
         """Add ``entry`` under ``name`` and return it; without ``entry``, a decorator that does so.
 
-        Raises ``ValueError`` if ``name`` is already registered or is not a non-empty string.
+        Raises :class:`AlreadyRegistered` if ``name`` is already registered, ``ValueError`` if it is not a
+        non-empty string.
         """
         if not isinstance(name, str) or not name:
             raise ValueError(f"a {self.kind} name must be a non-empty string, got {name!r}")
 
         def add(item: T) -> T:
             if name in self._entries:
-                raise ValueError(f"{self.kind} {name!r} is already registered")
+                holder = getattr(self._entries[name], "__module__", None)  # classes and functions have one
+                raise AlreadyRegistered(self.kind, name, holder if isinstance(holder, str) else None)
             self._entries[name] = item
             return item
 

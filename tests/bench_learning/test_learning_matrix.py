@@ -22,23 +22,24 @@ def _plan(configs_dir, **design):
 
 def test_full_design_counts_by_hand(configs_dir):
     plan = _plan(configs_dir, seeds=(0, 1))
-    # 16 rows (8 per arm) x 2 variants x 3 G = 96 cells per seed; the sensitivity cells (published GRPO,
-    # fixed prompts, G 4 and 16) are two of them. Distinct runs per seed: estimators/grpo = published/grpo,
-    # so 15 configs, each at fixed prompts G 4, 8, 16 and equal responses G 8, 16 (R / 4 = 8 = P: the
-    # equal-responses G = 4 run is the fixed-prompts one): 15 x 5 = 75.
-    assert len(plan.cells) == 2 * 96 and len(plan.runs) == 2 * 75
-    assert [c.seed for c in plan.cells] == [0] * 96 + [1] * 96  # seed-major: a partial matrix has whole seeds
+    # no selection, so no ebpo-best row: 15 rows (7 + 8) x 2 variants x 3 G = 90 cells per seed; the
+    # sensitivity cells (published GRPO, fixed prompts, G 4 and 16) are two of them. Distinct runs per seed:
+    # estimators/grpo = published/grpo, so 14 configs, each at fixed prompts G 4, 8, 16 and equal responses
+    # G 8, 16 (R / 4 = 8 = P: the equal-responses G = 4 run is the fixed-prompts one): 14 x 5 = 70.
+    assert len(plan.cells) == 2 * 90 and len(plan.runs) == 2 * 70
+    assert [c.seed for c in plan.cells] == [0] * 90 + [1] * 90  # seed-major: a partial matrix has whole seeds
     assert plan.cells[:2] == [Cell(PUBLISHED, "grpo", FIXED_PROMPTS, G, 0) for G in (4, 16)]
-    assert "NOT selected" in plan.best_how  # no selection file: ebpo-best is labelled as such
+    assert "ebpo-best" not in {c.method for c in plan.cells}
+    assert plan.best_how.startswith("no `ebpo-best` row: no selection")  # the page says why
     shared = plan.spec_of(Cell(ESTIMATORS, "grpo", EQUAL_RESPONSES, 4, 1))
     assert shared.key == plan.spec_of(Cell(PUBLISHED, "grpo", FIXED_PROMPTS, 4, 1)).key
 
 
 def test_sweep_limits_the_g_and_budget_variants_to_some_methods(configs_dir):
     plan = _plan(configs_dir, seeds=(0, 1), sweep=("grpo",))
-    # per seed: GRPO in both arms at 6 cells (5 runs, shared across arms), the other 14 rows at the headline
-    # cell only (fixed prompts, G = 4): 12 + 14 = 26 cells and 5 + 14 = 19 runs
-    assert len(plan.cells) == 2 * 26 and len(plan.runs) == 2 * 19
+    # per seed: GRPO in both arms at 6 cells (5 runs, shared across arms), the other 13 rows at the headline
+    # cell only (fixed prompts, G = 4): 12 + 13 = 25 cells and 5 + 13 = 18 runs
+    assert len(plan.cells) == 2 * 25 and len(plan.runs) == 2 * 18
     others = [c for c in plan.cells if c.method != "grpo"]
     assert {(c.variant, c.group_size) for c in others} == {(FIXED_PROMPTS, 4)}
     small = _plan(
@@ -57,7 +58,7 @@ def test_plan_refuses_unknown_methods_bad_budgets_and_selection_seeds(configs_di
     with pytest.raises(ValueError, match=r"\[0, 0\]"):
         matrix.Design(seeds=(0, 0))
     budget = Budget(steps=10).resolve(configs_dir)
-    selection = Selection("ebpo-prior", "test", (1, 100), "/m", "cmd")
+    selection = Selection("ebpo-prior", "test", (1, 100), "/m", "cmd", resolved=True)
     with pytest.raises(ValueError, match=r"seeds \[1\] .*ebpo-best"):
         matrix.plan(
             matrix.Design(seeds=(0, 1)), budget, model_path="/m", configs=configs_dir, selection=selection
@@ -65,7 +66,33 @@ def test_plan_refuses_unknown_methods_bad_budgets_and_selection_seeds(configs_di
     plan = matrix.plan(
         matrix.Design(seeds=(0, 2)), budget, model_path="/m", configs=configs_dir, selection=selection
     )
-    assert "ebpo-prior" in plan.best_how and "[1, 100]" in plan.best_how
+    assert plan.best_how == "`ebpo-best` = ebpo-prior: test (seeds [1, 100])"
+    best = plan.spec_of(Cell(ESTIMATORS, "ebpo-best", FIXED_PROMPTS, 4, 2))
+    assert best.key == plan.spec_of(Cell(ESTIMATORS, "ebpo-prior", FIXED_PROMPTS, 4, 2)).key  # its options
+
+
+def test_a_selection_without_a_resolved_winner_runs_the_paper_options_under_their_own_name(configs_dir):
+    """The leader's lead over ebpo is not resolved: no ebpo-best row (ebpo is already a row), so the reported
+    seeds may even overlap the selection's; asking for ebpo-best by name is one clear error."""
+    budget = Budget(steps=10).resolve(configs_dir)
+    unresolved = Selection("ebpo-pooled", "highest mean validation AUC: ...", (1, 100), "/m", "cmd")
+    plan = matrix.plan(
+        matrix.Design(seeds=(0, 1)), budget, model_path="/m", configs=configs_dir, selection=unresolved
+    )
+    methods = {c.method for c in plan.cells if c.arm == ESTIMATORS}
+    assert "ebpo-best" not in methods and "ebpo-pooled" not in methods and "ebpo" in methods
+    assert plan.best_how.startswith("no `ebpo-best` row: the selection found no resolved winner (highest")
+    assert "`ebpo` runs the paper's options under their own name" in plan.best_how
+    with pytest.raises(ValueError, match=r"^estimators/ebpo-best was asked for, but the selection found no"):
+        matrix.plan(
+            matrix.Design(methods=("ebpo-best",), seeds=(0,)),
+            budget,
+            model_path="/m",
+            configs=configs_dir,
+            selection=unresolved,
+        )
+    with pytest.raises(ValueError, match=r"^estimators/ebpo-best was asked for, but no selection was made"):
+        matrix.plan(matrix.Design(methods=("estimators/ebpo-best",), seeds=(0,)), budget, model_path="/m")
 
 
 # --- execution -----------------------------------------------------------------------------------------
@@ -121,32 +148,38 @@ def test_killed_matrix_continues_run_by_run(configs_dir, tmp_path):
     assert read_result(tmp_path, runs[1]) is None
 
 
-def test_a_matrix_killed_without_warning_keeps_its_time_up_to_its_last_finished_run(configs_dir, tmp_path):
+@pytest.mark.parametrize("dies_in", [1, 3])
+def test_a_matrix_killed_without_warning_keeps_its_time_up_to_its_last_finished_run(
+    configs_dir, tmp_path, dies_in
+):
+    """Killed during its first run (recorded as it started) or its third (recorded after the second)."""
     runs = _plan(configs_dir, arms=(PUBLISHED,), methods=("grpo",), seeds=(0,), sensitivity=None).runs
     calls = []
 
-    def dies_on_third(spec, root, keep, command):
+    def dies_during_a_run(spec, root, keep, command):
         calls.append(spec.key)
-        if len(calls) == 3:
+        if len(calls) == dies_in:
             os._exit(9)  # as SIGKILL or an out-of-memory kill: no finally, no exit handler runs
         return fake_worker(spec, root, keep, command)
 
     pid = os.fork()
-    if pid == 0:  # the matrix in a child process, which dies during its third run
+    if pid == 0:  # the matrix in a child process, which dies during run number dies_in
         try:
-            matrix.run_matrix(runs, tmp_path, worker=dies_on_third, log=lambda _: None, command="c", tag="t")
+            matrix.run_matrix(
+                runs, tmp_path, worker=dies_during_a_run, log=lambda _: None, command="c", tag="t"
+            )
         finally:
             os._exit(1)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 9
     (killed,) = matrix.read_sessions(tmp_path, "t")  # one invocation, as its last record left it
-    assert (killed["finished"], killed["ended"], killed["command"]) == (2, False, "c")
-    assert killed["wall_s"] >= 0
+    assert (killed["finished"], killed["ended"], killed["command"]) == (dies_in - 1, False, "c")
+    assert killed["wall_s"] >= 0 and killed["to_run"] == 5
     outcome = matrix.run_matrix(runs, tmp_path, worker=fake_worker, log=lambda _: None, command="c", tag="t")
-    assert outcome.finished == 3
+    assert outcome.finished == 5 - (dies_in - 1)
     assert [(s["finished"], s["ended"]) for s in matrix.read_sessions(tmp_path, "t")] == [
-        (2, False),
-        (3, True),
+        (dies_in - 1, False),
+        (5 - (dies_in - 1), True),
     ]
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import csv
+from types import SimpleNamespace
 
 import pytest
+from benchmarks import pages
 from benchmarks.learning import matrix, report
 from benchmarks.learning.methods import ESTIMATORS, PUBLISHED
 from benchmarks.learning.spec import FIXED_PROMPTS, Budget
@@ -151,16 +153,53 @@ def test_the_page_names_the_model_by_a_path_any_checkout_shares_and_its_recipe_k
     (shipped / "build_info.json").write_text('{"key": "a33a8f87d156"}')
     cached = home / ".cache" / "ebpo" / "base_models" / "arith-30e4105233de"
     cached.mkdir(parents=True)
-    monkeypatch.chdir(repo)
+    monkeypatch.setattr(pages, "REPO", repo)
     monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("EBPO_CACHE", raising=False)
     assert report.describe_model(str(shipped)) == (
         "`src/ebpo/models/arith_base` (base-model recipe key `a33a8f87d156`)"
     )
-    # outside the repository: the home directory as ~; no build_info.json (a model of one's own): no key
+    # a build in the cache: under the cache's default root; no build_info.json (a model of one's own): no key
     assert report.describe_model(str(cached)) == "`~/.cache/ebpo/base_models/arith-30e4105233de`"
     (cached / "build_info.json").write_text("{not json")
     assert report.describe_model(str(cached)) == "`~/.cache/ebpo/base_models/arith-30e4105233de`"
-    assert report.describe_model("/elsewhere/model") == "`/elsewhere/model`"
+    # a cache moved by $EBPO_CACHE is named by the default root all the same (where a reader's build goes)
+    monkeypatch.setenv("EBPO_CACHE", str(tmp_path / "scratch"))
+    moved = tmp_path / "scratch" / "base_models" / "arith-30e4105233de"
+    assert report.describe_model(str(moved)) == "`~/.cache/ebpo/base_models/arith-30e4105233de`"
+    # any other folder of this machine, in the home directory or not: the reader's own, a placeholder
+    assert report.describe_model("/elsewhere/model") == "`<model-path>`"
+    assert report.describe_model(str(home / "models" / "mine")) == "`<model-path>`"
+    assert report.describe_model("Qwen/Qwen2.5-Math-1.5B") == "`Qwen/Qwen2.5-Math-1.5B`"  # a hub id
     # the shipped model of another checkout (runs made there, reported here): named as in this one
     elsewhere = tmp_path / "other-checkout" / "src" / "ebpo" / "models" / "arith_base"
     assert report.describe_model(str(elsewhere)) == "`src/ebpo/models/arith_base`"
+
+
+def test_a_printed_command_names_paths_relative_to_the_repository_or_a_placeholder(tmp_path, monkeypatch):
+    """Runs record the command as typed, absolute paths included; the page, the CSV and the selection file
+    print it so that any checkout can run it."""
+    repo = tmp_path / "repo"
+    monkeypatch.setattr(pages, "REPO", repo)
+    monkeypatch.setenv("EBPO_CACHE", str(tmp_path / "cache"))
+    typed = (
+        f"python -m benchmarks.learning --jobs 2 --runs-dir {repo}/runs/bench_learning/defaults "
+        f"--results-dir=/scratch/results --model-path {tmp_path}/cache/base_models/arith-9ef01a0ba85f "
+        "--best-file docs/results/ebpo_best_options.json --set 'model.path=/data/my model' --tag 'a b'"
+    )
+    assert pages.portable_command(typed) == (
+        "python -m benchmarks.learning --jobs 2 --runs-dir runs/bench_learning/defaults "
+        "--results-dir=<results-dir> --model-path ~/.cache/ebpo/base_models/arith-9ef01a0ba85f "
+        "--best-file docs/results/ebpo_best_options.json --set model.path=<model.path> --tag 'a b'"
+    )
+    assert (
+        pages.portable_command("python -m benchmarks.learning --quick")
+        == "python -m benchmarks.learning --quick"
+    )
+    assert (
+        pages.portable_path("/tmp/x") == "<path>" and pages.portable_path("~/x", "--runs-dir") == "<runs-dir>"
+    )
+    rows = [SimpleNamespace(result={"command": typed}), SimpleNamespace(result={})]
+    assert report.commands_line(rows) == (  # one command per distinct run command, portable
+        "Runs produced by: `not recorded`; `" + pages.portable_command(typed) + "`"
+    )

@@ -9,7 +9,7 @@ import re
 
 import pytest
 from benchmarks.learning import matrix
-from benchmarks.learning.methods import PUBLISHED, get_method
+from benchmarks.learning.methods import ESTIMATORS, get_method
 from benchmarks.learning.run import (
     RESULT_FILE,
     TEST_SAMPLES,
@@ -82,12 +82,18 @@ def _kill_on_step(monkeypatch, step: int) -> None:
 
 
 def test_run_killed_before_its_first_checkpoint_starts_over(
-    tiny_model_dir, configs_dir, tmp_path, monkeypatch
+    tiny_model_dir, configs_dir, tmp_path, monkeypatch, plugin_pkg_dir, plugin_sandbox
 ):
+    from ebpo.plugins import load_plugins
     from ebpo.trainer import Trainer
     from ebpo.trainer.config import ConfigError
+    from helpers.plugins import PKG_ESTIMATOR
 
-    spec = _spec(tiny_model_dir, configs_dir, save_every=2)
+    # the row of an installed package's estimator (its entry point, loaded as the command line loads it), with
+    # an option
+    monkeypatch.syspath_prepend(str(plugin_pkg_dir))
+    load_plugins()
+    spec = _spec(tiny_model_dir, configs_dir, (ESTIMATORS, f"{PKG_ESTIMATOR}:trim=1"), save_every=2)
     with monkeypatch.context() as patch:
         _kill_on_step(patch, 1)
         with pytest.raises(KeyboardInterrupt):
@@ -103,6 +109,7 @@ def test_run_killed_before_its_first_checkpoint_starts_over(
     result = execute(spec, tmp_path)
     assert result["timing"]["resumed_from_step"] == 0
     assert [s for s, _ in result["curves"]["eval/pass@1"]] == [0.0, 1.0, 2.0]  # one history, not two
+    assert f"algorithm.estimator={PKG_ESTIMATOR}" in result["spec"]["overrides"]
 
 
 def test_run_killed_after_a_checkpoint_resumes_exactly(tiny_model_dir, configs_dir, tmp_path, monkeypatch):
@@ -120,11 +127,24 @@ def test_run_killed_after_a_checkpoint_resumes_exactly(tiny_model_dir, configs_d
 
 
 @pytest.mark.slow  # a spawned worker imports torch and transformers afresh (10-30 s on a busy 2-core machine)
-def test_process_pool_runs_a_real_run(tiny_model_dir, configs_dir, tmp_path):
-    spec = _spec(tiny_model_dir, configs_dir, (PUBLISHED, "grpo"), steps=1)
+def test_process_pool_runs_a_real_run(tiny_model_dir, configs_dir, tmp_path, plugin_sandbox):
+    # the row of an estimator of one's own (a lone file's, with an option): the worker imports the plugin from
+    # the run's config (run.plugins, which --plugins sets for every run)
+    from ebpo.plugins import load_plugins
+    from helpers.plugins import FILE_ESTIMATOR, MY_ESTIMATORS
+
+    load_plugins([str(MY_ESTIMATORS)])
+    plugins = f"run.plugins=[{MY_ESTIMATORS}]"
+    spec = _spec(
+        tiny_model_dir, configs_dir, (ESTIMATORS, f"{FILE_ESTIMATOR}:q=0.75"), steps=1, settings=(plugins,)
+    )
+    assert (
+        spec.key == _spec(tiny_model_dir, configs_dir, (ESTIMATORS, f"{FILE_ESTIMATOR}:q=0.75"), steps=1).key
+    )
     outcome = matrix.run_matrix([spec], tmp_path, jobs=2, command="c", log=lambda _: None)
     assert outcome.failed == {} and outcome.finished == 1
-    assert read_result(tmp_path, spec)["steps"] == 1
+    result = read_result(tmp_path, spec)
+    assert result["steps"] == 1 and f"algorithm.estimator={FILE_ESTIMATOR}" in result["spec"]["overrides"]
     assert (run_dir(tmp_path, spec) / "run.log").is_file()  # the worker's output went to the run's log
 
 

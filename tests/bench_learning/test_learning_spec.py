@@ -161,7 +161,13 @@ def test_fields_added_later_enter_the_key_only_off_their_earlier_default(configs
         ("rollout", "old_logp"): "recompute",
         ("run", "step_kl"): "all",
         ("optim", "shared_prompts"): False,
+        ("data", "chat_template"): "auto",
+        ("data", "task_options"): {},
     }
+    assert config.data.chat_template == "auto"  # the default: keyed as before the field existed
+    assert key_with(*exact, "data.chat_template=off") != key_with(*exact)
+    assert config.data.task_options == {}  # likewise; a task's generator settings are another run
+    assert key_with(*exact, "data.task_options={chain_sum: {max_terms: 2}}") != key_with(*exact)
 
 
 def test_key_follows_the_model_weights_not_the_model_path(configs_dir, tmp_path):
@@ -210,7 +216,7 @@ def test_model_path_comes_from_the_shared_preset_and_nothing_is_built(configs_di
 
 def _resolved(arm: str, names, configs_dir) -> dict[str, dict]:
     budget = Budget(steps=3).resolve(configs_dir)
-    selection = M.Selection("ebpo-latent", "test", (100,), "/m", "c")
+    selection = M.Selection("ebpo-latent", "test", (100,), "/m", "c", resolved=True)
     out = {}
     for name in names:
         method = M.best_method(selection, "/m")[0] if name == M.BEST else M.get_method(arm, name)
@@ -282,22 +288,34 @@ def test_arm_b_presets_keep_their_own_loss_and_entropymech_selects_the_ratio(con
 # --- ebpo-best -----------------------------------------------------------------------------------------
 
 
-def test_best_method_uses_the_selection_or_says_it_was_not_selected(tmp_path):
+def test_best_method_is_the_resolved_selection_or_none_with_the_reason(tmp_path):
     method, how = M.best_method(None, "/m")
-    assert method.name == M.BEST and method.overrides == M.get_method(M.ESTIMATORS, M.DEFAULT_BEST).overrides
-    assert "NOT selected" in how
+    assert method is None and how.startswith("no `ebpo-best` row: no selection was made")
     path = tmp_path / "best.json"
     assert M.read_selection(path) is None
-    chosen = M.Selection("ebpo-prior", "highest mean validation AUC", (100, 101), "/m", "cmd")
+    chosen = M.Selection("ebpo-prior", "highest mean validation AUC", (100, 101), "/m", "cmd", resolved=True)
     path.write_text(json.dumps(chosen.to_dict()))
     assert M.read_selection(path) == chosen
     method, how = M.best_method(M.read_selection(path), "/m")
+    assert method is not None and method.name == M.BEST
     assert method.overrides == M.get_method(M.ESTIMATORS, "ebpo-prior").overrides and "[100, 101]" in how
     with pytest.raises(ValueError, match=r"/m \(no id\).* /other \(name:/other\)"):
         M.best_method(chosen, "/other")
-    path.write_text(json.dumps({"method": "ebpo-topic-cluster", "chosen_by": "old format"}))  # the old file
-    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: .*--select-options"):
-        M.read_selection(path)
+    # the leader's lead not resolved: no row, and why (the selection's own account of its lead)
+    led = dataclasses.replace(chosen, resolved=False, chosen_by="ebpo-prior - ebpo ... not resolved")
+    path.write_text(json.dumps(led.to_dict()))
+    method, how = M.best_method(M.read_selection(path), "/m")
+    assert (
+        method is None and "no resolved winner (ebpo-prior - ebpo ... not resolved; seeds [100, 101])" in how
+    )
+    # older files: the format before seeds and model, and one that does not say whether the lead is resolved
+    for old in (
+        {"method": "ebpo-topic-cluster", "chosen_by": "old format"},
+        {**chosen.to_dict(), "resolved": None},
+    ):
+        path.write_text(json.dumps(old))
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: .*--select-options"):
+            M.read_selection(path)
 
 
 def test_a_selection_follows_its_model_to_another_checkout_and_refuses_another_model(tmp_path):
@@ -314,7 +332,7 @@ def test_a_selection_follows_its_model_to_another_checkout_and_refuses_another_m
     shipped = M.model_identity(str(here))
     assert shipped == M.model_identity(str(there)) == M.model_identity(str(SHIPPED_DIR))
     assert shipped.startswith("weights:")
-    chosen = M.Selection("ebpo-prior", "auc", (100,), str(here), "cmd", shipped)
+    chosen = M.Selection("ebpo-prior", "auc", (100,), str(here), "cmd", shipped, resolved=True)
     path = tmp_path / "best.json"
     path.write_text(json.dumps(chosen.to_dict()))
     assert M.read_selection(path) == chosen
@@ -338,12 +356,30 @@ def test_selection_seeds_must_be_disjoint_from_reported_seeds():
         M.check_disjoint((0, 1), (1, 100))
 
 
-def test_select_best_by_validation_auc_ties_to_candidate_order():
-    # ebpo-prior 0.30 and 0.40 (mean 0.35) beats ebpo 0.30; ties go to the earlier candidate
-    winner, how = M.select_best({"ebpo": [0.3, 0.3], "ebpo-prior": [0.3, 0.4]})
-    assert winner == "ebpo-prior" and "ebpo-prior 0.3500 (n=2)" in how
-    winner, how = M.select_best({"ebpo-ewm": [0.2], "ebpo-latent": [0.2], "ebpo-cluster": [0.1]})
-    assert winner == "ebpo-latent" and "a tie between ebpo-ewm, ebpo-latent" in how
+def test_select_best_calls_the_leader_a_winner_only_when_its_lead_over_the_paper_options_is_resolved():
+    ebpo = {0: 0.3, 1: 0.4, 2: 0.5}
+    # ebpo-prior leads by 0.10, 0.10, 0.13: mean 0.11, sd sqrt((1e-4 + 1e-4 + 4e-4) / 2) = 0.01732, half-width
+    # t(0.975, 2) 4.303 x 0.01732 / sqrt(3) = 0.0430: [+6.70, +15.30] points, above 0
+    leader, resolved, how = M.select_best({"ebpo": ebpo, "ebpo-prior": {0: 0.4, 1: 0.5, 2: 0.63}})
+    assert (leader, resolved) == ("ebpo-prior", True) and "ebpo-prior 0.5100 (n=3)" in how
+    assert how.endswith("ebpo-prior - ebpo, paired over 3 seeds: +11.00 points, 95% interval [+6.70, +15.30], "
+                        "resolved: ebpo-best")  # fmt: skip
+    # a higher mean (0.50 against 0.40) by +0.2, -0.1, +0.2: sd 0.1732, half-width 0.430: [-33.03, +53.03]
+    leader, resolved, how = M.select_best({"ebpo": ebpo, "ebpo-prior": {0: 0.5, 1: 0.3, 2: 0.7}})
+    assert (leader, resolved) == ("ebpo-prior", False)
+    assert how.endswith("+10.00 points, 95% interval [-33.03, +53.03], not resolved: no resolved winner")
+    # the paper's options lead (or tie for the lead: candidate order): nothing is ahead of them
+    leader, resolved, how = M.select_best(
+        {"ebpo": ebpo, "ebpo-latent": ebpo, "ebpo-ewm": {0: 0.1, 1: 0.2, 2: 0.3}}
+    )
+    assert (leader, resolved) == ("ebpo", False) and "a tie between ebpo, ebpo-latent" in how
+    assert how.endswith("the paper's options (ebpo) lead: no variant is ahead of them")
+    # ties go to the earlier candidate; one seed gives no interval, so no winner
+    leader, resolved, how = M.select_best({"ebpo": {0: 0.1}, "ebpo-ewm": {0: 0.2}, "ebpo-latent": {0: 0.2}})
+    assert (leader, resolved) == ("ebpo-latent", False) and "a tie between ebpo-ewm, ebpo-latent" in how
+    assert "+10.00 points (one seed: no interval), not resolved" in how
+    with pytest.raises(ValueError, match=r"no finished runs of ebpo \(the paper's options\)"):
+        M.select_best({"ebpo-ewm": {0: 0.2}, "ebpo-latent": {0: 0.1}})
     with pytest.raises(ValueError, match=r"candidates \[\]"):
         M.select_best({})
 
@@ -392,6 +428,21 @@ exact log-prob paths that were the trainer's defaults when it ran."""
 
 RESULTS = REPO / "docs" / "results"
 TEN_SEEDS = ["--seeds", *map(str, range(10))]
+PUBLISHED_MATRIX = [
+    *TEN_SEEDS,
+    *("--methods", "grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "jspo", "ebpo", "ebpo-prior"),
+    *(
+        "estimators/ebpo-pooled",
+        "dr-grpo",
+        "dapo",
+        "entropymech-clip-cov",
+        "entropymech-kl-cov",
+        "ebpo-naive",
+    ),
+    *("ebpo-topic", "ebpo-diff", "--sweep", "grpo", "estimators/ebpo", "estimators/ebpo-pooled"),
+]
+"""The published matrix's runs on seeds 0-9 (docs/results/README.md): every default row, and ebpo-pooled, the
+selection's unresolved leader, in the sweep (it ran there as ebpo-best, under the earlier rule)."""
 VERDICT_CELLS = [
     *("--methods", "grpo", "estimators/ebpo", "published/dapo"),
     *("--sweep", "grpo", "estimators/ebpo", "--groups", "4", "16", "--budgets", "fixed-prompts"),
@@ -437,7 +488,7 @@ def committed_keys(path: Path) -> set[str]:
 @pytest.mark.parametrize(
     "cells, argv, best_file, at_least",
     [
-        ("learning_matrix_cells.csv", TEN_SEEDS, "ebpo_best_options.json", 200),
+        ("learning_matrix_cells.csv", PUBLISHED_MATRIX, "ebpo_best_options.json", 200),
         ("learning_matrix_seeds10-19_cells.csv", VERDICT_CELLS, "ebpo_best_options.json", 40),
         ("learning_options_cells.csv", ["--select-options"], None, 15),
         (
@@ -458,3 +509,64 @@ def test_the_committed_results_are_runs_the_matrix_plans(cells, argv, best_file,
     committed = committed_keys(RESULTS / cells)
     planned = planned_keys(argv, best_file)
     assert len(committed) >= at_least and committed <= planned, sorted(committed - planned)
+
+
+# --- the committed labels --------------------------------------------------------------------------------
+
+SELECTION_OF = {
+    ".": "ebpo_best_options.json",
+    "near_miss_model": "near_miss_model/ebpo_best_options.json",
+    "ten_seeds": "near_miss_model/ebpo_best_options.json",  # D2's matrix on ten seeds, D2's selection
+    "run_on_model": "run_on_model/ebpo_best_options.json",
+    "superseded/lr2e-4": "superseded/lr2e-4/ebpo_best_options.json",
+}
+"""The selection behind each folder of docs/results whose matrix had an ``ebpo-best`` row; any other folder's
+pages may name no such row."""
+
+
+@pytest.mark.parametrize("selection", sorted(set(SELECTION_OF.values())))
+def test_each_committed_selection_says_what_its_runs_give(selection):
+    """The leader and whether its lead over ebpo is resolved, recomputed from the selection's committed runs
+    (``learning_options_cells.csv`` beside it), are the file's."""
+    chosen = M.read_selection(RESULTS / selection)
+    assert chosen is not None
+    scores: dict[str, dict[int, float]] = {}
+    with open((RESULTS / selection).parent / "learning_options_cells.csv") as handle:
+        for row in csv.DictReader(handle):
+            scores.setdefault(row["method"], {})[int(row["seed"])] = float(row["auc"])
+    leader, resolved, how = M.select_best(scores)
+    assert (leader, resolved, how) == (chosen.method, chosen.resolved, chosen.chosen_by)
+    assert sorted(chosen.seeds) == sorted({seed for values in scores.values() for seed in values})
+
+
+def test_docs_results_names_ebpo_best_only_where_its_selection_resolved_it():
+    """A generated page's ``ebpo-best`` row or line (``| ebpo-best |``, ``- `ebpo-best` = ...``) and a CSV's
+    ``ebpo-best`` cells appear only in a folder whose selection's lead is resolved; elsewhere the runs are named
+    by their options (or, where the leader was ``ebpo`` itself, left to ``ebpo``'s rows)."""
+    resolved = {folder: M.read_selection(RESULTS / path).resolved for folder, path in SELECTION_OF.items()}
+    assert resolved == {  # the current selection, R1's and lr 2e-4's did not resolve; D2's did, just
+        ".": False,
+        "near_miss_model": True,
+        "ten_seeds": True,
+        "run_on_model": False,
+        "superseded/lr2e-4": False,
+    }
+    named = []
+    for path in sorted(RESULTS.rglob("learning_*")):
+        folder = path.parent.relative_to(RESULTS).as_posix()
+        if path.suffix == ".md":
+            lines = path.read_text().splitlines()
+            hits = [
+                i for i, line in enumerate(lines, 1) if line.startswith(("| ebpo-best |", "- `ebpo-best` ="))
+            ]
+        elif path.suffix == ".csv":
+            with open(path) as handle:
+                rows = list(csv.DictReader(handle))
+            hits = [i for i, row in enumerate(rows, 2) if row.get("method") == M.BEST]
+        else:
+            continue
+        if hits and not resolved.get(folder, False):
+            named.append(f"{path.relative_to(RESULTS)}: lines {hits[:5]}")
+    assert not named, "ebpo-best named without a resolved selection:\n" + "\n".join(named)
+    checked = [p for p in RESULTS.rglob("learning_*") if p.suffix in (".md", ".csv")]
+    assert len(checked) > 40  # the pages are read, not an empty glob

@@ -218,15 +218,3 @@ def random_batch(rng: random.Random, binary: bool):
     else:
         passed = index
     return rewards, index, passed, cluster
-
-
-def floats(tree):
-    """Every float or int leaf of a nested state dict."""
-    if isinstance(tree, dict):
-        for value in tree.values():
-            yield from floats(value)
-    elif isinstance(tree, list | tuple):
-        for value in tree:
-            yield from floats(value)
-    elif isinstance(tree, int | float) and not isinstance(tree, bool):
-        yield float(tree)

@@ -41,6 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from benchmarks.learning.stats import MeanCI, mean_ci, paired_ci  # noqa: E402
+from benchmarks.pages import portable_path  # noqa: E402
 
 A, B = "estimators", "published"
 """Arm (a): the estimators under GRPO's published loss; arm (b): the methods as published (the presets)."""
@@ -316,7 +317,7 @@ def claim1(m: Matrix) -> Section:
             s.absent.append(f"arm {arm} at G = 4, fixed prompts")
         s.table([title, "n", "test Pass@1 %", "validation AUC %", "Δ test vs GRPO", "Δ AUC vs GRPO"], rows)
     dapo = Cell(B, "dapo")
-    ebpos = ["ebpo-naive", "ebpo-topic", "ebpo-diff"] + ["ebpo-best"] * m.has(Cell(B, "ebpo-best"))
+    ebpos = ["ebpo-naive", "ebpo-topic", "ebpo-diff"]
     rows = s.differences((f"{method} - dapo", Cell(B, method), dapo) for method in ebpos)
     s.table(["arm (b), vs DAPO", "n", "Δ test Pass@1", "Δ validation AUC"], rows)
     means = {
@@ -336,10 +337,12 @@ def claim1(m: Matrix) -> Section:
 
 def claim2(m: Matrix) -> Section:
     s = Section(m, "Claim 2: EBPO's margin is largest at small G (arm a)")
+    swept = {r.method for r in m.runs if r.arm == A and r.method.startswith("ebpo") and r.G != 4}
+    ebpos = ["ebpo"] + sorted(swept - {"ebpo"})  # the paper's options, then every EBPO variant run across G
     rows = []
     for variant in (FIXED, EQUAL):
         for G in (4, 8, 16):
-            for method in ("ebpo", "ebpo-best"):
+            for method in ebpos:
                 cell = Cell(A, method, G, variant)
                 if s.present(cell, grpo(G, variant)):
                     deltas = [s.delta(cell, grpo(G, variant), c) for c in ("pass1", "auc")]
@@ -465,9 +468,11 @@ def claims(path: str, runs_dir: str | None) -> int:
     ]
     notes += [f"{dropped} rows listed twice counted once"] * bool(dropped)
     notes.append(
-        f"per-run figures from `{runs_dir}`" if runs_dir else "no `--runs`: the per-run figures left out"
+        f"per-run figures from `{portable_path(runs_dir, 'runs-dir')}`"
+        if runs_dir
+        else "no `--runs`: the per-run figures left out"
     )
-    print(f"## The claims table's figures from `{path}`\n")
+    print(f"## The claims table's figures from `{portable_path(path)}`\n")
     print(
         "; ".join(notes) + ". Mean ± 95% t half-width over seeds; Δ paired by seed, bold when its interval "
         "excludes 0.\n"
@@ -541,7 +546,7 @@ def pooled(paths: Sequence[str]) -> int:
     print("## Pooled comparisons (docs/results/defaults/README.md, section 4)\n")
     print(
         f"{len(runs)} rows from {len(paths)} CSV{'s' * (len(paths) > 1)} "
-        f"({', '.join(f'`{p}`' for p in paths)}), {dropped} rows listed twice counted once; seeds "
+        f"({', '.join(f'`{portable_path(p)}`' for p in paths)}), {dropped} rows listed twice counted once; seeds "
         f"{seed_text(m.seeds())}. Paired by seed over the seeds both cells have; Δ and 95% interval in points.\n"
     )
     print("| comparison | metric | seeds | n | Δ ± half-width | 95% interval | excludes 0 |")

@@ -1,22 +1,24 @@
 """Tables and figure of docs/results/diagnose/README.md from the six runs' CSVs in this folder.
 
     .venv/bin/python docs/results/diagnose/analyze.py          # prints the tables, writes diagnose_grid.png
-    .venv/bin/python docs/results/diagnose/analyze.py learning CSV   # PREREGISTRATION.md's three predictions
+    .venv/bin/python docs/results/diagnose/analyze.py learning CSV [CSV ...]   # PREREGISTRATION.md's predictions
 
 Each run folder (``<model>-<pool>``) holds what ``ebpo diagnose`` wrote: ``diagnose.csv`` (one row per estimator
 and G, intervals included) and ``batches.csv`` (one row per estimator, G and batch). Differences between two
 estimators that the tool did not print (EBPO against REINFORCE++-baseline, EBPO's twin with S = 0) are paired by
 batch from ``batches.csv`` with the tool's own t-interval (``ebpo.diagnostics.measures.mean_interval``).
 
-``learning CSV`` reads the learning benchmark's per-cell CSV of the pre-registered learning test and prints the
-sensitivity check (published GRPO, G = 16 - G = 4) and the three predictions of PREREGISTRATION.md, each a paired
-95% t-interval over the seeds with its outcome by the pre-registered rule (above 0: confirmed, below 0: refuted,
-containing 0: not shown).
+``learning CSV [CSV ...]`` reads the learning benchmark's per-cell CSVs of the pre-registered learning test (one per
+block of seeds; a seed in two files is an error) and prints the sensitivity check (published GRPO, G = 16 - G = 4)
+and the three predictions of PREREGISTRATION.md over every seed the files hold, each a paired 95% t-interval over
+the seeds with its outcome by the pre-registered rule (above 0: confirmed, below 0: refuted, containing 0: not
+shown).
 """
 
 from __future__ import annotations
 
 import csv
+import os
 import signal
 import sys
 from pathlib import Path
@@ -133,11 +135,17 @@ def figure(path: Path) -> None:
     fig.savefig(path, dpi=90)
 
 
-def learning(path: str) -> str:
+def learning(paths: list[str]) -> str:
     sys.path.insert(0, str(HERE.parents[2]))
     from benchmarks.learning.stats import MeanCI, mean_ci, paired_ci
 
-    rows = [r for r in read(Path(path)) if r["variant"] == "fixed-prompts"]
+    rows: list[dict[str, str]] = []
+    for path in paths:
+        block = [r for r in read(Path(path)) if r["variant"] == "fixed-prompts"]
+        seen = {r["seed"] for r in rows} & {r["seed"] for r in block}
+        if seen:
+            raise SystemExit(f"{path}: seeds {', '.join(sorted(seen, key=int))} are in an earlier CSV too")
+        rows += block
 
     def values(arm: str, method: str, G: int, metric: str) -> dict[int, float]:
         return {
@@ -157,7 +165,9 @@ def learning(path: str) -> str:
 
     g4, g16 = values("published", "grpo", 4, "auc"), values("published", "grpo", 16, "auc")
     sens = paired_ci(g16, g4)
+    seeds = sorted({int(r["seed"]) for r in rows})
     lines = [
+        f"seeds: {', '.join(map(str, seeds))} ({len(seeds)})",
         f"sensitivity check, GRPO G16 - G4 validation AUC: {sens.format(100.0, 1, signed=True)} points "
         f"(n = {sens.n}): {'passes' if sens.excludes_zero and sens.mean > 0 else 'does not pass'}",
         "",
@@ -178,9 +188,10 @@ def learning(path: str) -> str:
 
 if __name__ == "__main__":
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head`: end as a shell tool does when its reader exits
-    if sys.argv[1:2] == ["learning"] and len(sys.argv) == 3:
-        print(learning(sys.argv[2]))
+    if sys.argv[1:2] == ["learning"] and len(sys.argv) >= 3:
+        print(learning(sys.argv[2:]))
         sys.exit(0)
     print(tables())
     figure(HERE / "diagnose_grid.png")
-    print(f"wrote {HERE / 'diagnose_grid.png'}")
+    # on stderr, relative to the working directory: stdout holds only the tables that go into README.md
+    print(f"wrote {os.path.relpath(HERE / 'diagnose_grid.png')}", file=sys.stderr)

@@ -101,7 +101,7 @@ class AdvantageEstimator:
         try:
             adv_N, extra = self._advantages(batch)
             abs_adv_N = adv_N.abs()
-            check_advantages(self.name, adv_N, abs_adv_N, batch.rewards_N)
+            check_advantages(self.name or type(self).__name__, adv_N, abs_adv_N, batch.rewards_N)
         except Exception:
             self.load_state_dict(saved)
             raise
@@ -125,7 +125,9 @@ class AdvantageEstimator:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state:
-            raise ValueError(f"estimator {self.name!r} is stateless but got state keys {sorted(state)}")
+            raise ValueError(
+                f"estimator {self.name or type(self).__name__!r} is stateless but got state keys {sorted(state)}"
+            )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,13 +19,14 @@ success rate (from G_ref separate samples, their own noise subtracted), the cosi
 policy gradient (the estimator's preset loss at ratio 1, no KL term) and a reference gradient (G_ref samples,
 leave-one-out baseline), its relative squared error and variance across batches, and the fractions of
 responses and groups with no advantage; differences paired against --compare-to. Prints a markdown table;
-writes diagnose.md, diagnose.csv, batches.csv and diagnose.png to --out-dir. docs/diagnose.md says how to
-read them.
+writes diagnose.md, diagnose.csv, batches.csv and diagnose.png to --out-dir (and, with --report-to, to
+TensorBoard, wandb or MLflow). docs/diagnose.md says how to read them.
 
 examples:
   ebpo diagnose                                              # the shipped model, every estimator
   ebpo diagnose -G 4 8 --estimators grpo ebpo ebpo:normalize=prior --preset grpo
   ebpo diagnose --model runs/grpo/checkpoints/best/model --topics dot --levels 3
+  ebpo diagnose --report-to wandb mlflow                     # the table in your trackers too
 """
 
 
@@ -48,7 +50,8 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Entry point: run, print the table, write the files; a bad setting is one line on stderr, exit 2."""
+    """Entry point: run, print the table, write the files and send them to the trackers; a bad setting is one
+    line on stderr, exit 2; a tracker that cannot take them, exit 1."""
     from ebpo.dataclass_cli import from_args
     from ebpo.diagnostics.report import write_outputs
     from ebpo.diagnostics.study import diagnose
@@ -61,7 +64,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"ebpo diagnose: {err}", file=sys.stderr)
         return 2
     out_dir = Path(cfg.out_dir)
-    table, _ = write_outputs(result, out_dir)
+    table, summary = write_outputs(result, out_dir)
     print(table)
     print(f"output: {out_dir.resolve()} (diagnose.md, diagnose.csv, batches.csv, diagnose.png)")
+    if cfg.report_to:
+        from ebpo.persist import RunDirectory
+        from ebpo.trainer.metrics_log import TrackerError, report
+
+        files = [out_dir / name for name in ("diagnose.md", "diagnose.csv", "batches.csv", "diagnose.png")]
+        try:
+            report(
+                cfg.report_to,
+                out_dir,
+                name=RunDirectory.timestamped("diagnose"),
+                config=dataclasses.asdict(cfg),
+                tables={"diagnose": summary.rows},
+                files=files,
+            )
+        except TrackerError as err:
+            print(f"ebpo diagnose: error: {err}; the outputs are in {out_dir}", file=sys.stderr)
+            return 1
     return 0

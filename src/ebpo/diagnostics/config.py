@@ -172,6 +172,15 @@ class DiagnoseConfig:
         metadata={"help": "folder for diagnose.md, diagnose.csv, batches.csv, diagnose.png"},
     )
     quiet: bool = field(default=False, metadata={"help": "no progress bar"})
+    report_to: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "experiment trackers that get the table, the files and these settings, one run each: "
+            "tensorboard (a folder in the output folder) | wandb | mlflow, as `ebpo train`'s run.report_to "
+            "(wandb and mlflow are extras: pip install 'ebpo[wandb]'; their environment variables apply); "
+            "default none"
+        },
+    )
 
     def __post_init__(self) -> None:
         checks = {
@@ -198,6 +207,12 @@ class DiagnoseConfig:
             )
         if len(set(self.estimators)) != len(self.estimators):
             raise ConfigError(f"--estimators lists one twice: {' '.join(self.estimators)}")
+        from ebpo.trainer.metrics_log import check_trackers
+
+        try:  # before anything runs: each name a tracker, its package installed
+            check_trackers(self.report_to)
+        except ConfigError as err:
+            raise ConfigError(f"--report-to: {err}") from None
 
 
 @dataclass(frozen=True)
@@ -211,9 +226,10 @@ class EstimatorSpec:
     preset: str
 
 
-def parse_estimator(text: str) -> tuple[str, dict[str, Any]]:
+def parse_estimator(text: str, where: str = "--estimators") -> tuple[str, dict[str, Any]]:
     """``"ebpo:normalize=prior,prior_memory=50"`` -> ``("ebpo", {"normalize": "prior", "prior_memory": 50})``;
-    values are read as YAML scalars. The name and options are checked against the registry."""
+    values are read as YAML scalars. The name and options are checked against the registry; an error names
+    ``where`` (the flag it came from)."""
     import yaml
 
     from ebpo.advantages import get_estimator
@@ -223,15 +239,15 @@ def parse_estimator(text: str) -> tuple[str, dict[str, Any]]:
     for item in filter(None, (part.strip() for part in rest.split(","))):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"--estimators {text}: option {item!r} is not KEY=VALUE")
+            raise ConfigError(f"{where} {text}: option {item!r} is not KEY=VALUE")
         try:
             options[key.strip()] = yaml.safe_load(value)
         except yaml.YAMLError as err:
-            raise ConfigError(f"--estimators {text}: cannot read the value of {key.strip()}: {err}") from None
+            raise ConfigError(f"{where} {text}: cannot read the value of {key.strip()}: {err}") from None
     try:
         get_estimator(name.strip(), **options)
     except (TypeError, ValueError) as err:
-        raise ConfigError(f"--estimators {text}: {err}") from None
+        raise ConfigError(f"{where} {text}: {err}") from None
     return name.strip(), options
 
 

@@ -431,6 +431,7 @@ def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[st
         "maj_ks": list(args.maj_ks),
         "maj_mode": args.maj_mode,
         "chat_template": args.chat_template,
+        "reward": args.reward,
         "reward_options": dict(args.reward_option or []),
         "task_options": settings_given,
         "skipped_metrics": skipped,

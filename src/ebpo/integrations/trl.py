@@ -49,6 +49,7 @@ from ebpo.advantages.checks import OptionError
 from ebpo.data.samplers import IndexStream, StreamSampler, get_sampler, list_samplers
 from ebpo.integrations import ESTIMATOR_STATE_FILE
 from ebpo.persist import load_torch, save_torch_atomic
+from ebpo.plugins import load_plugins
 from ebpo.registry import check_choice
 
 __all__ = ["ESTIMATOR_STATE_FILE", "EBPOConfig", "EBPOTrainer"]
@@ -78,8 +79,17 @@ class EBPOConfig(GRPOConfig, EBPOOptions):
         default="ebpo",
         metadata={
             "help": "Advantage estimator from ebpo's registry (`ebpo.list_estimators()`): `ebpo` (default, "
-            "the paper's Empirical Bayes baseline), `grpo`, `dr_grpo`, `rloo`, `reinforce_pp_baseline`, `jspo`. "
-            "Replaces GRPOTrainer's advantages during training; `scale_rewards` is then unused."
+            "the paper's Empirical Bayes baseline), `grpo`, `dr_grpo`, `rloo`, `reinforce_pp_baseline`, `jspo`, "
+            "or one of yours (`plugins`). Replaces GRPOTrainer's advantages during training; `scale_rewards` is "
+            "then unused."
+        },
+    )
+    plugins: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Your own code to import before the options are checked: .py files or importable modules "
+            "that register estimators (`ebpo.register_estimator`); installed packages' `ebpo.plugins` entry "
+            "points are always loaded (docs/extending.md)."
         },
     )
     cluster_column: str | None = field(
@@ -115,7 +125,10 @@ class EBPOConfig(GRPOConfig, EBPOOptions):
 
     def _validate_ebpo_options(self) -> None:
         """Reject bad options now, before any model loads, by asking the code that will use them (the
-        registries and EBPO's options): one line naming the EBPOConfig field and the fix."""
+        registries and EBPO's options): one line naming the EBPOConfig field and the fix. The plugins are
+        imported first (their names kept resolved: files absolute)."""
+        with _blame("EBPOConfig.plugins"):
+            self.plugins = load_plugins(self.plugins)
         with _blame("EBPOConfig.advantage_estimator"):
             ebpo.get_estimator(self.advantage_estimator)
         with _blame("EBPOConfig.prompt_sampler"):

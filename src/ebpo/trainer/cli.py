@@ -7,6 +7,7 @@ ebpo train --resume runs/20260101-120000-ebpo run.steps=120
 ebpo train --resume runs/20260101-120000-ebpo/checkpoints/best   # from the best checkpoint instead
 ebpo train run.name=demo --overwrite         # replace the run already in runs/demo
 ebpo train --help-config                     # every config key, its default and help
+ebpo train --plugins my_estimators.py algorithm.estimator=median_baseline   # your own estimator
 """
 
 from __future__ import annotations
@@ -88,8 +89,8 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``ebpo train``. Returns the exit code: 0; 2 for a bad config, path or checkpoint; 1 when the reward
-    raised or the disk refused a write; 130 / 143 when Ctrl-C / SIGTERM stopped it (one line on stderr saying
-    what was kept and the command that continues, never a traceback)."""
+    raised, the disk refused a write or a tracker could not start or log; 130 / 143 when Ctrl-C / SIGTERM
+    stopped it (one line on stderr saying what was kept and the command that continues, never a traceback)."""
     from ebpo.dataclass_cli import read_yaml
     from ebpo.errors import ConfigError
     from ebpo.persist import WriteError
@@ -110,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
                 raise ConfigError(f"--resume {args.resume}: {saved} does not exist; is it a run directory?")
             base = read_yaml(saved)
         cfg = load_config(args.config, args.overrides, base=base)
+        cfg.run.plugins = list(dict.fromkeys([*cfg.run.plugins, *args.plugins]))  # saved with the run
+        from ebpo.trainer.metrics_log import TrackerError
         from ebpo.trainer.report import print_eval_table
         from ebpo.trainer.trainer import RewardError, Trainer
 
@@ -131,6 +134,9 @@ def run(args: argparse.Namespace) -> int:
         result = trainer.train()
     except RewardError as err:
         print(f"ebpo train: error: {err}", file=sys.stderr)
+        return 1
+    except TrackerError as err:  # could not start or log: metrics.jsonl and the checkpoints are kept
+        print(f"ebpo train: error: {err}; {_continue_from(trainer)}", file=sys.stderr)
         return 1
     except WriteError as err:
         print(

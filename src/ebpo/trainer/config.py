@@ -353,8 +353,22 @@ class RunConfig:
         "row, U = updates per step) | all | none (not computed). Training is the same under all three.",
         default="subset",
     )
+    plugins: list[str] = option(
+        "Your own code to import before the config is checked: .py files or importable modules that register "
+        "estimators, policy losses, rewards, tasks, samplers or schemas (`ebpo.plugins`; `ebpo train --plugins` "
+        "adds to it). A run saves them with absolute paths, so --resume loads them again.",
+        default_factory=list,
+    )
     progress: bool = option("Show a tqdm progress bar.", default=True)
     plot: bool = option("Write training.png into the run directory at the end.", default=True)
+    report_to: list[str] = option(
+        "Experiment trackers that get every metric of metrics.jsonl, the config, the summary and training.png "
+        "(TRL's report_to, verl's trainer.logger): tensorboard (in the run directory) | wandb (pip install "
+        "'ebpo[wandb]'; WANDB_MODE, WANDB_PROJECT, ... apply) | mlflow (pip install 'ebpo[mlflow]'; "
+        "MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME apply); [] for none. --resume continues each tracker's "
+        "run (docs/training.md, Trackers).",
+        default_factory=lambda: ["tensorboard"],
+    )
 
     def __post_init__(self) -> None:
         _require(

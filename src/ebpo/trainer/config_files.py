@@ -55,7 +55,8 @@ def load_config(
 ) -> TrainConfig:
     """Defaults <- ``base`` (a nested dict: a run's saved config.yaml) <- the YAML file ``path`` (a file, or a
     preset name: :func:`resolve_config`) <- ``overrides`` (``key=value``), each checked; ``ConfigError`` names
-    the key at fault (and the file, when it came from one)."""
+    the key at fault (and the file, when it came from one). The plugins of ``run.plugins`` are imported before
+    the config is built."""
     from ebpo.trainer.config import TrainConfig
 
     layers = [base or {}]
@@ -71,10 +72,26 @@ def load_config(
         **({"algorithm.estimator_options": "algorithm.ebpo"} if estimator == "ebpo" else {}),
     }
     try:
-        return dataclass_cli.build(TrainConfig, dataclass_cli.merge(layers, overrides, renames))
+        values = dataclass_cli.merge(layers, overrides, renames)
+        _load_plugins(values)
+        return dataclass_cli.build(TrainConfig, values)
     except ConfigError as err:
         where = f" (in {path})" if path is not None else ""
         raise ConfigError(f"{err}{where}") from None
+
+
+def _load_plugins(values: dict[str, Any]) -> None:
+    """Import the plugins ``run.plugins`` names (``ebpo.plugins``), before any name in the config is checked,
+    and put them back resolved (files absolute: a resume from another directory loads the same ones). A value
+    that is not a list of names is left for the config's own check to name."""
+    from ebpo.plugins import load_plugins
+
+    run = values.get("run")
+    if not isinstance(run, dict):
+        return
+    names = run.get("plugins")
+    if isinstance(names, list) and all(isinstance(name, str) for name in names):
+        run["plugins"] = load_plugins(names)
 
 
 def save_config(cfg: TrainConfig, path: str | Path) -> None:

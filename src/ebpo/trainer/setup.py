@@ -33,6 +33,7 @@ from ebpo.registry import unknown_choice
 from ebpo.rewards import get_reward, list_rewards
 from ebpo.tasks import get_task
 from ebpo.trainer.config import ConfigError, OptimConfig, TrainConfig
+from ebpo.trainer.metrics_log import check_trackers
 
 
 class Prompts(NamedTuple):
@@ -78,7 +79,8 @@ class Algorithm(NamedTuple):
 def check_setup(cfg: TrainConfig) -> None:
     """What ``cfg`` cannot check alone, each a ``ConfigError`` naming the key: the names it gives are in their
     registries (an unknown one lists the valid ones), the estimator takes its options and, at G = 1, learns
-    (:func:`check_groups_of_one`), the data files exist and a CUDA device asked for is visible."""
+    (:func:`check_groups_of_one`), the data files exist, the trackers' packages are installed and a CUDA
+    device asked for is visible."""
     d, a = cfg.data, cfg.algorithm
     look_ups: list[tuple[str, Callable[[str], Any], str | None]] = [
         ("algorithm.estimator", _estimator_class, a.estimator),
@@ -109,6 +111,10 @@ def check_setup(cfg: TrainConfig) -> None:
     for key, path in (("data.train_file", d.train_file), ("data.val_file", d.val_file)):
         if path is not None and not path.startswith("hf://") and not Path(path).exists():
             raise ConfigError(f"{key}: file not found: {path}")
+    try:  # each name a tracker, its package installed (a missing one names its extra)
+        check_trackers(cfg.run.report_to)
+    except ConfigError as err:
+        raise ConfigError(f"run.report_to: {err}") from None
     resolve_device(cfg.run.device)
 
 

@@ -44,11 +44,12 @@ from ebpo.data.dynamic import Group
 from ebpo.logprobs import LogprobOptions, OldLogprobs, logprobs, step_kl
 from ebpo.losses import agg_loss, kl_penalty, masked_mean
 from ebpo.persist import RunDirectory
+from ebpo.plugins import load_plugins
 from ebpo.trainer import checkpoint as ckpt
 from ebpo.trainer.config import TrainConfig
 from ebpo.trainer.config_files import save_config
 from ebpo.trainer.interrupt import StopRequest, stop_at_step_boundary
-from ebpo.trainer.metrics_log import MetricsLogger, StepClock
+from ebpo.trainer.metrics_log import MetricsLogger, Status, StepClock
 from ebpo.trainer.plots import plot_training
 from ebpo.trainer.report import TrainResult, summary
 from ebpo.trainer.rollout import GroupCollector, RewardFailed, RewardFailure, RolloutBatch
@@ -87,6 +88,7 @@ class Trainer:
         overwrite: bool = False,
     ) -> None:
         self.cfg = cfg.validate()
+        cfg.run.plugins = load_plugins(cfg.run.plugins)  # before any name is looked up; saved resolved
         check_setup(cfg)  # names, options, files, device: before a run directory is claimed
         if cfg.run.threads is not None:
             torch.set_num_threads(cfg.run.threads)
@@ -151,7 +153,8 @@ class Trainer:
         if checkpoint is not None:
             self._load_state(checkpoint)
         # resumed in place: its history ends where the checkpoint does; --overwrite: the old run's outputs go
-        self.run.start(rewind_to=self.step if in_place else None, overwrite=overwrite)
+        dropped = self.run.start(rewind_to=self.step if in_place else None, overwrite=overwrite)
+        self.rewound = dropped > 0  # steps logged after the checkpoint: the trackers hold them too
         save_config(cfg, self.run.path / RunDirectory.CONFIG)
 
     # -- the loop ----------------------------------------------------------------------------------
@@ -164,11 +167,18 @@ class Trainer:
 
     def _train(self, stop: StopRequest) -> TrainResult:
         run = self.cfg.run
-        logger = MetricsLogger(self.run_dir, purge_after=self.step if self.resumed_from else None)
-        if self.resumed_from is None:  # step 0: validation before training
-            self.eval_before = self.eval_after = self.evaluate()
-            self._keep_if_best(self.eval_before)
-            logger.log(0, self.eval_before)
+        try:
+            logger = MetricsLogger(
+                self.run_dir,
+                run.report_to,
+                config=self.cfg.to_dict(),
+                resumed_at=self.step if self.resumed_from else None,
+                rewound=self.rewound,
+            )
+        except BaseException:
+            self.run.release()
+            raise
+        status: Status = "failed"
         bar = tqdm(
             total=run.steps,
             initial=self.step,
@@ -178,6 +188,10 @@ class Trainer:
         )
         history = []
         try:
+            if self.resumed_from is None:  # step 0: validation before training
+                self.eval_before = self.eval_after = self.evaluate()
+                self._keep_if_best(self.eval_before)
+                logger.log(0, self.eval_before)
             while self.step < run.steps:
                 if stop.requested:  # Ctrl-C or SIGTERM meanwhile: a checkpoint here, then stop
                     raise stop.interrupted(self.step, self.save_checkpoint(ckpt.LAST))
@@ -195,26 +209,32 @@ class Trainer:
                     self.save_checkpoint(ckpt.LAST)
                 bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", maj=f"{self.best_score or 0:.3f}")
                 bar.update(1)
+            bar.close()
+            # also reached by resuming a finished run (or one killed before it wrote these): the summary comes
+            # from the checkpoint's progress, not from this call's history
+            result = TrainResult(
+                run_dir=self.run_dir,
+                step=self.step,
+                eval_before=self.eval_before,
+                eval_after=self.eval_after,
+                best_step=self.best_step,
+                best_score=self.best_score,
+                history=history,
+            )
+            run_summary = summary(result, eval_k=run.eval_k)
+            self.run.write_summary(run_summary)
+            plot = self.run.path / RunDirectory.PLOT
+            if run.plot:
+                plot_training(self.run.path / RunDirectory.METRICS, plot, title=self.cfg.method)
+            logger.log_summary(run_summary, [plot] if run.plot else [])
+            status = "finished"
+        except KeyboardInterrupt:
+            status = "killed"
+            raise
         finally:
             bar.close()
-            logger.close()
+            logger.close(status)
             self.run.release()
-        # also reached by resuming a finished run (or one killed before it wrote these): the summary comes
-        # from the checkpoint's progress, not from this call's history
-        result = TrainResult(
-            run_dir=self.run_dir,
-            step=self.step,
-            eval_before=self.eval_before,
-            eval_after=self.eval_after,
-            best_step=self.best_step,
-            best_score=self.best_score,
-            history=history,
-        )
-        self.run.write_summary(summary(result, eval_k=run.eval_k))
-        if run.plot:
-            plot_training(
-                self.run.path / RunDirectory.METRICS, self.run.path / RunDirectory.PLOT, title=self.cfg.method
-            )
         return result
 
     def _train_step(self) -> dict[str, float]:

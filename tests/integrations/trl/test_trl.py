@@ -21,6 +21,7 @@ from ebpo.advantages import EBPO_CHOICES  # noqa: E402
 from ebpo.data.samplers import get_sampler  # noqa: E402
 from ebpo.integrations.trl import ESTIMATOR_STATE_FILE, EBPOConfig, EBPOTrainer  # noqa: E402
 from ebpo.persist import DamagedFile, WriteError  # noqa: E402
+from helpers.plugins import MY_ESTIMATORS, PKG_ESTIMATOR, STATEFUL_ESTIMATOR  # noqa: E402
 
 G = 4  # num_generations
 TOPICS = ["alg", "geo"]
@@ -93,9 +94,9 @@ def make_trainer(model_dir, args, cls=RecordingTrainer, dataset=None):
     )
 
 
-def replay(seen, prior_steps=(), **options) -> list[torch.Tensor]:
-    """The core library's advantages on the recorded rewards (group of row i = i // G)."""
-    est = ebpo.get_estimator("ebpo", **options)
+def replay(seen, prior_steps=(), name="ebpo", **options) -> list[torch.Tensor]:
+    """The core library's advantages (estimator ``name``) on the recorded rewards (group of row i = i // G)."""
+    est = ebpo.get_estimator(name, **options)
     for rewards_N in prior_steps:
         est(rewards_N, torch.arange(len(rewards_N)) // G)
     return [
@@ -447,14 +448,18 @@ def test_clustered_prompt_order_over_a_streaming_dataset_is_refused_before_the_m
         )
 
 
-def test_a_streaming_dataset_trains_with_the_random_order(tiny_model_dir, tmp_path):
+def test_a_streaming_dataset_trains_with_the_random_order(
+    tiny_model_dir, tmp_path, plugin_pkg_dir, plugin_sandbox, monkeypatch
+):
     # TRL streams an IterableDataset in RepeatSampler's layout (repeat_iterable_dataset): the groups are the
-    # same blocks of G rows, so the registry's advantages apply unchanged
-    args = make_config(tmp_path / "run", max_steps=2)
+    # same blocks of G rows, so the registry's advantages apply unchanged; here an installed package's
+    # estimator, found by its entry point
+    monkeypatch.syspath_prepend(str(plugin_pkg_dir))
+    args = make_config(tmp_path / "run", max_steps=2, advantage_estimator=PKG_ESTIMATOR)
     trainer = make_trainer(tiny_model_dir, args, dataset=make_dataset().to_iterable_dataset())
     trainer.train()
     assert len(trainer.seen) == 2
-    for (_, adv_N, _), expected_N in zip(trainer.seen, replay(trainer.seen)):
+    for (_, adv_N, _), expected_N in zip(trainer.seen, replay(trainer.seen, name=PKG_ESTIMATOR)):
         torch.testing.assert_close(adv_N, expected_N)
     assert all(len(set(step)) == 2 for step in trainer.prompts)  # two groups of G rows each
 
@@ -494,10 +499,11 @@ class Killed(Exception):
 
 
 def test_estimator_state_is_written_before_the_checkpoint_and_survives_a_kill(
-    tiny_model_dir, tmp_path, monkeypatch
+    tiny_model_dir, tmp_path, monkeypatch, plugin_sandbox
 ):
     # TRL's own save (model, optimizer, trainer_state.json, the hub push of hub_strategy="checkpoint") comes
-    # after ours: killed in the middle of it, the checkpoint already holds the prior
+    # after ours: killed in the middle of it, the checkpoint already holds the estimator's state (here a
+    # stateful estimator of a lone file's, EBPOConfig.plugins)
     from trl import GRPOTrainer
 
     out = tmp_path / "run"
@@ -508,12 +514,22 @@ def test_estimator_state_is_written_before_the_checkpoint_and_survives_a_kill(
         raise Killed
 
     monkeypatch.setattr(GRPOTrainer, "_save_checkpoint", killed_save)
-    trainer = make_trainer(tiny_model_dir, make_config(out, max_steps=1, save_strategy="steps", save_steps=1))
+    args = make_config(
+        out,
+        max_steps=1,
+        save_strategy="steps",
+        save_steps=1,
+        plugins=[str(MY_ESTIMATORS)],
+        advantage_estimator=STATEFUL_ESTIMATOR,
+    )
+    trainer = make_trainer(tiny_model_dir, args)
     with pytest.raises(Killed):
         trainer.train()
     assert seen_at_parent_save == [True]
     saved = torch.load(out / "checkpoint-1" / ESTIMATOR_STATE_FILE, weights_only=False)["estimator"]
-    assert saved == trainer.estimator.state_dict() and saved["prior"]["W_glob"]["count"] == 2 * G
+    assert saved == trainer.estimator.state_dict() and saved["count"] == 2 * G
+    (expected_N,) = replay(trainer.seen, name=STATEFUL_ESTIMATOR)
+    torch.testing.assert_close(trainer.seen[0][1], expected_N)
     assert [p.name for p in (out / "checkpoint-1").iterdir()] == [ESTIMATOR_STATE_FILE]  # no temporary file
 
 

@@ -9,7 +9,7 @@ rollout, FSDP2 on gloo), then its own:
 | lane | run | trainer | what it is for |
 |---|---|---|---|
 | 1 | ``v1_a`` | v1 | the quickstart for 8 steps, checkpoints every 2: learning, prior = replay, topic stream |
-| 1 | ``legacy_a``, ``legacy_b`` | legacy | 2 ranks, ``balance_batch``, ``filter_groups``, a resume at step 2 |
+| 1 | ``legacy_a``, ``legacy_b`` | legacy | 2 ranks, ``balance_batch``, ``filter_groups``, a resume at step 2, with a user's estimator: ``running_mean_baseline`` of ``--plugins my_estimators.py``, and the fixture package (its entry point) installed beside |
 | 1 | ``launcher`` | verl's own | ``python -m verl.trainer.main_ppo`` stopped by our checkpoint callback |
 | 2 | ``v1_b`` | v1 | ``v1_a``'s command again for 2 steps (reproducible) |
 | 2 | ``v1_c`` | v1 | a resume of ``v1_b`` at step 2, to step 4 (= ``v1_a``'s steps 3-4) |
@@ -21,6 +21,7 @@ is tested in a run that exists for another where the two do not hide each other'
 
 from __future__ import annotations
 
+import os
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -29,6 +30,7 @@ import pytest
 from verl_helpers import Lanes, entry_point, fresh_import, quickstart
 
 from ebpo.integrations.verl.cpu.config import legacy_cpu_refusal
+from helpers.plugins import MY_ESTIMATORS, STATEFUL_ESTIMATOR
 
 HERE = Path(__file__).resolve().parent
 #: responses per prompt in the 2-rank runs, and the positional reward's group size
@@ -95,7 +97,7 @@ def launcher_testable() -> bool:
     return entry_point_installed() and CALLBACK_AVAILABLE
 
 
-def e2e_lanes(root: Path) -> Lanes:
+def e2e_lanes(root: Path, plugin_pkg: Path) -> Lanes:
     qs = quickstart.prepare(root / "qs")
     legacy = legacy_data(root / "legacy")
     curriculum = curriculum_data(root / "curriculum")
@@ -116,7 +118,14 @@ def e2e_lanes(root: Path) -> Lanes:
         "algorithm.filter_groups.metric=seq_reward",
         f"reward.custom_reward_function.path={HERE / 'verl_positional_reward.py'}",
         f"+reward.custom_reward_function.reward_kwargs.group_size={RANKS_N}",
+        "--plugins",
+        str(MY_ESTIMATORS),
+        f"algorithm.adv_estimator={STATEFUL_ESTIMATOR}",
     )
+    # the installed plugin package: its ebpo.plugins entry point, found in every process of the run
+    with_package = {
+        "PYTHONPATH": os.pathsep.join([str(plugin_pkg), *filter(None, [os.environ.get("PYTHONPATH")])])
+    }
     curriculum_runs = (
         "trainer.n_gpus_per_node=2",
         "trainer.balance_batch=True",
@@ -157,11 +166,12 @@ def e2e_lanes(root: Path) -> Lanes:
             ),
             *(
                 [
-                    ("legacy_a", legacy, entry_point(legacy, "legacy_a", 2, *legacy_runs)),
+                    ("legacy_a", legacy, entry_point(legacy, "legacy_a", 2, *legacy_runs), with_package),
                     (
                         "legacy_b",
                         legacy,
                         entry_point(legacy, "legacy_b", 4, *legacy_runs, "trainer.resume_mode=auto"),
+                        with_package,
                     ),
                 ]
                 if legacy_cpu_refusal() is None
@@ -198,11 +208,34 @@ def e2e_lanes(root: Path) -> Lanes:
     return Lanes(lanes)
 
 
+def verl_side_plugin(root: Path) -> Path:
+    """A package that declares its own ``verl.plugins`` entry point (docs/extending.md shows these lines) to
+    register its estimator ``verl_side_baseline`` with ebpo and with verl, under verl's own launcher."""
+    (root / "verl_side.py").write_text(
+        "import ebpo\n"
+        "from ebpo.integrations.verl import register_with_verl\n\n\n"
+        "@ebpo.register_estimator('verl_side_baseline')\n"
+        "class VerlSide(ebpo.AdvantageEstimator):\n"
+        "    def _advantages(self, batch):\n"
+        "        return batch.rewards_N - batch.stats.mean_M[batch.group_N], {}\n\n\n"
+        "register_with_verl()\n"
+    )
+    info = root / "verl_side-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: verl-side\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[verl.plugins]\nverl_side = verl_side\n")
+    return root
+
+
 @pytest.fixture(scope="session")
-def fresh_verl_import() -> dict:
-    """:func:`fresh_import` with verl's plugin loading as installed: one interpreter for the tests of
-    registration (an import of verl takes seconds of CPU)."""
-    return fresh_import()
+def fresh_verl_import(plugin_pkg_dir, tmp_path_factory) -> dict:
+    """:func:`fresh_import` with verl's plugin loading as installed, and a user's estimators three ways: the
+    fixture package's ``ebpo.plugins`` entry point, a lone file in ``$EBPO_PLUGINS`` and a package with its
+    own ``verl.plugins`` entry point (:func:`verl_side_plugin`). One interpreter for the tests of registration
+    (an import of verl takes seconds of CPU)."""
+    side = verl_side_plugin(tmp_path_factory.mktemp("verl-side"))
+    path = os.pathsep.join([str(plugin_pkg_dir), str(side), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return fresh_import(PYTHONPATH=path, EBPO_PLUGINS=str(MY_ESTIMATORS))
 
 
 def pytest_collection_modifyitems(items):
@@ -224,11 +257,11 @@ def _fresh_holder():
 
 
 @pytest.fixture(scope="session")
-def e2e(tmp_path_factory):
+def e2e(tmp_path_factory, plugin_pkg_dir):
     """The session's end-to-end runs (module docstring), started on first use and stopped at the end. Each
     run starts its own Ray cluster: verl's TransferQueue is one per cluster, so two runs at once in one
     cluster would read each other's responses."""
-    lanes = e2e_lanes(tmp_path_factory.mktemp("verl-e2e")).start()
+    lanes = e2e_lanes(tmp_path_factory.mktemp("verl-e2e"), plugin_pkg_dir).start()
     yield lanes
     lanes.stop()
 

@@ -4,6 +4,7 @@ rollout-correction rejection, group filtering, the CPU mode's pieces. Runs in th
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -942,8 +943,27 @@ def test_registration_import_is_cheap(fresh_verl_import):
     # verl's plugin loader (or VERL_USE_EXTERNAL_MODULES) imports the package in every verl process: in a
     # fresh interpreter, importing it registers our names and loads no Ray trainer, no engines
     after = fresh_verl_import["after_ebpo"]
-    assert after["registered"] == after["ours"] == ["dr_grpo", "ebpo", "jspo", "reinforce_pp_baseline"]
+    assert after["registered"] == after["ours"]
+    assert {"dr_grpo", "ebpo", "jspo", "reinforce_pp_baseline"} <= set(
+        after["ours"]
+    )  # and the user's plugins'
+    assert not {"grpo", "rloo"} & set(after["ours"])  # verl's own
     assert after["heavy"] == []
+
+
+def test_our_launcher_takes_plugins_before_hydra_and_stops_at_one_that_fails(tmp_path, plugin_sandbox):
+    from ebpo.integrations.verl.main import main, take_plugins
+
+    argv = ["--plugins", "a.py", "trainer.device=cpu", "--plugins=b,c", "+algorithm.ebpo.tau2=latent"]
+    assert take_plugins(argv) == (["a.py", "b,c"], ["trainer.device=cpu", "+algorithm.ebpo.tau2=latent"])
+    bad = tmp_path / "bad.py"
+    bad.write_text("import ebpo\nundefined_name\n")
+    with pytest.raises(SystemExit) as stopped:
+        main(["--plugins", str(bad), "algorithm.adv_estimator=ebpo"])
+    assert re.fullmatch(
+        rf"ebpo.integrations.verl: plugin {re.escape(str(bad))}: NameError: .*\({re.escape(str(bad))}, line 2\)",
+        str(stopped.value.code),
+    )
 
 
 def test_the_quiet_log_shows_a_repeated_message_once_and_verbose_turns_it_off(monkeypatch):

@@ -48,6 +48,8 @@ import ebpo  # noqa: E402
 from ebpo.integrations import ESTIMATOR_STATE_FILE  # noqa: E402
 from ebpo.integrations.verl.checkpoint import SAMPLER_STATE_FILE  # noqa: E402
 from ebpo.integrations.verl.cpu.config import legacy_cpu_refusal  # noqa: E402
+from ebpo.plugins import load_plugins  # noqa: E402
+from helpers.plugins import FILE_ESTIMATOR, MY_ESTIMATORS, PKG_ESTIMATOR, STATEFUL_ESTIMATOR  # noqa: E402
 
 # the runs start with the session (conftest.py); a test waits for the ones it reads
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -335,10 +337,10 @@ def unreordered(rows: list[dict]) -> list[dict]:
     return [row for members in groups.values() for row in members]
 
 
-def replay_filtered(steps: list[list[dict]]):
-    """The core estimator fed each step as the adapter feeds it: saturated groups to ``observe``, the rest
-    to ``est``; returns (estimator, per step the advantage of every row of the un-reordered batch)."""
-    est = ebpo.get_estimator("ebpo")
+def replay_filtered(steps: list[list[dict]], name: str = "ebpo"):
+    """The core estimator ``name`` fed each step as the adapter feeds it: saturated groups to ``observe``, the
+    rest to ``est``; returns (estimator, per step the advantage of every row of the un-reordered batch)."""
+    est = ebpo.get_estimator(name)
     advantages = []
     for rows in steps:
         rewards = torch.tensor([row["score"] for row in rows], dtype=torch.float64)
@@ -355,16 +357,23 @@ def replay_filtered(steps: list[list[dict]]):
     return est, advantages
 
 
-def test_legacy_two_ranks_with_filter_groups_and_a_resume(e2e):
+def test_legacy_two_ranks_with_filter_groups_and_a_resume(e2e, plugin_sandbox):
     # verl's legacy trainer (trainer.use_v1=false): 2 ranks, balance_batch, algorithm.filter_groups with the
     # positional reward (verl_positional_reward.py: each prompt's group has a fixed number of successes every
-    # step, prompts 0 and 4 saturated, so filtered), steps 1-2 then a resume at step 2 for steps 3-4
+    # step, prompts 0 and 4 saturated, so filtered), steps 1-2 then a resume at step 2 for steps 3-4; the
+    # estimator is a user's, running_mean_baseline of `--plugins my_estimators.py` (stateful), with the
+    # fixture package installed beside it (its entry point)
     if legacy_cpu_refusal():
         pytest.skip(legacy_cpu_refusal())
     e2e.succeeded("legacy_a", "legacy_b")
     root = e2e.root_of("legacy_a")
     code, log = e2e.result("legacy_b")
     assert "Setting global step to 2" in log
+    # both plugins are registered in the task runner's Ray process: the file through $EBPO_PLUGINS, which
+    # our launcher set from --plugins, the package through its entry point
+    for run in ("legacy_a", "legacy_b"):
+        (line,) = [x for x in e2e.result(run)[1].splitlines() if "[ebpo] task runner on" in x]
+        assert all(name in line for name in (FILE_ESTIMATOR, STATEFUL_ESTIMATOR, PKG_ESTIMATOR)), line
     rows = {**dumped_rows(root / "legacy_a-rollouts"), **dumped_rows(root / "legacy_b-rollouts")}
     assert sorted(rows) == [1, 2, 3, 4]
     index = prompt_index(root)
@@ -397,23 +406,25 @@ def test_legacy_two_ranks_with_filter_groups_and_a_resume(e2e):
 
     assert not all(contiguous(rows[s]) for s in rows)
 
-    # every row's advantage = the estimator's on the un-reordered batch (priors carried over the steps, also
-    # across the resume); the prior after the run: a replay of every reward the driver saw
-    replayed, expected_adv = replay_filtered([unreordered(rows[s]) for s in range(1, 5)])
+    # every row's advantage = the estimator's on the un-reordered batch (its state carried over the steps, also
+    # across the resume); its state after the run, in verl's checkpoint as EBPO's prior is: a replay of every
+    # reward the driver saw
+    load_plugins([str(MY_ESTIMATORS)])
+    replayed, expected_adv = replay_filtered([unreordered(rows[s]) for s in range(1, 5)], STATEFUL_ESTIMATOR)
     for step in range(1, 5):
         got = torch.tensor([row["advantage"] for row in unreordered(rows[step])], dtype=torch.float64)
         torch.testing.assert_close(got, expected_adv[step - 1], rtol=1e-5, atol=1e-6)
-    prior = saved_prior(root, 4)
-    assert int(prior["W_glob"]["count"]) == 4 * 8 * RANKS_N  # filtered groups counted once
-    assert_prior_equal(prior, replayed.state_dict()["prior"])
+    state = saved_state(root, 4, name=STATEFUL_ESTIMATOR)
+    assert int(state["count"]) == 4 * 8 * RANKS_N  # filtered groups counted once
+    assert_prior_equal(state, replayed.state_dict())
 
-    # the filtered steps trained: finite losses; ebpo/* metrics; the rollout used the current weights
+    # the filtered steps trained: finite losses; the estimator's metrics; the rollout used the current weights
     metrics = {
         **step_metrics(root / "legacy_a.metrics.jsonl"),
         **step_metrics(root / "legacy_b.metrics.jsonl"),
     }
     for step, values in metrics.items():
         assert torch.isfinite(torch.tensor(values["actor/pg_loss"])), step
-        assert {"ebpo/mu_glob", "ebpo/shrinkage"} <= set(values), step
+        assert {"running_mean/baseline", "groups/all_fail"} <= set(values), step
         assert values["training/rollout_probs_diff_max"] < 1e-4, step
     print(f"\n[verl legacy 2 ranks] {timing('legacy_a', 'legacy_b')}")

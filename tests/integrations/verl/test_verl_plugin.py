@@ -44,6 +44,19 @@ BUFFER = (
 )
 
 
+OURS_AND_THE_USERS = (
+    "dr_grpo",
+    "ebpo",
+    "jspo",
+    "median_baseline",
+    "reinforce_pp_baseline",
+    "running_mean_baseline",
+    "trimmed_mean_baseline",
+    "verl_side_baseline",
+)
+"""verl's registry in a fresh interpreter of ``fresh_verl_import``: the names verl lacks, ours and the user's."""
+
+
 def entry_point_installed() -> bool:
     return any(ep.name == "ebpo" for ep in metadata.entry_points(group="verl.plugins"))
 
@@ -56,9 +69,12 @@ def test_importing_verl_registers_our_estimators_through_the_entry_point(fresh_v
         pytest.skip(
             "ebpo's verl.plugins entry point is not installed here (pip install -e .[verl] installs it)"
         )
-    # `import verl` alone: every name verl lacks, nothing heavy imported (no Ray trainer, no workers)
+    # `import verl` alone: every name verl lacks, nothing heavy imported (no Ray trainer, no workers); a
+    # user's estimators too, three ways: an installed package's ebpo.plugins entry point (trimmed_mean_baseline),
+    # a lone file in $EBPO_PLUGINS (median_baseline, running_mean_baseline) and a package's own verl.plugins
+    # entry point (verl_side_baseline)
     after_verl = fresh_verl_import["after_verl"]
-    assert after_verl == {"ours": ["dr_grpo", "ebpo", "jspo", "reinforce_pp_baseline"], "heavy": []}
+    assert after_verl == {"ours": [*OURS_AND_THE_USERS], "heavy": []}
     off = fresh_import(VERL_USE_EXTERNAL_PLUGINS="none")  # verl's switch: no plugins, so none of ours
     assert off["after_verl"] == {"ours": [], "heavy": []}
 

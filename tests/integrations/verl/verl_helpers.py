@@ -351,10 +351,11 @@ def stream_prompts(root: Path, kind: str, batch: int, steps: int, seed: int = 0)
     return [[prompts[i] for i in stream.next_batch()] for _ in range(steps)]
 
 
-def saved_state(root: Path, step: int, ckpt: str = "ckpt") -> dict:
-    """The estimator's state (global prior, cluster priors) in ``root/ckpt/global_step_<step>/ebpo_estimator.pt``."""
+def saved_state(root: Path, step: int, ckpt: str = "ckpt", name: str = "ebpo") -> dict:
+    """Estimator ``name``'s state (EBPO's: global prior, cluster priors) in
+    ``root/ckpt/global_step_<step>/ebpo_estimator.pt``."""
     state = torch.load(root / ckpt / f"global_step_{step}" / ESTIMATOR_STATE_FILE, weights_only=False)
-    return state["ebpo"]["state"]
+    return state[name]["state"]
 
 
 def saved_prior(root: Path, step: int, ckpt: str = "ckpt") -> dict:

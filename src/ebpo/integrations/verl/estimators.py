@@ -52,6 +52,7 @@ __all__ = [
     "DEFAULT_CLUSTER_KEY",
     "EstimatorHolder",
     "HOLDER",
+    "SERVED",
     "column_values",
     "estimator_options",
     "filter_groups_enabled",
@@ -389,10 +390,15 @@ def served_by_ebpo(name: str) -> bool:
     return getattr(core_algos.ADV_ESTIMATOR_REGISTRY.get(name), "__ebpo_estimator__", None) == name
 
 
-def register_with_verl() -> list[str]:
-    """Register every ``ebpo.list_estimators()`` name verl lacks; returns the names now served by us.
+#: the estimator names this process serves in verl's registry, kept by :func:`register_with_verl`
+SERVED: list[str] = []
 
-    Idempotent: a name already registered by this module (an earlier import) is left as it is.
+
+def register_with_verl() -> list[str]:
+    """Register every ``ebpo.list_estimators()`` name verl lacks, a plugin's included (call it again after
+    registering one); returns :data:`SERVED`, the names now served by us.
+
+    Idempotent: a name already registered by this module (an earlier call) is left as it is.
     """
     from verl.trainer.ppo import core_algos
 
@@ -404,4 +410,5 @@ def register_with_verl() -> list[str]:
             ours.append(name)
         elif served_by_ebpo(name):
             ours.append(name)
-    return ours
+    SERVED[:] = ours
+    return SERVED

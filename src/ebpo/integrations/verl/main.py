@@ -3,6 +3,7 @@
     python -m ebpo.integrations.verl algorithm.adv_estimator=ebpo +algorithm.ebpo.prior_scope=global ...
     python -m ebpo.integrations.verl trainer.device=cpu ...        # the opt-in CPU mode (tests, laptops)
     python -m ebpo.integrations.verl trainer.use_v1=false ...      # verl's legacy trainer
+    python -m ebpo.integrations.verl --plugins my_estimators.py algorithm.adv_estimator=median_baseline ...
 
 Takes the same Hydra overrides as ``python -m verl.trainer.main_ppo`` (verl's ``ppo_trainer.yaml``). By default
 (``trainer.use_v1=true``, verl's own default) it runs verl's v1 trainer in ``trainer.v1.trainer_mode=sync``
@@ -13,7 +14,10 @@ Takes the same Hydra overrides as ``python -m verl.trainer.main_ppo`` (verl's ``
 the logs, ``+data.sampler.class_path`` / ``class_name`` honoured (``ebpo.integrations.verl.TopicSampler`` /
 ``DifficultySampler``), ``algorithm.filter_groups`` with the dropped groups folded into the prior, and
 ``trainer.device=cpu`` (:mod:`ebpo.integrations.verl.cpu`), a quiet log (:mod:`ebpo.integrations.verl.quiet`;
-``VERBOSE=1`` shows every message). Ray is shut down when the run ends, also on failure.
+``VERBOSE=1`` shows every message). Ray is shut down when the run ends, also on failure. ``--plugins NAME``
+(before the overrides; repeatable or comma-separated; :mod:`ebpo.plugins`) imports your own estimators before
+the config is read, here and in every Ray process of the run (``$EBPO_PLUGINS``); installed ``ebpo.plugins``
+entry points are loaded everywhere without it.
 """
 
 from __future__ import annotations
@@ -261,6 +265,10 @@ def run(config: Any) -> None:
     if not verbose_requested():
         quiet_log()
         _set_process_env(config, {QUIET_ENV: "1"})
+    from ebpo.plugins import ENV_VAR
+
+    if os.environ.get(ENV_VAR):  # the plugins of --plugins (main), imported in every Ray process too
+        _set_process_env(config, {ENV_VAR: os.environ[ENV_VAR]})
     use_v1 = bool(config.trainer.get("use_v1", True))
     if str(config.trainer.device) == "cpu":
         from ebpo.integrations.verl.cpu.config import apply_cpu_mode, legacy_cpu_refusal
@@ -285,11 +293,37 @@ def run(config: Any) -> None:
             ray.shutdown()
 
 
+def take_plugins(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``argv`` split into the names of ``--plugins NAME`` / ``--plugins=NAME`` and the rest (Hydra's)."""
+    names, rest, words = [], [], iter(argv)
+    for word in words:
+        if word == "--plugins":
+            value = next(words, None)
+            if value is None:
+                raise SystemExit("ebpo.integrations.verl: --plugins needs a NAME (a .py file or a module)")
+            names.append(value)
+        elif word.startswith("--plugins="):
+            names.append(word.split("=", 1)[1])
+        else:
+            rest.append(word)
+    return names, rest
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Hydra CLI over verl's ``ppo_trainer.yaml`` (same overrides as ``verl.trainer.main_ppo``)."""
+    """Hydra CLI over verl's ``ppo_trainer.yaml`` (same overrides as ``verl.trainer.main_ppo``), after
+    ``--plugins``."""
     # importing this module already ran the package's environment check and registrations
-    if argv is not None:
-        sys.argv = [sys.argv[0], *argv]
+    from ebpo.integrations.verl.registration import register_plugins
+    from ebpo.plugins import ENV_VAR, PluginError
+
+    names, overrides = take_plugins(sys.argv[1:] if argv is None else list(argv))
+    if names:
+        try:
+            resolved = register_plugins(names)
+        except PluginError as error:
+            raise SystemExit(f"ebpo.integrations.verl: {error}") from None
+        os.environ[ENV_VAR] = os.pathsep.join([*filter(None, [os.environ.get(ENV_VAR)]), *resolved])
+    sys.argv = [sys.argv[0], *overrides]
     import hydra
 
     hydra.main(config_path=_config_dir(), config_name="ppo_trainer", version_base=None)(run)()

@@ -7,7 +7,10 @@ point names this module, which verl imports at ``import verl`` (``VERL_USE_EXTER
    level), so the line is printed on stderr before the error is raised.
 2. Registers verl platform ``cpu`` (opt-in: used only under ``VERL_PLATFORM=cpu``), before anything asks verl
    for its platform; under ``VERL_PLATFORM=cpu`` also the ``ebpo_cpu`` rollout backend.
-3. Registers our estimators in verl's advantage registry (:data:`REGISTERED`).
+3. Imports the user's plugins (:func:`ebpo.plugins.load_plugins`: installed ``ebpo.plugins`` entry points, and
+   ``$EBPO_PLUGINS``, which our launcher sets for every Ray process of a run from its ``--plugins``), then
+   registers every estimator of ebpo's registry, theirs included, in verl's advantage registry
+   (:data:`REGISTERED`). A plugin that fails prints its one line on stderr before the error is raised.
 4. In a process of ``python -m ebpo.integrations.verl`` (``EBPO_VERL_QUIET=1``): the log filters of :mod:`.quiet`.
 
 Steps 2 and 4 act only in runs of our launcher that ask for them. Cheap by design: verl's ``core_algos`` and platform registry, no Ray trainer, no workers, no engines; nothing
@@ -40,10 +43,28 @@ if cpu_mode_enabled():
 
     register_rollout()
 
+from ebpo.plugins import PluginError, load_plugins  # noqa: E402
+
+try:
+    load_plugins()
+except PluginError as error:
+    print(f"ebpo.integrations.verl: {error}", file=sys.stderr, flush=True)
+    raise
+
 from ebpo.integrations.verl.estimators import HOLDER, register_with_verl  # noqa: E402
 
-#: the estimator names this process serves in verl's registry
+#: the estimator names this process serves in verl's registry (``estimators.SERVED``: a later
+#: :func:`register_with_verl`, after a plugin registered more, updates it)
 REGISTERED: list[str] = register_with_verl()
+
+
+def register_plugins(names: list[str]) -> list[str]:
+    """Import the plugins ``names`` (``--plugins`` of our launcher) and serve their estimators in verl's
+    registry too; returns the names resolved (files absolute), for the run's Ray processes
+    (``$EBPO_PLUGINS``)."""
+    resolved = load_plugins(names)
+    register_with_verl()
+    return resolved
 
 
 def _launcher_warning(algorithm: object) -> None:
