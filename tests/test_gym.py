@@ -317,6 +317,8 @@ def test_annotate_and_the_trl_data_carry_the_entry(tiny_model_dir, tmp_path, mon
     example = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, example)  # dataclasses resolve their module by name
     spec.loader.exec_module(example)
-    column = example.to_dataset(records)["answer"]
+    from ebpo.data.prompts import PromptFormat
+
+    column = example.to_dataset(records, PromptFormat(None, chat=False))["answer"]
     completions = [f"<answer>{gold(r)}</answer>" for r in records]
     assert example.make_reward("gym")(completions, column) == [1.0] * len(records)

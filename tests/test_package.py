@@ -55,7 +55,8 @@ def test_wheel_in_a_fresh_venv_trains_and_evaluates_from_an_empty_directory(tmp_
     assert wheel.name.startswith(f"ebpo-{ebpo.__version__}-py3-none-any")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {f"ebpo/configs/{name}.yaml" for name in list_presets()} <= names  # the presets
-    assert {"ebpo/models/arith_base/model.safetensors", "ebpo/models/arith_base/tokenizer.json"} <= names
+    for shipped in ("arith_base", "gym_base"):  # S1 and S2
+        assert {f"ebpo/models/{shipped}/model.safetensors", f"ebpo/models/{shipped}/tokenizer.json"} <= names
     assert "ebpo/py.typed" in names and not any(
         n.startswith(("tests/", "benchmarks/", "docs/")) for n in names
     )

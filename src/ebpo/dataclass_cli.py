@@ -595,8 +595,9 @@ def add_command(
     name: str,
     *,
     help: str,
-    parser: Callable[[str], argparse.ArgumentParser],
+    parser: Callable[..., argparse.ArgumentParser],
     run: Callable[[argparse.Namespace], int],
+    parser_reads_words: bool = False,
 ) -> None:
     """Add the command ``name``, whose parser ``parser(prog)`` is built only when the command runs.
 
@@ -604,11 +605,18 @@ def add_command(
     hands them to the real parser, which prints the command's ``--help`` and its errors. Every command takes
     ``--plugins NAME`` (:mod:`ebpo.plugins`): the plugins are imported before the parser is built, so that
     nothing checks a name before a plugin could register it; a plugin that fails is one line on stderr and
-    exit code 2. ``run`` gets the parsed flags (``plugins``: the names given, resolved).
+    exit code 2. ``run`` gets the parsed flags (``plugins``: the names given, resolved). With
+    ``parser_reads_words`` the parser is ``parser(prog, words)``: a command whose flags depend on one of them
+    (``ebpo base-model --recipe gym`` takes the gym recipe's fields).
     """
     command = subparsers.add_parser(name, help=help, add_help=False, prefix_chars="\0")
     command.add_argument("words", nargs="*", help=argparse.SUPPRESS)
-    command.set_defaults(func=lambda args: _start(command.prog, parser, run, args.words))
+
+    def start(args: argparse.Namespace) -> int:
+        build = (lambda prog: parser(prog, args.words)) if parser_reads_words else parser
+        return _start(command.prog, build, run, args.words)
+
+    command.set_defaults(func=start)
 
 
 def _plugins_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

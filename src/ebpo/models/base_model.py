@@ -1,4 +1,10 @@
-"""The ``arith`` base model that ``ebpo train`` starts from: its recipe, the shipped weights, the cache.
+"""The base models, their recipes, the shipped weights, the cache: the ``arith`` model S1 that ``ebpo train``
+starts from, and the gym model S2 (``ebpo.models.gym_recipe``), each a :class:`Recipe` of :data:`RECIPES`.
+
+Everything below is the same machinery for every recipe: a config dataclass with a ``key()``, a build that
+trains on one thread into a staging directory, the shipped build of the default config as package data, the
+cache, the prefix hash the guard tests retrain and ``check_base_model``'s full rebuild. The text below
+describes S1; S2's differences are in ``ebpo.models.gym_recipe`` and docs/base_model.md.
 
 A small Llama (``ebpo.models.tiny``: character tokenizer, tied embeddings) fine-tuned from random weights
 on the arith ``sft`` split by a noisy teacher (``ebpo.models.sft``): it learns to compute the answers but
@@ -23,16 +29,67 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ebpo.models import gym_recipe
 from ebpo.models.recipe import FORMAT_VERSION, BaseModelConfig
 from ebpo.persist import replace_dir
+from ebpo.registry import Registry
 
 BUILD_INFO = "build_info.json"
 SHIPPED_DIR = Path(__file__).resolve().parent / "arith_base"
 """The built default recipe, shipped as package data (rebuilt with ``ebpo base-model --out`` on it)."""
+GYM_SHIPPED_DIR = Path(__file__).resolve().parent / "gym_base"
+"""S2, the gym recipe's default build, shipped as package data."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A kind of base model: its config class (whose ``key()`` names a build) and how it is built and measured.
+
+    Attributes:
+        name: the registry name, also the cache directory's prefix (``<name>-<key>``).
+        config_cls: the recipe's dataclass; its default instance is the shipped model.
+        shipped_dir: where the default build ships in the package.
+        new_model: ``config -> (model, tokenizer)``, seeded, before training.
+        train: ``(model, tokenizer, config, *, progress, stop_after) -> losses``.
+        grid: ``(model, tokenizer, config, *, split) -> grid`` (``ebpo.models.grid``), the build's measurement.
+        format_version: recorded in ``build_info.json``.
+        what: how progress lines name it.
+    """
+
+    name: str
+    config_cls: type
+    shipped_dir: Path
+    new_model: Callable[[Any], tuple[Any, Any]]
+    train: Callable[..., list[float]]
+    grid: Callable[..., dict[str, Any]]
+    format_version: int
+    what: str
+
+
+RECIPES: Registry[Recipe] = Registry("base-model recipe")
+
+
+def recipe_of(config: Any) -> Recipe:
+    """The recipe whose config class ``config`` is an instance of."""
+    for name in RECIPES.names():
+        recipe = RECIPES.get(name)
+        if type(config) is recipe.config_cls:
+            return recipe
+    raise TypeError(
+        f"no base-model recipe takes a {type(config).__name__}; recipes: {', '.join(RECIPES.names())}"
+    )
+
+
+def default_config(recipe: str = "arith") -> Any:
+    """The default config (the shipped model) of the recipe named ``recipe``."""
+    return RECIPES.get(recipe).config_cls()
+
+
 PREFIX_STEPS = 25
 """The build records a hash of the weights after this many SFT steps: the guard test retrains that prefix."""
 BUILD_THREADS = 1
@@ -56,11 +113,11 @@ def cache_root() -> Path:
     return Path(os.environ.get("EBPO_CACHE", "~/.cache/ebpo")).expanduser()
 
 
-def base_model_path(config: BaseModelConfig | None = None, cache_dir: str | Path | None = None) -> Path:
-    """Where the cached build of ``config`` lives (built or not): ``<cache>/base_models/arith-<key>``."""
+def base_model_path(config: Any = None, cache_dir: str | Path | None = None) -> Path:
+    """Where the cached build of ``config`` lives (built or not): ``<cache>/base_models/<recipe>-<key>``."""
     config = config or BaseModelConfig()
     root = Path(cache_dir).expanduser() if cache_dir is not None else cache_root()
-    return root / "base_models" / f"arith-{config.key()}"
+    return root / "base_models" / f"{recipe_of(config).name}-{config.key()}"
 
 
 def is_built(path: Path) -> bool:
@@ -78,12 +135,13 @@ def load_build_info(path: str | Path) -> dict[str, Any]:
     return json.loads(info_file.read_text())
 
 
-def shipped_model_path(config: BaseModelConfig | None = None) -> Path | None:
+def shipped_model_path(config: Any = None) -> Path | None:
     """The shipped model directory if it holds a build of ``config`` (default recipe), else ``None``."""
     config = config or BaseModelConfig()
-    if not is_built(SHIPPED_DIR):
+    shipped = recipe_of(config).shipped_dir
+    if not is_built(shipped):
         return None
-    return SHIPPED_DIR if load_build_info(SHIPPED_DIR).get("key") == config.key() else None
+    return shipped if load_build_info(shipped).get("key") == config.key() else None
 
 
 def default_base_model_path() -> Path:
@@ -138,41 +196,39 @@ def platform_info() -> dict[str, str]:
     return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
-def train_prefix_sha256(config: BaseModelConfig | None = None, steps: int = PREFIX_STEPS) -> str:
+def train_prefix_sha256(config: Any = None, steps: int = PREFIX_STEPS) -> str:
     """Hash of the weights after the first ``steps`` SFT steps of ``config``'s build (same schedule)."""
-    from ebpo.models.sft import train_sft
-
     config = config or BaseModelConfig()
+    recipe = recipe_of(config)
     with _OneThread():
-        model, tokenizer = _new_model(config)
-        train_sft(model, tokenizer, config, progress=False, stop_after=steps)
+        model, tokenizer = recipe.new_model(config)
+        recipe.train(model, tokenizer, config, progress=False, stop_after=steps)
     return state_dict_sha256(model)
 
 
-def _train(config: BaseModelConfig, progress: bool, describe_target: str):
+def _train(config: Any, progress: bool, describe_target: str):
     """The build proper: fresh model, prefix hash, full SFT. Returns (model, tokenizer, info)."""
-
-    from ebpo.models.sft import train_sft
-
+    recipe = recipe_of(config)
     started, cpu_started = time.perf_counter(), time.process_time()
     with _OneThread():
-        model, tokenizer = _new_model(config)
+        model, tokenizer = recipe.new_model(config)
         n_params = sum(p.numel() for p in model.parameters())
         if progress:
             print(
-                f"building the arith base model ({n_params / 1e6:.2f}M parameters, {config.steps} SFT steps, "
+                f"building the {recipe.what} ({n_params / 1e6:.2f}M parameters, {config.steps} SFT steps, "
                 f"one thread) into {describe_target}",
                 flush=True,
             )
         prefix = min(PREFIX_STEPS, config.steps)
         prefix_sha = train_prefix_sha256(config, prefix)  # what the guard test retrains
-        model, tokenizer = _new_model(config)  # the full run starts from the same initial weights
-        losses = train_sft(model, tokenizer, config, progress=progress)
+        model, tokenizer = recipe.new_model(config)  # the full run starts from the same initial weights
+        losses = recipe.train(model, tokenizer, config, progress=progress)
         weights_sha = state_dict_sha256(model)
     info = {
+        "recipe": recipe.name,
         "config": asdict(config),
         "key": config.key(),
-        "format_version": FORMAT_VERSION,
+        "format_version": recipe.format_version,
         "num_parameters": n_params,
         "threads": BUILD_THREADS,
         **platform_info(),
@@ -201,14 +257,15 @@ def _save(model, tokenizer, info: dict[str, Any], path: Path) -> None:
 
 
 def build_base_model(
-    config: BaseModelConfig | None = None,
+    config: Any = None,
     *,
     force: bool = False,
     progress: bool = True,
     cache_dir: str | Path | None = None,
     out_dir: str | Path | None = None,
 ) -> Path:
-    """The directory of the base model of ``config`` (default recipe: the shipped one); builds it if needed.
+    """The directory of the base model of ``config`` (any recipe's config; default: S1's default, the shipped
+    one); builds it if needed.
 
     Order: the shipped model if it holds ``config``'s recipe (unless ``force`` or ``out_dir``); else a
     finished build in ``out_dir`` or the cache with the same key (unless ``force``); else a new build
@@ -237,25 +294,15 @@ def build_base_model(
     return path
 
 
-def measure_grid(model, tokenizer, config: BaseModelConfig, *, split: str, progress: bool) -> dict[str, Any]:
+def measure_grid(model, tokenizer, config: Any, *, split: str, progress: bool) -> dict[str, Any]:
     """The recipe's pass@1 / maj@n / greedy grid of ``model`` on ``split`` (``eval_per_cell`` problems per
     cell, ``eval_samples`` samples each at ``eval_temperature``, seeded by ``config.seed``); printed as tables
     when ``progress``. Empty when ``eval_per_cell`` is 0."""
     if config.eval_per_cell <= 0:
         return {}
-    from ebpo.models.grid import evaluate_grid, grid_report
+    from ebpo.models.grid import grid_report
 
-    grid = evaluate_grid(
-        model,
-        tokenizer,
-        split=split,
-        per_cell=config.eval_per_cell,
-        samples=config.eval_samples,
-        temperature=config.eval_temperature,
-        seed=config.seed,
-        max_new_tokens=config.max_new_tokens,
-        progress=progress,
-    )
+    grid = recipe_of(config).grid(model, tokenizer, config, split=split, progress=progress)
     if progress:
         print(
             grid_report(grid, split=split, samples=config.eval_samples, temperature=config.eval_temperature)
@@ -263,7 +310,27 @@ def measure_grid(model, tokenizer, config: BaseModelConfig, *, split: str, progr
     return grid
 
 
-def check_base_model(config: BaseModelConfig | None = None, *, progress: bool = True) -> list[str]:
+def _grid_of(evaluate: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    """A recipe's grid from its ``evaluate_grid`` (``ebpo.models.grid``'s, or the gym recipe's), read with the
+    recipe's grid settings."""
+
+    def grid(model, tokenizer, config: Any, *, split: str, progress: bool = False) -> dict[str, Any]:
+        return evaluate(
+            model,
+            tokenizer,
+            split=split,
+            per_cell=config.eval_per_cell,
+            samples=config.eval_samples,
+            temperature=config.eval_temperature,
+            seed=config.seed,
+            max_new_tokens=config.max_new_tokens,
+            progress=progress,
+        )
+
+    return grid
+
+
+def check_base_model(config: Any = None, *, progress: bool = True) -> list[str]:
     """Rebuild ``config`` (default recipe) in full and compare it with the shipped build, tensor by tensor.
 
     Returns the differences found (empty: the shipped weights are exactly what the recipe builds here).
@@ -273,10 +340,11 @@ def check_base_model(config: BaseModelConfig | None = None, *, progress: bool = 
     from safetensors.torch import load_file
 
     config = config or BaseModelConfig()
+    shipped = recipe_of(config).shipped_dir
     problems: list[str] = []
-    if not is_built(SHIPPED_DIR):
-        return [f"no shipped model in {SHIPPED_DIR}"]
-    shipped_info = load_build_info(SHIPPED_DIR)
+    if not is_built(shipped):
+        return [f"no shipped model in {shipped}"]
+    shipped_info = load_build_info(shipped)
     if shipped_info.get("key") != config.key():
         problems.append(
             f"the shipped model's recipe key {shipped_info.get('key')} is not the current recipe's "
@@ -286,7 +354,7 @@ def check_base_model(config: BaseModelConfig | None = None, *, progress: bool = 
     differs = {k: (shipped_info.get(k), v) for k, v in here.items() if shipped_info.get(k) != v}
     model, _, info = _train(config, progress, "memory (check)")
     rebuilt = {name: tensor.detach() for name, tensor in model.state_dict().items()}
-    saved = load_file(str(SHIPPED_DIR / "model.safetensors"))
+    saved = load_file(str(shipped / "model.safetensors"))
     for name, tensor in saved.items():
         if name not in rebuilt:
             problems.append(f"tensor {name} is in the shipped model but not in the rebuild")
@@ -302,3 +370,45 @@ def check_base_model(config: BaseModelConfig | None = None, *, progress: bool = 
             + ", ".join(f"{k} (built with {old}, here {new})" for k, (old, new) in differs.items())
         )
     return problems
+
+
+def _arith_evaluate_grid(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    from ebpo.models.grid import evaluate_grid
+
+    return evaluate_grid(*args, **kwargs)
+
+
+def _arith_train(
+    model, tokenizer, config: BaseModelConfig, *, progress: bool = True, stop_after: int | None = None
+):
+    from ebpo.models import sft
+
+    return sft.train_sft(model, tokenizer, config, progress=progress, stop_after=stop_after)
+
+
+RECIPES.register(
+    "arith",
+    Recipe(
+        name="arith",
+        config_cls=BaseModelConfig,
+        shipped_dir=SHIPPED_DIR,
+        new_model=lambda config: _new_model(config),  # looked up when called (tests replace it)
+        train=_arith_train,
+        grid=_grid_of(_arith_evaluate_grid),
+        format_version=FORMAT_VERSION,
+        what="arith base model",
+    ),
+)
+RECIPES.register(
+    "gym",
+    Recipe(
+        name="gym",
+        config_cls=gym_recipe.GymBaseModelConfig,
+        shipped_dir=GYM_SHIPPED_DIR,
+        new_model=gym_recipe.new_model,
+        train=gym_recipe.train,
+        grid=_grid_of(gym_recipe.evaluate_grid),
+        format_version=gym_recipe.FORMAT_VERSION,
+        what="gym base model S2",
+    ),
+)

@@ -1,10 +1,12 @@
-"""``ebpo base-model``: show, build or verify the ``arith`` base model that ``ebpo train`` starts from.
+"""``ebpo base-model``: show, build or verify a base model: S1, the ``arith`` model ``ebpo train`` starts from,
+or with ``--recipe gym`` S2, the Qwen3 chat model of reasoning-gym tasks.
 
 ebpo base-model                      # the default recipe: the shipped model's directory (no training)
 ebpo base-model --grid test          # ... and its pass@1 / maj@8 / greedy grid on test problems
 ebpo base-model --check              # rebuild the default recipe in full, compare bit for bit
 ebpo base-model --steps 3000 --hidden-size 128   # another recipe: built once into the cache
 ebpo base-model --force --out src/ebpo/models/arith_base   # (maintainers) rebuild the shipped model
+ebpo base-model --recipe gym --grid test         # S2 (its flags: ebpo base-model --recipe gym --help)
 """
 
 from __future__ import annotations
@@ -20,8 +22,16 @@ from ebpo.models.recipe import BaseModelConfig
 
 @dataclass
 class BaseModelCommand:
-    """What ``ebpo base-model`` does with the recipe (the recipe itself is :class:`BaseModelConfig`)."""
+    """What ``ebpo base-model`` does with the recipe (the recipe itself is :class:`BaseModelConfig`, or the
+    ``--recipe``'s config class)."""
 
+    recipe: str = field(
+        default="arith",
+        metadata={
+            "help": "which base model: arith (S1, the built-in model of ebpo train) or gym (S2, a Qwen3 chat model "
+            "of reasoning-gym tasks; its recipe's flags replace S1's: --recipe gym --help lists them)"
+        },
+    )
     force: bool = field(default=False, metadata={"help": "build even if a build of this recipe exists"})
     check: bool = field(
         default=False,
@@ -64,28 +74,45 @@ class BaseModelCommand:
     quiet: bool = field(default=False, metadata={"help": "no progress bars or tables; print only the path"})
 
 
+def _recipe_named(words: list[str]) -> str:
+    """The ``--recipe`` the words give (``arith`` when none); the full parser checks the rest."""
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--recipe", default="arith")
+    return first.parse_known_args(words)[0].recipe
+
+
+def _parser(prog: str, words: list[str]) -> argparse.ArgumentParser:
+    from ebpo.models.base_model import RECIPES
+
+    name = _recipe_named(words)
+    config_cls = RECIPES.get(name).config_cls if name in RECIPES else BaseModelConfig  # run() names a bad one
+    return dataclass_parser(
+        prog,
+        __doc__ or "",
+        [BaseModelCommand, config_cls],
+        negatable=["near_miss_digit_slips"] if config_cls is BaseModelConfig else [],
+        raw_description=True,
+    )
+
+
 def add_parser(subparsers: Any) -> None:
-    """``ebpo base-model``: one flag per :class:`BaseModelCommand` and :class:`BaseModelConfig` field."""
+    """``ebpo base-model``: one flag per :class:`BaseModelCommand` field and per field of the ``--recipe``'s config
+    (:class:`BaseModelConfig` for ``arith``)."""
     add_command(
         subparsers,
         "base-model",
-        help="show, build or verify the arith base model (the default one ships with the package)",
-        parser=lambda prog: dataclass_parser(
-            prog,
-            __doc__ or "",
-            [BaseModelCommand, BaseModelConfig],
-            negatable=["near_miss_digit_slips"],
-            raw_description=True,
-        ),
+        help="show, build or verify a base model: arith (S1) or gym (S2); the defaults ship with the package",
+        parser=_parser,
         run=run,
+        parser_reads_words=True,
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    from ebpo.models.base_model import build_base_model, check_base_model, load_build_info
+    from ebpo.models.base_model import RECIPES, build_base_model, check_base_model, load_build_info
 
     try:
-        config = from_args(BaseModelConfig, args)
+        config = from_args(RECIPES.get(args.recipe).config_cls, args)
     except ValueError as err:  # a recipe that cannot be built: one line naming the field
         print(f"ebpo base-model: {err}", file=sys.stderr)
         return 2

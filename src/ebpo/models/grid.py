@@ -1,6 +1,7 @@
-"""The difficulty grid of a model on ``arith``: pass@1, maj@n and greedy accuracy per (topic, level) cell.
+"""The difficulty grid of a model: pass@1, maj@n and greedy accuracy per (topic, level) cell.
 
-``evaluate_grid`` samples ``samples`` responses per problem at ``temperature`` (plain sampling, no top-k /
+``cell_grid`` measures it on any task's records (the gym model's: ``ebpo.models.gym_recipe.evaluate_grid``);
+``evaluate_grid`` on ``arith``'s. ``evaluate_grid`` samples ``samples`` responses per problem at ``temperature`` (plain sampling, no top-k /
 top-p: what RL samples) and one greedy response, with ``ebpo.generation.sample`` (KV cache, a seeded
 generator), and scores them with ``arith.verify``. Per cell:
 
@@ -16,7 +17,7 @@ A model with latent skill has ``maj@n`` and ``greedy`` well above ``pass@1``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 GRID_METRICS: tuple[str, ...] = ("pass@1", "maj@n", "greedy")
@@ -40,55 +41,93 @@ def evaluate_grid(
 ) -> Grid:
     """``per_cell`` problems of each (topic, level) cell of ``split`` (``arith.generate(split, 45 * per_cell,
     seed)``), ``samples`` samples each at ``temperature`` plus one greedy answer; returns
-    ``{topic: {level: {"pass@1", "maj@n", "greedy", "kinds"}}}``."""
-    import torch
-    from tqdm.auto import tqdm
-
-    from ebpo.eval.metrics import score_problem, summarize
-    from ebpo.generation import sample
+    ``{topic: {level: {"pass@1", "maj@n", "greedy", "kinds"}}}`` (:func:`cell_grid`)."""
     from ebpo.tasks import arith
 
     records = arith.generate(split, per_cell * len(arith.TOPICS) * len(arith.LEVELS), seed=seed)
+    return cell_grid(
+        model,
+        tokenizer,
+        records,
+        prompts=[r.prompt for r in records],
+        verify=arith.verify,
+        extract=_arith_answer,
+        kinds=arith.answer_kind_shares,
+        samples=samples,
+        temperature=temperature,
+        seed=seed,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        progress=progress,
+    )
+
+
+def _arith_answer(completion: str) -> str | None:
+    """arith's extracted answer as text (``12`` for ``12.0``), what maj@n votes on."""
+    from ebpo.tasks import arith
+
+    answer = arith.extract_answer(completion)
+    return None if answer is None else str(answer)
+
+
+def cell_grid(
+    model,
+    tokenizer,
+    records: Sequence[Any],
+    *,
+    prompts: Sequence[str] | Sequence[Sequence[int]],
+    verify: Callable[[str, str], float],
+    extract: Callable[[str], str | None],
+    kinds: Callable[[list[tuple[list[Any], str]]], dict[str, float]],
+    samples: int = 8,
+    temperature: float = 1.0,
+    seed: int = 0,
+    max_new_tokens: int = 10,
+    batch_size: int = 256,
+    progress: bool = False,
+) -> Grid:
+    """The grid of any task's records, cell = (``record.topic``, ``record.level``): ``samples`` samples of each
+    prompt (text, or token ids for a chat template) at ``temperature`` and one greedy answer, from one seeded
+    generator chunk by chunk; ``verify(completion, answer)`` scores, ``extract`` gives the answers maj@n
+    votes on, ``kinds`` the shares of each kind of answer over a cell's ``(answers, gold answer)`` pairs.
+    Topics in the order they first appear, levels sorted."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from ebpo import generation
+    from ebpo.eval.metrics import score_problem, summarize
+
     generator = torch.Generator().manual_seed(seed)
     by_cell: dict[tuple[str, int], dict[str, list]] = {}
     starts = range(0, len(records), batch_size)
     for start in tqdm(starts, desc="grid", disable=not progress, dynamic_ncols=True):
         chunk = records[start : start + batch_size]
-        prompts = [r.prompt for r in chunk]
-        sampled = sample(
-            model,
-            tokenizer,
-            prompts,
-            n=samples,
-            temperature=temperature,
-            top_p=1.0,
-            max_new_tokens=max_new_tokens,
-            generator=generator,
-        )
-        greedy = sample(
-            model,
-            tokenizer,
-            prompts,
-            n=1,
-            temperature=0.0,
-            top_p=1.0,
-            max_new_tokens=max_new_tokens,
-            generator=generator,
+        chunk_prompts = prompts[start : start + batch_size]
+        sampled, greedy = (
+            generation.sample(
+                model,
+                tokenizer,
+                chunk_prompts,
+                n=n,
+                temperature=t,
+                top_p=1.0,
+                max_new_tokens=max_new_tokens,
+                generator=generator,
+            )
+            for n, t in ((samples, temperature), (1, 0.0))
         )
         for m, record in enumerate(chunk):
-            assert record.topic is not None and record.level is not None  # arith records carry both
+            assert record.topic is not None and record.level is not None  # grid tasks' records carry both
             texts = sampled.texts[m * samples : (m + 1) * samples]
-            rewards = [arith.verify(text, record.answer) for text in texts]
-            answers = [arith.extract_answer(text) for text in texts]
-            problem = score_problem(
-                record.id, rewards, [None if a is None else str(a) for a in answers], lambda a, b: a == b
-            )
+            rewards = [verify(text, record.answer) for text in texts]
+            answers = [extract(text) for text in texts]
+            problem = score_problem(record.id, rewards, answers, lambda a, b: a == b)
             cell = by_cell.setdefault(
                 (record.topic, record.level), {"problems": [], "greedy": [], "answers": []}
             )
             cell["problems"].append(problem)
             cell["answers"].append((answers, record.answer))
-            cell["greedy"].append(arith.verify(greedy.texts[m], record.answer))
+            cell["greedy"].append(verify(greedy.texts[m], record.answer))
     grid: Grid = {}
     for (topic, level), cell in by_cell.items():
         summary = summarize(cell["problems"], maj_ks=(samples,), maj_mode="first")
@@ -96,9 +135,9 @@ def evaluate_grid(
             "pass@1": summary["pass@1"],
             "maj@n": summary[f"maj@{samples}"],
             "greedy": sum(cell["greedy"]) / len(cell["greedy"]),
-            "kinds": arith.answer_kind_shares(cell["answers"]),
+            "kinds": kinds(cell["answers"]),
         }
-    return {t: dict(sorted(grid[t].items())) for t in arith.TOPICS if t in grid}
+    return {topic: dict(sorted(row.items())) for topic, row in grid.items()}
 
 
 def normalize_grid(grid: Mapping) -> Grid:

@@ -20,6 +20,7 @@ import hashlib
 import json
 import random
 import typing
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -121,24 +122,8 @@ class BaseModelConfig:
     max_new_tokens: int = field(default=10, metadata={"help": "longest response sampled for the grid"})
 
     def __post_init__(self) -> None:
-        # One recipe, one key: ``lr=1`` and ``lr=1.0``, ``(1, 0.9)`` and ``[1.0, 0.9]`` are the same recipe, but
-        # their JSON (what :meth:`key` hashes) differs. Coerce every field to its annotated type first.
-        for name, hint in typing.get_type_hints(type(self)).items():
-            value = getattr(self, name)
-            if hint is float and isinstance(value, int) and not isinstance(value, bool):
-                object.__setattr__(self, name, float(value))
-            elif typing.get_origin(hint) is tuple and isinstance(value, (tuple, list)):
-                kind = typing.get_args(hint)[0]
-                if kind is int and not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-                    raise ValueError(f"BaseModelConfig.{name} needs whole numbers, got {value}")
-                object.__setattr__(self, name, tuple(float(v) if kind is float else v for v in value))
         positive = ("hidden_size", "num_layers", "num_heads", "batch_size", "train_problems")
-        for name in positive + ("eval_samples", "max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"BaseModelConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("steps", "clean_steps", "warmup_steps", "eval_per_cell"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"BaseModelConfig.{name} must be >= 0, got {getattr(self, name)}")
+        check_recipe_fields(self, positive + ("eval_samples", "max_new_tokens"))
         if self.hidden_size % self.num_heads:
             raise ValueError(
                 f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})"
@@ -177,6 +162,30 @@ class BaseModelConfig:
             {"format": FORMAT_VERSION, "data": data_fingerprint(self), **fields_}, sort_keys=True
         )
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+
+def check_recipe_fields(config: Any, positive: Sequence[str]) -> None:
+    """What every recipe's ``__post_init__`` starts with: each field coerced to its annotated type, then the
+    ``positive`` fields checked >= 1 and the step counts >= 0, each a ``ValueError`` naming the field.
+
+    One recipe, one key: ``lr=1`` and ``lr=1.0``, ``(1, 0.9)`` and ``[1.0, 0.9]`` are the same recipe, but their
+    JSON (what ``key()`` hashes) differs; hence the coercion."""
+    kind_name = type(config).__name__
+    for name, hint in typing.get_type_hints(type(config)).items():
+        value = getattr(config, name)
+        if hint is float and isinstance(value, int) and not isinstance(value, bool):
+            object.__setattr__(config, name, float(value))
+        elif typing.get_origin(hint) is tuple and isinstance(value, (tuple, list)):
+            kind = typing.get_args(hint)[0]
+            if kind is int and not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+                raise ValueError(f"{kind_name}.{name} needs whole numbers, got {value}")
+            object.__setattr__(config, name, tuple(float(v) if kind is float else v for v in value))
+    for name in positive:
+        if getattr(config, name) < 1:
+            raise ValueError(f"{kind_name}.{name} must be >= 1, got {getattr(config, name)}")
+    for name in ("steps", "clean_steps", "warmup_steps", "eval_per_cell"):
+        if getattr(config, name) < 0:
+            raise ValueError(f"{kind_name}.{name} must be >= 0, got {getattr(config, name)}")
 
 
 def data_fingerprint(config: BaseModelConfig, per_split: int = 90) -> str:

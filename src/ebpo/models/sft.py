@@ -1,4 +1,7 @@
-"""Supervised fine-tuning of the ``arith`` base model: right answers first, then a noisy teacher.
+"""Supervised fine-tuning of the base models: right answers first, then a noisy teacher.
+
+:func:`run_sft` is the loop every recipe shares (optimiser, schedule, shuffled epochs); :func:`train_sft` feeds it
+the ``arith`` model's examples (``ebpo.models.gym_recipe`` the gym model's).
 
 Two phases in one learning-rate schedule. For the first ``clean_steps`` steps the labels are the right
 answers: the model learns to compute. Then the recipe's noisy teacher labels the examples
@@ -17,7 +20,8 @@ from __future__ import annotations
 
 import math
 import random
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from ebpo.models.recipe import BaseModelConfig, teacher_label
 
@@ -75,7 +79,24 @@ def collate(examples: list[tuple[list[int], list[int]]], pad_id: int):
     return input_ids_BT, attention_mask_BT, labels_BT
 
 
-def lr_at(step: int, config: BaseModelConfig) -> float:
+class Schedule(Protocol):
+    """What the SFT loop reads of a recipe: its optimiser settings and the length of its run."""
+
+    @property
+    def steps(self) -> int: ...
+    @property
+    def warmup_steps(self) -> int: ...
+    @property
+    def lr(self) -> float: ...
+    @property
+    def weight_decay(self) -> float: ...
+    @property
+    def grad_clip(self) -> float: ...
+    @property
+    def batch_size(self) -> int: ...
+
+
+def lr_at(step: int, config: Schedule) -> float:
     """Linear warm-up to ``lr``, then cosine decay to ``0.1 * lr`` at the last step."""
     if step < config.warmup_steps:
         return config.lr * (step + 1) / config.warmup_steps
@@ -83,27 +104,31 @@ def lr_at(step: int, config: BaseModelConfig) -> float:
     return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def train_sft(
+Examples = Callable[[int, list[int]], list[tuple[list[int], list[int]]]]
+"""``(step, example indices) -> [(input ids, labels)]``: one batch's sequences, labels -100 where no loss."""
+
+
+def run_sft(
     model: torch.nn.Module,
-    tokenizer,
-    config: BaseModelConfig,
+    config: Schedule,
     *,
+    num_examples: int,
+    examples: Examples,
+    order_rng: random.Random,
+    pad_id: int,
     progress: bool = True,
     stop_after: int | None = None,
 ) -> list[float]:
-    """Supervised warm start on ``sft_records(config)`` with the teacher's labels; returns the loss per step.
+    """The SFT loop every recipe shares; returns the loss per step.
 
-    AdamW (betas 0.9 / 0.95, weight decay on matrices only), the :func:`lr_at` schedule, gradient clipping.
-    Deterministic given ``config.seed`` (batch order from ``Random("base-model-sft/<seed>")``, labels from
-    ``Random("base-model-teacher/<seed>")``) on one torch build, CPU kind and thread count. ``stop_after``
-    ends the run after that many steps of the full schedule (a prefix of the full build, same weights).
+    AdamW (betas 0.9 / 0.95, weight decay on matrices only), the :func:`lr_at` schedule, gradient clipping;
+    shuffled epochs of ``num_examples`` (:func:`epoch_batches` with ``order_rng``), each batch's sequences
+    from ``examples``. ``stop_after`` ends the run after that many steps of the full schedule (a prefix of
+    the full build, same weights).
     """
     import torch
     from tqdm.auto import tqdm
 
-    records = sft_records(config)
-    order_rng = random.Random(f"base-model-sft/{config.seed}")
-    teacher_rng = random.Random(f"base-model-teacher/{config.seed}")
     decay = [p for _, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for _, p in model.named_parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW(
@@ -118,17 +143,8 @@ def train_sft(
     bar = tqdm(range(steps), desc="base-model SFT", disable=not progress, dynamic_ncols=True)
     for step in bar:
         if not batches:
-            batches = epoch_batches(len(records), config.batch_size, order_rng)
-        noisy = step >= config.clean_steps
-        examples = [
-            encode_sft_example(
-                tokenizer,
-                records[i].prompt,
-                teacher_label(records[i], config, teacher_rng) if noisy else records[i].answer,
-            )
-            for i in batches.pop()
-        ]
-        input_ids_BT, attention_mask_BT, labels_BT = collate(examples, tokenizer.pad_token_id)
+            batches = epoch_batches(num_examples, config.batch_size, order_rng)
+        input_ids_BT, attention_mask_BT, labels_BT = collate(examples(step, batches.pop()), pad_id)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, config)
         loss = model(input_ids=input_ids_BT, attention_mask=attention_mask_BT, labels=labels_BT).loss
@@ -143,3 +159,43 @@ def train_sft(
             bar.set_postfix(loss=f"{losses[-1]:.3f}")
     model.eval()
     return losses
+
+
+def train_sft(
+    model: torch.nn.Module,
+    tokenizer,
+    config: BaseModelConfig,
+    *,
+    progress: bool = True,
+    stop_after: int | None = None,
+) -> list[float]:
+    """Supervised warm start on ``sft_records(config)`` with the teacher's labels; returns the loss per step.
+
+    :func:`run_sft`'s loop. Deterministic given ``config.seed`` (batch order from
+    ``Random("base-model-sft/<seed>")``, labels from ``Random("base-model-teacher/<seed>")``) on one torch build,
+    CPU kind and thread count.
+    """
+    records = sft_records(config)
+    teacher_rng = random.Random(f"base-model-teacher/{config.seed}")
+
+    def examples(step: int, batch: list[int]) -> list[tuple[list[int], list[int]]]:
+        noisy = step >= config.clean_steps
+        return [
+            encode_sft_example(
+                tokenizer,
+                records[i].prompt,
+                teacher_label(records[i], config, teacher_rng) if noisy else records[i].answer,
+            )
+            for i in batch
+        ]
+
+    return run_sft(
+        model,
+        config,
+        num_examples=len(records),
+        examples=examples,
+        order_rng=random.Random(f"base-model-sft/{config.seed}"),
+        pad_id=tokenizer.pad_token_id,
+        progress=progress,
+        stop_after=stop_after,
+    )
