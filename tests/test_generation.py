@@ -9,10 +9,12 @@ import torch
 
 from ebpo.generation import (
     MIN_FORWARD_ROWS,
+    cache_argument,
     left_pad,
     pad_rows,
     prompt_position_ids,
     response_mask_from_ids,
+    returned_cache,
     sample,
     sample_next_token,
 )
@@ -120,11 +122,11 @@ def reference_row_cache_sample(
         input_ids=ids_BP,
         attention_mask=mask_BP,
         position_ids=prompt_position_ids(mask_BP),
-        past_key_values=DynamicCache(config=model.config),
+        **{cache_argument(model): DynamicCache(config=model.config)},
         use_cache=True,
         logits_to_keep=1,
     )
-    cache = out.past_key_values
+    cache = returned_cache(out)
     cache.batch_repeat_interleave(n)
     logits_AV = out.logits[:, -1].float().repeat_interleave(n, dim=0)
     mask_AL = mask_BP.repeat_interleave(n, dim=0)
@@ -149,10 +151,10 @@ def reference_row_cache_sample(
             input_ids=token_A[:, None],
             attention_mask=mask_AL,
             position_ids=mask_AL.sum(-1, keepdim=True) - 1,
-            past_key_values=cache,
+            **{cache_argument(model): cache},
             use_cache=True,
         )
-        cache, logits_AV = out.past_key_values, out.logits[:, -1].float()
+        cache, logits_AV = returned_cache(out), out.logits[:, -1].float()
     return [rows[r] for r in sorted(rows)]
 
 
@@ -541,8 +543,8 @@ class NextTokenTable(torch.nn.Module):
         self.inner, self.table = inner, table
         self.config, self.generation_config = inner.config, inner.generation_config
 
-    def forward(self, input_ids, **kwargs):
-        out = self.inner(input_ids=input_ids, **kwargs)
+    def forward(self, input_ids, cache=None, **kwargs):  # ``cache``: the name ebpo.generation then passes
+        out = self.inner(input_ids=input_ids, **{cache_argument(self.inner): cache}, **kwargs)
         logits_BLV = torch.zeros_like(out.logits)
         following_B = torch.tensor([self.table[int(t)] for t in input_ids[:, -1]])
         logits_BLV[torch.arange(len(following_B)), -1, following_B] = 100.0

@@ -241,8 +241,11 @@ def load_policy(cfg: TrainConfig, checkpoint: Path | None, device: torch.device)
     # eval mode: no dropout in RL fine-tuning (gradients still flow). Hugging Face only checkpoints
     # activations in train mode, so that option needs it (dropout is 0 in current causal LMs).
     model.train(m.gradient_checkpointing)
-    if m.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+    if m.gradient_checkpointing:  # transformers 5.24 renamed it (the older name warns)
+        enable = (
+            getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        )
+        enable()
     in_kernel_gqa(model)  # sampling and the passes without gradient: same numbers, less copying
     shared_prompts = resolve_shared_prompts(
         cfg.optim.shared_prompts, model, m.gradient_checkpointing, base_path
