@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 LAPTOP_DEFAULTS: dict[str, Any] = dict(
@@ -70,8 +71,9 @@ class ScriptArguments:
     model: str | None = field(
         default=None,
         metadata={
-            "help": "Model path or hub id; default: the shipped arith base model (`ebpo base-model`), with the "
-            "laptop settings as defaults."
+            "help": "Model directory (an ebpo train run or checkpoint directory too), hub id, or a built-in model: "
+            "builtin:arith (S1, also `builtin`), builtin:gym (S2); default: builtin:arith, with the laptop "
+            "settings as defaults."
         },
     )
     records: str | None = field(
@@ -191,6 +193,17 @@ def validation(trainer, records, script: ScriptArguments, config) -> dict[str, f
         model.train(training)
 
 
+def model_path(name: str | None) -> str:
+    """What ``--model`` names, as every ebpo command reads a model (``ebpo.models.base_model.resolve_model``): a
+    built-in model (none given, ``builtin``, ``builtin:<recipe>``), a model, checkpoint or run directory; a
+    name that is no local path goes to TRL as it is (a hub id)."""
+    from ebpo.models.base_model import builtin_recipe, resolve_model
+
+    if name is not None and builtin_recipe(name) is None and not Path(name).expanduser().exists():
+        return name
+    return str(resolve_model(name).path)
+
+
 def parse_arguments(arguments: list[str]):
     """(ScriptArguments, EBPOConfig) from the command line; without ``--model``, ``LAPTOP_DEFAULTS`` are the
     defaults (a flag still overrides each)."""
@@ -210,14 +223,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from ebpo.data.prompts import PromptFormat
     from ebpo.integrations.trl import EBPOTrainer
+    from ebpo.models.base_model import builtin_recipe
 
     script, config = parse_arguments(sys.argv[1:] if argv is None else argv)
-    model = script.model
-    if model is None:
-        from ebpo.models.base_model import build_base_model
-
+    try:
+        model = model_path(script.model)
+    except ValueError as err:  # an unknown built-in model, a directory holding none: one line
+        print(f"train_ebpo.py: --model: {err}", file=sys.stderr)
+        return 2
+    if builtin_recipe(script.model) is not None:
         torch.set_num_threads(1)  # as `ebpo train` (run.threads): a small model gains nothing from more
-        model = str(build_base_model())
     try:
         prompt_format = PromptFormat.resolve(
             AutoTokenizer.from_pretrained(model), script.chat_template, option="--chat_template", source=model
