@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         from ebpo.trainer.report import print_eval_table
 
         after = validation(trainer, val_records, script, config)
-        print_eval_table(before, after, file=sys.stdout)  # today's stdout, not the one at its import
+        print_eval_table(before, after)
     return 0
 
 
