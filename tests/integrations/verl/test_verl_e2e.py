@@ -400,6 +400,8 @@ def test_legacy_two_ranks_with_filter_groups_and_a_resume(e2e, plugin_sandbox):
         (root / "ckpt" / "global_step_4" / "actor" / "huggingface" / "config.json").read_text()
     )
     assert config["model_type"] == "qwen3"
+    # verl's agent loop took its Qwen3 token builder (for the quickstart's Llama it has none, and says so)
+    assert all(REPEATED_WARNING not in e2e.result(run)[1] for run in ("legacy_a", "legacy_b"))
     # the ground truth verl's reward call got is the row's gym entry, which the gym reward scores (the
     # positional reward trains; ebpo's gym reward reads S2's answers here, about a third of them right)
     truth = {text: row["reward_model"]["ground_truth"] for text, row in train_rows(root).items()}
