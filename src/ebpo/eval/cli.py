@@ -170,8 +170,8 @@ def add_parser(subparsers: Any) -> None:
 
 def _resolve_model(name: str, quiet: bool) -> Path:
     """The model directory MODEL names (``ebpo.models.base_model.resolve_model``: a built-in model by name, a
-    model, a checkpoint or a run directory, the choice said on stderr); a checkpoint's model files are checked against its manifest
-    before anything loads them."""
+    model, a checkpoint or a run directory, the choice said on stderr); a checkpoint's model files are checked
+    against its manifest before anything loads them."""
     from ebpo.errors import ConfigError
     from ebpo.models.base_model import builtin_hint, resolve_model
 
