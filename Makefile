@@ -86,6 +86,7 @@ gpu-wheels:
 	python3 -m pip download -q --no-deps --only-binary=:all: --python-version $(GPU_PYTHON) --implementation cp \
 		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 		-d $(GPU_WHEELS) -r benchmarks/gpu_wheels.txt
+	python$(GPU_PYTHON) -m pip wheel -q --no-deps --no-binary=:all: -w $(GPU_WHEELS) -r benchmarks/gpu_sdists.txt
 	du -sh $(GPU_WHEELS)
 
 gpu-check:

@@ -56,7 +56,8 @@ def main() -> None:
     parser.add_argument(
         "--model",
         default=None,
-        help="local model directory, or 'builtin' for the cached arith base model (default: a fresh tiny model)",
+        help="local model directory, or a built-in model: builtin:arith (also 'builtin'), builtin:gym (default: a "
+        "fresh tiny model)",
     )
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="model dtype")
@@ -75,12 +76,12 @@ def main() -> None:
     from ebpo.tasks import get_task
 
     torch.set_num_threads(args.threads)
-    if args.model == "builtin":
-        from ebpo.models.base_model import build_base_model
-
-        path = build_base_model(progress=False)
+    if args.model is None:
+        path = build_tiny_model(tempfile.mkdtemp(prefix="bench-eval-"), seed=0)
     else:
-        path = args.model or build_tiny_model(tempfile.mkdtemp(prefix="bench-eval-"), seed=0)
+        from ebpo.models.base_model import resolve_model
+
+        path = resolve_model(args.model).path  # a built-in model by name, or a directory
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(args.device).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -9,8 +9,10 @@ fallback the test suite exercises) and the table says so. The checks:
 1. **Advantage estimators** (``benchmarks/bench_advantages.py``): our GRPO and EBPO against verl's
    vectorised GRPO at 512 x 4, 512 x 16, 8192 x 16, T = 256, when ``verl.trainer.ppo.core_algos`` imports;
    else ours alone.
-2. **``ebpo train``**, ``the ebpo preset`` on the shipped base model, 30 steps in float32 and in bfloat16
-   (``model.dtype``), with a CPU float32 run of the first 3 steps as the reference. The same seed gives
+2. **``ebpo train``** on each built-in model (:data:`TRAIN_PRESETS`): the ``ebpo`` preset on S1 and the ``gym``
+   preset on S2 (the Qwen3 chat model: its grouped-query attention in the model's own attention implementation,
+   sdpa, and its chat template), 30 steps in float32 and in bfloat16 (``model.dtype``), with a CPU float32 run
+   of the first 3 steps as the reference. The same seed gives
    the same prompts, and the responses are drawn by the trainer's CPU generator from probabilities that
    agree between devices to float rounding, so in float32 the first steps' metrics agree within
    :data:`TOLERANCE` ``float32`` (relative 1e-3, absolute 1e-4; a draw that flips on a probability at the
@@ -70,6 +72,8 @@ UPDATED = ("actor/pg_loss", "actor/grad_norm", "actor/ppo_kl", "actor/kl_ref", "
 """Metrics of the step's updates."""
 BOUNDED = {"float32": SAMPLED + UPDATED, "bfloat16": SAMPLED}
 """The metrics held to :data:`TOLERANCE` at each of the first steps, per ``model.dtype``."""
+TRAIN_PRESETS = (("ebpo", "S1"), ("gym", "S2"))
+"""The ``ebpo train`` presets the train check runs, and the built-in model each trains."""
 
 
 @dataclass(frozen=True)
@@ -196,9 +200,9 @@ def estimator_rows(device: str, sizes: Sizes) -> list[Row]:
 
 
 def train(
-    work: Path, name: str, device: str, dtype: str, steps: int, extra: Sequence[str]
+    work: Path, name: str, device: str, dtype: str, steps: int, extra: Sequence[str], preset: str = "ebpo"
 ) -> tuple[float, Any]:
-    """``ebpo train`` (its command line, in this process) with the ebpo preset; (seconds, metrics rows)."""
+    """``ebpo train`` (its command line, in this process) with ``preset``; (seconds, metrics rows)."""
     from ebpo.cli import main as ebpo_main
     from ebpo.trainer.metrics_log import read_metrics
 
@@ -206,7 +210,7 @@ def train(
     argv = [
         "train",
         "--config",
-        "ebpo",
+        preset,
         "--run-dir",
         str(run_dir),
         f"run.steps={steps}",
@@ -224,26 +228,53 @@ def train(
     return seconds, read_metrics(run_dir)
 
 
-def train_rows(device: str, sizes: Sizes, work: Path) -> list[Row]:
+def attention_of(preset: str, device: str) -> str:
+    """The attention implementation transformers gives the preset's model on ``device``, loaded as ``ebpo
+    train`` loads it (``sdpa`` where torch has it, the default)."""
+    from transformers import AutoModelForCausalLM
+
+    from ebpo.models.base_model import resolve_model
+    from ebpo.trainer import load_config
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_model(load_config(preset).model.path).path).to(
+        device
+    )
+    return str(model.config._attn_implementation)
+
+
+def train_rows(device: str, sizes: Sizes, work: Path, preset: str = "ebpo", model: str = "S1") -> list[Row]:
     k = sizes.compared_steps
     # the reference: the first k steps on the CPU in float32 (a small validation: it draws from its own
     # generator, so the training steps do not depend on it)
     small_validation = ("data.val_size=9", "run.eval_n=2", "run.eval_k=2")
     _, reference = train(
-        work, "cpu-reference", "cpu", "float32", k, (*sizes.train_overrides, *small_validation)
+        work,
+        f"{preset}-cpu-reference",
+        "cpu",
+        "float32",
+        k,
+        (*sizes.train_overrides, *small_validation),
+        preset,
     )
+    attention = attention_of(preset, device)
     rows = []
     for dtype in ("float32", "bfloat16"):
         seconds, metrics = train(
-            work, f"{device}-{dtype}", device, dtype, sizes.train_steps, sizes.train_overrides
+            work,
+            f"{preset}-{device}-{dtype}",
+            device,
+            dtype,
+            sizes.train_steps,
+            sizes.train_overrides,
+            preset,
         )
         ok, line = compare_metrics(metrics, reference, k, dtype)
         before, after = metrics[0].get("eval/pass@1", math.nan), metrics[-1].get("eval/pass@1", math.nan)
         relative, absolute = TOLERANCE[dtype]
         rows.append(
             Row(
-                "ebpo train (the ebpo preset, shipped model)",
-                f"{device}, {dtype}, {sizes.train_steps} steps",
+                f"ebpo train (the {preset} preset, {model})",
+                f"{device}, {dtype}, {attention} attention, {sizes.train_steps} steps",
                 f"{seconds:.1f} s ({seconds / sizes.train_steps:.2f} s / step, validations included); validation "
                 f"pass@1 {before:.3f} -> {after:.3f}; first {k} steps vs CPU float32: {line}",
                 f"|x - cpu| <= {absolute:g} + {relative:g} |cpu|"
@@ -380,7 +411,10 @@ def run_checks(device: str, sizes: Sizes, work: Path, sections: list[str] | None
     sections = [] if sections is None else sections
     checks: list[tuple[str, Callable[[], list[Row]]]] = [
         ("estimator", lambda: estimator_rows(device, sizes)),
-        ("ebpo train", lambda: train_rows(device, sizes, work)),
+        *(
+            (f"ebpo train --config {preset}", lambda p=preset, m=model: train_rows(device, sizes, work, p, m))
+            for preset, model in TRAIN_PRESETS
+        ),
         ("sample vs generate", lambda: sampler_rows(device, sizes)),
         ("EBPOTrainer", lambda: trl_rows(device, sizes)),
         ("ebpo diagnose", lambda: diagnose_rows(device, sizes, sections)),

@@ -306,11 +306,12 @@ def format_table(setting: Setting, ours: Timing, trl: Timing, repeats: int, mode
 
 def resolve_model(args: argparse.Namespace, tmp: Path) -> tuple[str, str]:
     """(model directory, label for the table) of ``--model``."""
-    if args.model in (None, "builtin"):
-        from ebpo.models.base_model import build_base_model
+    from ebpo.models.base_model import builtin_recipe, resolve_model
 
-        path = str(build_base_model())
-        return path, f"the built-in arith base model (`{portable_path(path, 'model')}`)"
+    recipe = builtin_recipe(args.model)  # None (the default), builtin, builtin:<recipe>
+    if recipe is not None:
+        path = str(resolve_model(args.model, progress=True).path)
+        return path, f"the built-in {recipe.what} (`{portable_path(path, 'model')}`)"
     if args.model == "random":
         from ebpo.models.tiny import build_tiny_model
 
@@ -328,8 +329,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--model",
         default=None,
-        help="builtin (default: the built-in arith base model), random (a random Llama of --hidden-size and "
-        "--layers), or a model directory",
+        help="builtin:<recipe> (a built-in model: builtin:arith, the default, or builtin:gym), random (a random "
+        "Llama of --hidden-size and --layers), or a model directory",
     )
     parser.add_argument("--hidden-size", type=int, default=128, help="width of --model random (default 128)")
     parser.add_argument("--layers", type=int, default=4, help="layers of --model random (default 4)")

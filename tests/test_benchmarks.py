@@ -31,14 +31,18 @@ def test_gpu_check_cpu_fallback_writes_every_check(tmp_path):
     assert "`python3 benchmarks/gpu_check.py --quick --device cpu --out <out> --json <json>`" in text
     assert str(tmp_path) not in text
     checks = [row["check"] for row in rows]
-    assert checks.count("ebpo train (the ebpo preset, shipped model)") == 2
+    assert checks.count("ebpo train (the ebpo preset, S1)") == 2
+    assert checks.count("ebpo train (the gym preset, S2)") == 2  # the Qwen3 chat model on its gym mixture
     assert checks.count("sample vs model.generate (bench_eval)") == 2
     assert any(c.startswith("estimator") for c in checks) and any(c.startswith("EBPOTrainer") for c in checks)
     assert checks.count("ebpo diagnose (shipped model)") == 1 and "## ebpo diagnose: builtin" in text
-    float32, bfloat16 = [row for row in rows if row["check"].startswith("ebpo train")]
-    assert "float32" in float32["setting"] and float32["verdict"] == "PASS"
-    assert "largest relative difference 0 (all equal)" in float32["measured"]
-    assert "bfloat16" in bfloat16["setting"] and "not bounded" in bfloat16["measured"]
+    for model in ("S1", "S2"):
+        float32, bfloat16 = [
+            row for row in rows if row["check"].startswith("ebpo train") and model in row["check"]
+        ]
+        assert "float32, sdpa attention" in float32["setting"] and float32["verdict"] == "PASS"
+        assert "largest relative difference 0 (all equal)" in float32["measured"]
+        assert "bfloat16, sdpa attention" in bfloat16["setting"] and "not bounded" in bfloat16["measured"]
     assert all(row["verdict"] in ("PASS", "n/a") for row in rows), rows
     check_table = text.split("## ebpo diagnose")[0]
     assert check_table.count("\n| ") == len(rows) + 1  # header row + one line per row

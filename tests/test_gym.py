@@ -209,33 +209,37 @@ def test_a_dataset_whose_entries_do_not_survive_json_is_refused():
 # the commands on a gym task
 
 
-def test_ebpo_train_on_a_gym_task(tiny_model_dir, tmp_path):
+def test_ebpo_train_config_gym_then_ebpo_eval_of_the_checkpoint_it_prints(tmp_path, capsys, monkeypatch):
+    # the gym preset (S2 on its mixture) shrunk to 2 steps, as a user types it; then `ebpo eval` of the last
+    # checkpoint it printed, with no flags but the small sizes: the gym test split of the run's own task
+    import re
+
+    from ebpo.cli import main
+    from ebpo.models.gym_recipe import DATASETS, MIXTURE, TASK
     from ebpo.trainer.config_files import load_config
     from ebpo.trainer.metrics_log import read_metrics
     from ebpo.trainer.trainer import Trainer
-    from helpers.trainer import tiny_overrides
 
-    overrides = [o for o in tiny_overrides(tiny_model_dir) if not o.startswith("data.reward=")]
-    overrides += [
-        "data.task=gym:chain_sum,spell_backward",
-        "data.task_options={chain_sum: {max_terms: 2, max_digits: 1}, spell_backward: {max_word_len: 4}}",
-        "run.steps=2",
-        "run.eval_every=2",
-    ]
-    trainer = Trainer(load_config(None, overrides), run_dir=tmp_path / "run")
-    assert type(trainer.reward_fn).__name__ == "GymReward"  # the task's own reward
-    assert {r.topic for r in trainer.train_records} == {"chain_sum", "spell_backward"}
-    trainer.train()
-    rows = read_metrics(tmp_path / "run")
+    monkeypatch.chdir(tmp_path)
+    small = ["data.train_size=24", "data.val_size=24", "data.batch_size=2", "data.group_size=2", "run.steps=2",
+             "run.eval_every=2", "run.eval_n=2", "run.eval_k=2", "optim.mini_batch_size=1", "run.plot=false",
+             "run.progress=false", "run.report_to=[]", "run.name=gym"]  # fmt: skip
+    assert main(["train", "--config", "gym", *small]) == 0
+    out = capsys.readouterr().out
+    last = Path(re.search(r"^run directory: (\S+)$", out, re.M).group(1)) / "checkpoints" / "last"
+    rows = read_metrics(last.parent.parent)
     assert [row["step"] for row in rows] == [0, 1, 2]
-    assert {"eval/pass@1/chain_sum", "eval/pass@1/spell_backward", "reward/verified"} <= set(rows[-1])
+    assert {f"eval/pass@1/{name}" for name in DATASETS} | {"reward/verified"} <= set(rows[-1])
+    common = ["--n", "2", "--limit", "4", "--ks", "1,2", "--maj-ks", "2", "--quiet", "--no-cache"]
+    assert main(["eval", str(last), *common, "--out-dir", "out"]) == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["benchmarks"] == [TASK]  # the run's task, with its settings, scored by the gym reward
+    assert results["settings"]["task_options"] == json.loads(json.dumps(MIXTURE))
+    assert results["results"][str(last)][TASK]["num_problems"] == 4
     with pytest.raises(
         ConfigError, match=r"^data\.task: gym dataset 'chain_sum': unknown setting 'max_term'"
     ):
-        Trainer(
-            load_config(None, [*overrides, "data.task_options={chain_sum: {max_term: 2}}"]),
-            run_dir=tmp_path / "b",
-        )
+        Trainer(load_config("gym", [*small, "data.task_options={chain_sum: {max_term: 2}}"]), run_dir="b")
 
 
 def test_ebpo_eval_on_gym_benchmarks(tiny_model_dir, tmp_path, capsys):

@@ -1,6 +1,7 @@
 """Every path ``ebpo train`` prints is accepted by the command a user runs next: ``ebpo eval`` and
 ``ebpo train model.path=`` take a run directory, a checkpoint or a model directory (``ebpo.persist.find_model``)
-and say which model they picked; a directory holding no model is one line saying what was expected."""
+and say which model they picked; a directory holding no model is one line saying what was expected. The built-in
+models have one name on every command (``builtin:<recipe>``, ``ebpo.models.base_model.resolve_model``)."""
 
 from __future__ import annotations
 
@@ -101,7 +102,7 @@ def test_ebpo_eval_of_a_directory_without_a_model_is_one_line(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == (
         f"ebpo eval: {tmp_path / 'empty'} holds no model: expected a model directory (config.json and "
         "weights), a checkpoint (model/ inside) or a run directory (checkpoints/best or checkpoints/last) "
-        "(or 'builtin' for the built-in model)"
+        "(or builtin:<recipe> for a built-in model: builtin:arith, builtin:gym)"
     )
 
 
@@ -127,8 +128,8 @@ def test_ebpo_train_model_path_without_a_model_is_one_line(tmp_path, tiny_model_
     assert main(["train", "--run-dir", "run", *overrides]) == 2
     assert capsys.readouterr().err.strip() == (
         "ebpo train: error: model.path: notes holds no model: expected a model directory (config.json and "
-        "weights), a checkpoint (model/ inside) or a run directory (checkpoints/best or checkpoints/last) (or "
-        "leave it null for the built-in model)"
+        "weights), a checkpoint (model/ inside) or a run directory (checkpoints/best or checkpoints/last) "
+        "(or builtin:<recipe> for a built-in model: builtin:arith, builtin:gym)"
     )
 
 
@@ -144,5 +145,75 @@ def test_ebpo_diagnose_model_takes_the_same_paths(printed, tmp_path, capsys, mon
     assert capsys.readouterr().err.strip() == (
         f"ebpo diagnose: --model: {tmp_path / 'empty'} holds no model: expected a model directory (config.json "
         "and weights), a checkpoint (model/ inside) or a run directory (checkpoints/best or checkpoints/last) "
-        "(or 'builtin')"
+        "(or builtin:<recipe> for a built-in model: builtin:arith, builtin:gym)"
     )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the built-in models by name: builtin (= builtin:arith, = a null model.path) and builtin:gym on every command
+
+UNKNOWN = (
+    "unknown built-in model 'builtin:nope'; valid choices: builtin, builtin:arith, builtin:gym "
+    "(builtin = builtin:arith)"
+)
+
+
+def test_builtin_names_resolve_to_the_shipped_models():
+    from ebpo.models.base_model import GYM_SHIPPED_DIR, SHIPPED_DIR, builtin_recipe, resolve_model
+
+    for name in (None, "builtin", "builtin:arith"):
+        assert resolve_model(name) == (SHIPPED_DIR, None, "")
+        assert builtin_recipe(name).task == "arith"
+    assert resolve_model("builtin:gym") == (GYM_SHIPPED_DIR, None, "")
+    assert builtin_recipe("builtin:gym").task.startswith("gym:")
+    assert builtin_recipe("runs/builtin") is None and builtin_recipe("builtinx:gym") is None  # paths
+    for bad in ("builtin:nope", "builtin:"):
+        with pytest.raises(ConfigError) as err:
+            resolve_model(bad)
+        assert str(err.value) == UNKNOWN.replace("'builtin:nope'", repr(bad))
+
+
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (["train", "model.path=builtin:nope"], f"ebpo train: error: model.path: {UNKNOWN}"),
+        (
+            [*EVAL, "--no-cache", "builtin:nope"],
+            f"ebpo eval: {UNKNOWN} (or builtin:<recipe> for a built-in model: builtin:arith, builtin:gym)",
+        ),
+        (["diagnose", "--model", "builtin:nope"], f"ebpo diagnose: --model: {UNKNOWN}"),
+    ],
+    ids=["train", "eval", "diagnose"],
+)
+def test_an_unknown_builtin_model_is_one_line_listing_the_valid_ones(
+    argv, line, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == line
+    assert not (tmp_path / "runs").exists()  # refused before a run directory was made
+
+
+def test_ebpo_eval_of_builtin_gym_scores_s2_on_its_mixture_by_default(tmp_path, capsys):
+    from ebpo.models.gym_recipe import MIXTURE, TASK
+
+    argv = ["eval", "--limit", "2", "--n", "1", "--ks", "1", "--maj-ks", "1", "--quiet", "--no-cache"]
+    assert main([*argv, "--out-dir", str(tmp_path), "builtin:gym"]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["benchmarks"] == [TASK]
+    assert results["settings"]["task_options"] == json.loads(json.dumps(MIXTURE))  # its settings (JSON keys)
+    assert results["results"]["builtin:gym"][TASK]["num_problems"] == 2
+
+
+def test_ebpo_diagnose_of_builtin_gym_draws_from_its_mixture_by_default():
+    import yaml
+
+    from ebpo.diagnostics.config import DiagnoseConfig, with_model_task
+    from ebpo.models.gym_recipe import MIXTURE, TASK
+
+    gym = with_model_task(DiagnoseConfig(model="builtin:gym"))
+    assert gym.task == TASK and yaml.safe_load(gym.task_options) == MIXTURE
+    assert with_model_task(DiagnoseConfig()).task == "arith" and DiagnoseConfig().task is None
+    assert with_model_task(DiagnoseConfig(model="some/dir")).task == "arith"
+    given = with_model_task(DiagnoseConfig(model="builtin:gym", task="gym:gcd", task_options="{gcd: {}}"))
+    assert (given.task, given.task_options) == ("gym:gcd", "{gcd: {}}")

@@ -171,3 +171,17 @@ def test_cli_reports_bad_config(capsys):
     )
     assert main(["train", "--help-config"]) == 0
     assert "algorithm.estimator" in capsys.readouterr().out
+
+
+def test_the_eval_table_goes_to_the_stdout_of_the_call_not_the_one_at_import(monkeypatch):
+    # a stdout replaced after the module was imported (pytest's capture of a later test, a notebook) gets the
+    # table: the default is looked up when the table is printed
+    import io
+    import sys
+
+    from ebpo.trainer.report import print_eval_table
+
+    later = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", later)
+    print_eval_table({"eval/pass@1": 0.25}, {"eval/pass@1": 0.5})
+    assert "all (pass@1)    0.250    0.500   +0.250" in later.getvalue()

@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 PRESETS = sorted(PRESETS_DIR.glob("*.yaml"))
 PRESET_NAMES = {
     "ebpo",
+    "gym",
     "grpo",
     "dr_grpo",
     "dapo",
@@ -401,6 +402,8 @@ def test_presets_load_and_validate(path):
         assert cfg.data.sampler == "topic"
     if path.stem == "ebpo_diff":
         assert cfg.data.sampler == "difficulty"
+    if path.stem == "gym":
+        assert cfg.model.path == "builtin:gym" and cfg.data.task.startswith("gym:")
     setup.check_setup(cfg)  # its names found, its estimator's options taken
     setup.build_algorithm(cfg, torch.Generator())
 

@@ -18,7 +18,7 @@ DEFAULT_ESTIMATORS = [
     "ebpo",
     "ebpo:normalize=prior",
 ]
-BUILTIN_MODEL = "builtin"
+BUILTIN_MODEL = "builtin"  # ebpo.models.base_model.BUILTIN
 OWN_PRESET = "own"
 FALLBACK_PRESET = "grpo"
 """The preset whose loss an estimator without a preset of its own gets under ``--preset own``: GRPO's published
@@ -33,14 +33,17 @@ class DiagnoseConfig:
         default=BUILTIN_MODEL,
         metadata={
             "help": "the policy: a Hugging Face causal-LM directory, an ebpo train checkpoint or run directory "
-            "(its best checkpoint), as `ebpo eval` takes them, or 'builtin', the shipped arith base model"
+            "(its best checkpoint), as `ebpo eval` takes them, or a built-in model: builtin:arith (S1, also "
+            "'builtin'), builtin:gym (S2)"
         },
     )
-    task: str = field(
-        default="arith",
+    task: str | None = field(
+        default=None,
         metadata={
             "help": "task suite (`ebpo.tasks`) that generates the prompt pool, unless --records is given: arith, "
-            "or gym:<dataset>[,<dataset>...] (reasoning-gym, the ebpo[gym] extra)"
+            "or gym:<dataset>[,<dataset>...] (reasoning-gym, the ebpo[gym] extra) (default: the task of a "
+            "built-in --model, with its settings: arith for builtin:arith, S2's mixture for builtin:gym; else "
+            "arith)"
         },
     )
     task_options: str | None = field(
@@ -263,6 +266,28 @@ def estimator_specs(cfg: DiagnoseConfig) -> list[EstimatorSpec]:
             preset = name if name in list_presets() else FALLBACK_PRESET
         specs.append(EstimatorSpec(text, name, options, preset))
     return specs
+
+
+def with_model_task(cfg: DiagnoseConfig) -> DiagnoseConfig:
+    """``cfg`` with ``task`` filled in where it was not given: the task the built-in ``--model`` was made for
+    (``ebpo.models.base_model.Recipe.task``), with its settings unless ``--task-options`` gives some; else
+    ``arith``. An unknown built-in model is a ``ConfigError`` naming ``--model``."""
+    if cfg.task is not None:
+        return cfg
+    from ebpo.models.base_model import builtin_recipe
+
+    try:
+        recipe = builtin_recipe(cfg.model)
+    except ConfigError as err:
+        raise ConfigError(f"--model: {err}") from None
+    if recipe is None:
+        return dataclasses.replace(cfg, task="arith")
+    options = cfg.task_options
+    if options is None and recipe.task_options:
+        import yaml
+
+        options = yaml.safe_dump(dict(recipe.task_options), default_flow_style=True, width=10**6).strip()
+    return dataclasses.replace(cfg, task=recipe.task, task_options=options)
 
 
 def replace(cfg: DiagnoseConfig, **overrides: Any) -> DiagnoseConfig:

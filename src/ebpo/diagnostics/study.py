@@ -31,13 +31,12 @@ import contextlib
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
 from ebpo.diagnostics import measures
-from ebpo.diagnostics.config import BUILTIN_MODEL, DiagnoseConfig, EstimatorSpec, estimator_specs, replace
+from ebpo.diagnostics.config import DiagnoseConfig, EstimatorSpec, estimator_specs, replace, with_model_task
 from ebpo.errors import ConfigError
 
 
@@ -307,21 +306,19 @@ def _load_policy(cfg: DiagnoseConfig, device: torch.device) -> tuple[Any, Any]:
     from ebpo.eval.harness import load_model
 
     hf_logging.disable_progress_bar()
-    if cfg.model == BUILTIN_MODEL:
-        from ebpo.models.base_model import build_base_model
+    # a built-in model by name, a model, a checkpoint or a run directory, as ebpo eval takes it (a checkpoint
+    # checked against its manifest)
+    from ebpo.models.base_model import builtin_hint, resolve_model
+    from ebpo.persist import RunDirectory
+    from ebpo.trainer.checkpoint import verify_checkpoint
 
-        path = Path(build_base_model(progress=False))
-    else:  # a model, a checkpoint or a run directory, as ebpo eval takes it (checked against its manifest)
-        from ebpo.persist import RunDirectory, find_model
-        from ebpo.trainer.checkpoint import verify_checkpoint
-
-        try:
-            found = find_model(Path(cfg.model).expanduser())
-        except ConfigError as err:
-            raise ConfigError(f"--model: {err} (or '{BUILTIN_MODEL}')") from None
-        if found.checkpoint is not None:
-            verify_checkpoint(found.checkpoint, under=RunDirectory.MODEL, use="ebpo diagnose --model")
-        path = found.path
+    try:
+        found = resolve_model(cfg.model)
+    except ConfigError as err:
+        raise ConfigError(f"--model: {err} ({builtin_hint()})") from None
+    if found.checkpoint is not None:
+        verify_checkpoint(found.checkpoint, under=RunDirectory.MODEL, use="ebpo diagnose --model")
+    path = found.path
     try:
         return load_model(path, device=str(device), dtype=cfg.dtype)
     except (OSError, ConfigError) as err:
@@ -354,6 +351,7 @@ def _task(cfg: DiagnoseConfig) -> Any:
     """``--task`` with ``--task-options``."""
     from ebpo.tasks import get_task, task_options
 
+    assert cfg.task is not None, "diagnose() fills in the task (with_model_task)"
     return get_task(cfg.task, **task_options(cfg.task_options, "--task-options"))
 
 
@@ -363,7 +361,7 @@ def _reward(cfg: DiagnoseConfig) -> Any:
     if cfg.reward is not None:
         return get_reward(cfg.reward)
     task = _task(cfg)
-    return get_reward(task.reward or cfg.task)
+    return get_reward(task.reward or task.name)
 
 
 @dataclass
@@ -529,7 +527,7 @@ def diagnose(
     ``config.model`` (a Hugging Face causal LM or anything with its call contract; left in its train/eval
     mode), ``records`` the pool (objects with ``id``, ``prompt``, ``answer``, optional ``topic`` and
     ``difficulty``), ``reward_fn`` the reward (``fn(completion, answer)``, optional ``fn.batch``)."""
-    cfg = replace(config or DiagnoseConfig(), **overrides)
+    cfg = with_model_task(replace(config or DiagnoseConfig(), **overrides))
     estimator_specs(cfg)  # a bad estimator fails before the model loads
     start = time.perf_counter()
     with _threads(cfg.threads):

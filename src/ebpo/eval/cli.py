@@ -24,7 +24,7 @@ from ebpo.data.prompts import ChatTemplateSetting
 from ebpo.dataclass_cli import add_command, dataclass_parser
 from ebpo.persist import write_text_atomic
 
-BUILTIN = "builtin"
+BUILTIN = "builtin"  # ebpo.models.base_model.BUILTIN, without importing the models here
 CLIP_WARNING = 0.01  # warn when at least this fraction of a benchmark's responses hit --max-new-tokens
 
 
@@ -56,8 +56,10 @@ class EvalCommand:
         metadata={
             "help": "comma-separated benchmark names: aime24, aime25, amc23, math500, olympiadbench, arith, "
             "gym:<dataset>[,<dataset>...] (the test split of reasoning-gym datasets, scored by their own "
-            "score_answer; gym:a,b is one benchmark, gym:a,gym:b two) (default: arith when only the built-in "
-            "model is evaluated, else the five paper sets)"
+            "score_answer; gym:a,b is one benchmark, gym:a,gym:b two) (default: the task the models were made "
+            "for when they share one: a built-in model's (arith for builtin:arith, S2's mixture for builtin:gym) "
+            "or the generated data.task of the ebpo train run they come from, with its settings; else the five "
+            "paper sets)"
         },
     )
     task_options: str | None = field(
@@ -141,8 +143,8 @@ def build_parser(prog: str = "ebpo eval") -> argparse.ArgumentParser:
         "models",
         nargs="*",
         metavar="MODEL",
-        help=f"local Hugging Face model directories, or '{BUILTIN}' for the built-in arith base model "
-        f"(default: {BUILTIN})",
+        help="local Hugging Face model directories, ebpo train run or checkpoint directories, or built-in "
+        f"models: {BUILTIN}:arith (S1, also {BUILTIN}), {BUILTIN}:gym (S2) (default: {BUILTIN})",
     )
     parser.add_argument(
         "--reward-option",
@@ -167,20 +169,16 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _resolve_model(name: str, quiet: bool) -> Path:
-    """The model directory MODEL names (``ebpo.persist.find_model``: a model, a checkpoint or a run
-    directory, the choice said on stderr); a checkpoint's model files are checked against its manifest
-    before anything loads them."""
-    if name == BUILTIN:
-        from ebpo.models.base_model import build_base_model
-
-        return build_base_model(progress=not quiet)
+    """The model directory MODEL names (``ebpo.models.base_model.resolve_model``: a built-in model by name, a
+    model, a checkpoint or a run directory, the choice said on stderr); a checkpoint's model files are checked
+    against its manifest before anything loads them."""
     from ebpo.errors import ConfigError
-    from ebpo.persist import find_model
+    from ebpo.models.base_model import builtin_hint, resolve_model
 
     try:
-        found = find_model(Path(name).expanduser())
+        found = resolve_model(name, progress=not quiet)
     except ConfigError as err:
-        raise ConfigError(f"{err} (or '{BUILTIN}' for the built-in model)") from None
+        raise ConfigError(f"{err} ({builtin_hint()})") from None
     if found.checkpoint is not None:
         from ebpo.persist import RunDirectory
         from ebpo.trainer.checkpoint import verify_checkpoint
@@ -189,6 +187,41 @@ def _resolve_model(name: str, quiet: bool) -> Path:
     if found.note:
         print(f"ebpo eval: {found.note}", file=sys.stderr)
     return found.path
+
+
+def _task_made_for(name: str) -> tuple[str, dict[str, Any]] | None:
+    """The benchmark of the task model ``name`` was made for, with its generator settings: a built-in model's
+    (``Recipe.task``), or the generated ``data.task`` of the ``ebpo train`` run whose checkpoint it is (its
+    ``config.yaml``); None when there is none (a model of its own, a run on files) or it is no benchmark. A
+    name that names no model is left to :func:`_resolve_model` to report."""
+    from ebpo.errors import ConfigError
+    from ebpo.eval.harness import get_benchmark
+    from ebpo.models.base_model import builtin_recipe
+
+    try:
+        recipe = builtin_recipe(name)
+        if recipe is not None:
+            task, options = recipe.task, dict(recipe.task_options)
+        else:
+            from ebpo.dataclass_cli import read_yaml
+            from ebpo.persist import RunDirectory, find_model
+
+            checkpoint = find_model(Path(name).expanduser()).checkpoint
+            if checkpoint is None or checkpoint.parent.name != RunDirectory.CHECKPOINTS:
+                return None
+            config = checkpoint.parent.parent / RunDirectory.CONFIG
+            data = read_yaml(config).get("data") if config.is_file() else None
+            if not isinstance(data, dict) or data.get("train_file") is not None:
+                return None
+            task, options = str(data.get("task", "arith")), dict(data.get("task_options") or {})
+        get_benchmark(task, **options)
+    except (ConfigError, ValueError, TypeError):
+        return None
+    return task, options
+
+
+def _json_key(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
 
 
 def _first_line(err: BaseException) -> str:
@@ -388,11 +421,17 @@ def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[st
     from ebpo.tasks import task_options
 
     models = list(args.models) or [BUILTIN]
+    settings_given = task_options(args.task_options, "--task-options")
     if args.benchmarks:
         benchmarks = split_benchmarks(args.benchmarks)
     else:
-        benchmarks = ["arith"] if models == [BUILTIN] else list(PAPER_BENCHMARKS)
-    settings_given = task_options(args.task_options, "--task-options")
+        made_for = {_json_key(_task_made_for(name)) for name in models}
+        shared = _task_made_for(models[0]) if len(made_for) == 1 else None
+        if shared is None:
+            benchmarks = list(PAPER_BENCHMARKS)
+        else:
+            benchmarks = [shared[0]]
+            settings_given = settings_given or shared[1]
     try:  # unknown names and settings fail here, before any model loads
         specs = [get_benchmark(b, **_settings_of(b, settings_given)) for b in benchmarks]
     except ValueError as err:

@@ -29,14 +29,15 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ebpo.errors import ConfigError
 from ebpo.models import gym_recipe
 from ebpo.models.recipe import FORMAT_VERSION, BaseModelConfig
-from ebpo.persist import replace_dir
+from ebpo.persist import FoundModel, find_model, replace_dir
 from ebpo.registry import Registry
 
 BUILD_INFO = "build_info.json"
@@ -59,6 +60,9 @@ class Recipe:
         grid: ``(model, tokenizer, config, *, split) -> grid`` (``ebpo.models.grid``), the build's measurement.
         format_version: recorded in ``build_info.json``.
         what: how progress lines name it.
+        task: the task (``ebpo.tasks``) the model answers: what ``ebpo eval builtin:<name>``, ``ebpo diagnose
+            --model builtin:<name>`` and the TRL example draw problems from when not told otherwise.
+        task_options: that task's generator settings (``data.task_options``).
     """
 
     name: str
@@ -69,6 +73,8 @@ class Recipe:
     grid: Callable[..., dict[str, Any]]
     format_version: int
     what: str
+    task: str = "arith"
+    task_options: Mapping[str, Any] = field(default_factory=dict)
 
 
 RECIPES: Registry[Recipe] = Registry("base-model recipe")
@@ -410,5 +416,62 @@ RECIPES.register(
         grid=_grid_of(gym_recipe.evaluate_grid),
         format_version=gym_recipe.FORMAT_VERSION,
         what="gym base model S2",
+        task=gym_recipe.TASK,
+        task_options=gym_recipe.MIXTURE,
     ),
 )
+
+
+# --- the built-in models by name ----------------------------------------------------------------------------
+
+BUILTIN = "builtin"
+"""How every command names a built-in base model: ``builtin:<recipe>`` (``builtin:gym`` is S2), and ``builtin``
+alone (like a null ``model.path``) the ``arith`` recipe's, S1."""
+DEFAULT_RECIPE = "arith"
+
+
+def builtin_names() -> list[str]:
+    """Every name a built-in model answers to: ``builtin`` and ``builtin:<recipe>`` for each recipe."""
+    return [BUILTIN, *(f"{BUILTIN}:{name}" for name in RECIPES.names())]
+
+
+def builtin_recipe(name: str | os.PathLike[str] | None) -> Recipe | None:
+    """The recipe of the built-in model ``name`` names (None and ``builtin``: ``arith``; ``builtin:<recipe>``),
+    or None when ``name`` is not such a name (a path). An unknown recipe is one ``ConfigError`` listing the
+    valid names."""
+    if name is None:
+        return RECIPES.get(DEFAULT_RECIPE)
+    text = os.fspath(name)
+    if text == BUILTIN:
+        return RECIPES.get(DEFAULT_RECIPE)
+    prefix, sep, recipe = text.partition(":")
+    if prefix != BUILTIN or not sep:
+        return None
+    if recipe not in RECIPES:
+        raise ConfigError(
+            f"unknown built-in model {text!r}; valid choices: {', '.join(builtin_names())} "
+            f"({BUILTIN} = {BUILTIN}:{DEFAULT_RECIPE})"
+        )
+    return RECIPES.get(recipe)
+
+
+def resolve_model(name: str | os.PathLike[str] | None, *, progress: bool = False) -> FoundModel:
+    """The model a user means by ``name``, the one reading for every command that takes a model (``ebpo train
+    model.path``, ``ebpo eval MODEL``, ``ebpo diagnose --model``, the TRL example's ``--model``, the verl
+    launcher's ``actor_rollout_ref.model.path``):
+
+    - None, ``builtin`` or ``builtin:<recipe>``: that recipe's default base model (:func:`builtin_recipe`), the
+      shipped directory (built into the cache if it is not current: ``progress`` prints the build);
+    - anything else: a model, checkpoint or run directory (``ebpo.persist.find_model``).
+
+    A name it cannot read is one ``ConfigError``."""
+    recipe = builtin_recipe(name)
+    if recipe is not None:
+        return FoundModel(build_base_model(recipe.config_cls(), progress=progress), None, "")
+    assert name is not None
+    return find_model(Path(os.fspath(name)).expanduser())
+
+
+def builtin_hint() -> str:
+    """What to add to a message about a model path: the names of the built-in models."""
+    return f"or {BUILTIN}:<recipe> for a built-in model: {', '.join(builtin_names()[1:])}"

@@ -124,7 +124,9 @@ def run(args: argparse.Namespace) -> int:
         print("ebpo train: interrupted before the first step; nothing to resume", file=sys.stderr)
         return 130
     print(f"run directory: {trainer.run_dir}", flush=True)
-    if cfg.model.path is not None:
+    from ebpo.models.base_model import builtin_recipe
+
+    if cfg.model.path is not None and builtin_recipe(cfg.model.path) is None:
         from ebpo.persist import find_model
 
         note = find_model(cfg.model.path).note  # which model of a run or checkpoint directory trains

@@ -41,9 +41,10 @@ class ModelConfig:
     """The policy to train (and the frozen reference for the KL term, a copy of its initial weights)."""
 
     path: str | None = option(
-        "Directory (or hub id already in the local cache) of any Hugging Face causal LM + tokenizer. "
-        "Default null: the built-in arith base model, shipped with the package (`ebpo base-model` prints its "
-        "directory).",
+        "Directory (or hub id already in the local cache) of any Hugging Face causal LM + tokenizer, an ebpo "
+        "train run or checkpoint directory, or a built-in base model shipped with the package: builtin:arith "
+        "(S1) or builtin:gym (S2, the reasoning-gym Qwen3; train it with --config gym). Default null: "
+        "builtin:arith.",
         default=None,
     )
     dtype: Literal["float32", "bfloat16"] = option(

@@ -36,8 +36,10 @@ def summary(result: TrainResult, *, eval_k: int) -> dict[str, Any]:
     }
 
 
-def print_eval_table(before: dict[str, float], after: dict[str, float], file: TextIO = sys.stdout) -> None:
-    """The before/after validation pass@1 table, one row per topic, then the overall rows."""
+def print_eval_table(before: dict[str, float], after: dict[str, float], file: TextIO | None = None) -> None:
+    """The before/after validation pass@1 table, one row per topic, then the overall rows, to ``file`` (default:
+    ``sys.stdout`` as it is when called, not as it was when this module was imported)."""
+    file = sys.stdout if file is None else file
     topics = sorted(key.split("/", 2)[2] for key in after if key.startswith("eval/pass@1/"))
     rows = [(topic, f"eval/pass@1/{topic}") for topic in topics]
     rows += [("all (pass@1)", "eval/pass@1")]

@@ -27,8 +27,7 @@ from ebpo.data.samplers import cluster_key, get_sampler, list_samplers
 from ebpo.generation import in_kernel_gqa
 from ebpo.logprobs import SHARED_PROMPT_ATTENTION, attention_of, check_shared_prompt_attention
 from ebpo.losses import PolicyLossConfig, get_policy_loss
-from ebpo.models.base_model import build_base_model
-from ebpo.persist import find_model
+from ebpo.models.base_model import builtin_hint, builtin_recipe, resolve_model
 from ebpo.registry import unknown_choice
 from ebpo.rewards import get_reward, list_rewards
 from ebpo.tasks import get_task
@@ -108,6 +107,10 @@ def check_setup(cfg: TrainConfig) -> None:
         raise ConfigError(str(err)) from None
     if d.group_size == 1:
         check_groups_of_one(a.estimator, options)
+    try:  # a built-in model's name (the directory itself is looked for when the model loads)
+        builtin_recipe(cfg.model.path)
+    except ConfigError as err:
+        raise ConfigError(f"model.path: {err}") from None
     for key, path in (("data.train_file", d.train_file), ("data.val_file", d.val_file)):
         if path is not None and not path.startswith("hf://") and not Path(path).exists():
             raise ConfigError(f"{key}: file not found: {path}")
@@ -215,15 +218,15 @@ def load_prompts(cfg: TrainConfig) -> Prompts:
 
 
 def load_policy(cfg: TrainConfig, checkpoint: Path | None, device: torch.device) -> Policy:
-    """The policy from ``model.path`` (a model, checkpoint or run directory: ``ebpo.persist.find_model``;
-    default the built-in base model), its weights from ``checkpoint`` when resuming, and a frozen copy of
+    """The policy from ``model.path`` (a model, checkpoint or run directory, or a built-in model by name:
+    ``ebpo.models.base_model.resolve_model``; null is ``builtin``, S1), its weights from ``checkpoint`` when resuming, and a frozen copy of
     the initial weights when ``algorithm.kl_coef > 0``; in ``model.dtype`` (:func:`mixed_precision`)."""
     hf_logging.disable_progress_bar()  # no per-load / per-save bars in the training log
     m = cfg.model
     try:
-        base_path = Path(build_base_model()) if m.path is None else find_model(m.path).path
+        base_path = resolve_model(m.path).path
     except ConfigError as err:
-        raise ConfigError(f"model.path: {err} (or leave it null for the built-in model)") from None
+        raise ConfigError(f"model.path: {err} ({builtin_hint()})") from None
     load_from = checkpoint / "model" if checkpoint is not None else base_path
     try:
         tokenizer = AutoTokenizer.from_pretrained(base_path)

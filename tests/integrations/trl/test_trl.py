@@ -624,11 +624,16 @@ def test_the_paper_command_builds_the_paper_settings(example, tmp_path, monkeypa
     assert paper_command((REPO / "docs" / "integrations.md").read_text()) == paper_command(example.__doc__)
 
 
-def test_the_laptop_defaults_are_the_ebpo_train_demo(example, tmp_path):
+@pytest.mark.parametrize("model, preset", [(None, "ebpo"), ("builtin:gym", "gym")])
+def test_the_laptop_defaults_are_the_ebpo_train_demo(example, tmp_path, model, preset):
+    # each built-in model's laptop run is its `ebpo train` demo: ebpo.yaml for S1, gym.yaml for S2
     from ebpo.trainer import load_config
 
-    demo = load_config("ebpo")
-    _, config = example.parse_arguments(["--output_dir", str(tmp_path), "--use_cpu"])
+    demo = load_config(preset)
+    chosen = [] if model is None else ["--model", model]
+    script, config = example.parse_arguments(["--output_dir", str(tmp_path), "--use_cpu", *chosen])
+    assert (script.num_problems, script.val_size) == (demo.data.train_size, demo.data.val_size)
+    assert script.eval_n == demo.run.eval_n
     updates_per_step = demo.data.batch_size // demo.optim.mini_batch_size
     assert config.num_generations == demo.data.group_size
     assert config.generation_batch_size == demo.data.batch_size * demo.data.group_size
@@ -663,17 +668,20 @@ def test_the_laptop_run_prints_validation_before_and_after(example, tmp_path, ca
     assert (tmp_path / "run" / "model.safetensors").is_file()
 
 
-def test_a_chat_model_gets_conversational_prompts_rendered_as_ebpo_renders_them(
-    example, chat_model_dir, tiny_model_dir, tmp_path, monkeypatch, capsys
+def test_s2_gets_conversational_prompts_of_its_gym_mixture_rendered_as_ebpo_renders_them(
+    example, tiny_model_dir, tmp_path, monkeypatch, capsys
 ):
-    # the tiny Qwen3 chat model: TRL tokenizes the conversational prompts to the ids ebpo train and ebpo eval
-    # give the model (ebpo.data.prompts), and the validation before and after reads them too
+    # --model builtin:gym, S2 (Qwen3, BPE, ChatML) at tiny size: its laptop defaults, problems of its reasoning-gym
+    # mixture, the gym reward; TRL tokenizes the conversational prompts to the ids ebpo train and ebpo eval give
+    # the model (ebpo.data.prompts), and the validation before and after reads them too
     from transformers import AutoTokenizer
 
     from ebpo.data.prompts import PromptFormat
-    from ebpo.tasks.arith import generate
+    from ebpo.models.base_model import GYM_SHIPPED_DIR
+    from ebpo.models.gym_recipe import DATASETS, MIXTURE, TASK
+    from ebpo.tasks import get_task
 
-    tokenized = []
+    tokenized, rewards = [], []
     tokenize = EBPOTrainer._tokenize_prompts
 
     def spy(self, prompts):
@@ -682,17 +690,24 @@ def test_a_chat_model_gets_conversational_prompts_rendered_as_ebpo_renders_them(
         return tokenized[-1]
 
     monkeypatch.setattr(EBPOTrainer, "_tokenize_prompts", spy)
-    argv = ["--model", str(chat_model_dir), "--output_dir", str(tmp_path / "run"), "--use_cpu",
+    make_reward = example.make_reward
+    monkeypatch.setattr(example, "make_reward", lambda name: rewards.append(name) or make_reward(name))
+    argv = ["--model", "builtin:gym", "--output_dir", str(tmp_path / "run"), "--use_cpu",
             "--max_steps", "1", "--num_generations", "2", "--per_device_train_batch_size", "4",
-            "--max_completion_length", "4", "--num_problems", "8", "--val_size", "3", "--eval_n", "2",
-            "--report_to", "none", "--save_strategy", "no", "--seed", "0"]  # fmt: skip
+            "--steps_per_generation", "1", "--num_problems", "8", "--val_size", "24", "--eval_n", "2"]  # fmt: skip
     assert example.main(argv) == 0
-    assert "validation before training: 3 problems x 2 samples" in capsys.readouterr().out
-    ours = PromptFormat.resolve(AutoTokenizer.from_pretrained(chat_model_dir), "auto")
-    expected = {tuple(ids) for ids in ours.ids(generate("train", 8, 0))}
+    out = capsys.readouterr().out
+    assert "validation before training: 24 problems x 2 samples" in out
+    assert all(re.search(rf"^{name}\s+\d\.\d{{3}}\s+\d\.\d{{3}}", out, re.M) for name in DATASETS)
+    assert rewards == ["gym"]  # the task's own reward, each dataset's score_answer
+    ours = PromptFormat.resolve(AutoTokenizer.from_pretrained(GYM_SHIPPED_DIR), "auto")
+    assert ours.chat
+    expected = {tuple(ids) for ids in ours.ids(get_task(TASK, **MIXTURE).generate("train", 8, 0))}
     drawn = [tuple(row) for prompt_ids, _, _ in tokenized for row in prompt_ids]
     assert drawn and set(drawn) <= expected
-    # on without a template: one line, before any training
+    # an unknown built-in model, and on without a template: one line each, before any training
+    assert example.main(["--model", "builtin:nope", "--output_dir", str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err.startswith("train_ebpo.py: unknown built-in model 'builtin:nope'; valid")
     code = example.main(["--model", str(tiny_model_dir), "--output_dir", str(tmp_path / "x"), "--use_cpu",
                          "--chat_template", "on"])  # fmt: skip
     assert code == 2 and "--chat_template=on, but the tokenizer of" in capsys.readouterr().err

@@ -4,12 +4,12 @@ the session's first test runs; the tests that read them (``e2e`` fixture: ``test
 
 Every run is ``python -m ebpo.integrations.verl trainer.device=cpu`` with the quickstart's overrides
 (``examples/verl/cpu_quickstart.py``: a tiny ``arith`` model fine-tuned for a second, the ``ebpo_cpu``
-rollout, FSDP2 on gloo), then its own:
+rollout, FSDP2 on gloo), then its own; the legacy runs train the shipped S2 instead:
 
 | lane | run | trainer | what it is for |
 |---|---|---|---|
 | 1 | ``v1_a`` | v1 | the quickstart for 8 steps, checkpoints every 2: learning, prior = replay, topic stream |
-| 1 | ``legacy_a``, ``legacy_b`` | legacy | 2 ranks, ``balance_batch``, ``filter_groups``, a resume at step 2, with a user's estimator: ``running_mean_baseline`` of ``--plugins my_estimators.py``, and the fixture package (its entry point) installed beside |
+| 1 | ``legacy_a``, ``legacy_b`` | legacy | S2 (``builtin:gym``: verl's Qwen3 paths, its chat template) on gym records, 2 ranks, ``balance_batch``, ``filter_groups``, a resume at step 2, with a user's estimator: ``running_mean_baseline`` of ``--plugins my_estimators.py``, and the fixture package (its entry point) installed beside |
 | 1 | ``launcher`` | verl's own | ``python -m verl.trainer.main_ppo`` stopped by our checkpoint callback |
 | 2 | ``v1_b`` | v1 | ``v1_a``'s command again for 2 steps (reproducible) |
 | 2 | ``v1_c`` | v1 | a resume of ``v1_b`` at step 2, to step 4 (= ``v1_a``'s steps 3-4) |
@@ -37,16 +37,23 @@ HERE = Path(__file__).resolve().parent
 RANKS_N = 4
 
 
+LEGACY_DATASET = "chain_sum"
+"""The reasoning-gym dataset of S2's mixture the legacy runs draw from (level 1: short prompts and answers)."""
+
+
 def legacy_data(root: Path) -> Path:
-    """8 ``max`` prompts (one stream batch per epoch) for the legacy 2-rank runs."""
+    """8 distinct prompts of one dataset of S2's reasoning-gym mixture (one stream batch per epoch) for the legacy
+    2-rank runs, which train S2 (``builtin:gym``), written as ``ebpo train`` data with ``data_source=gym``."""
     from ebpo.integrations.verl.data import write_verl_parquet
-    from ebpo.tasks import arith
+    from ebpo.models.gym_recipe import MIXTURE
+    from ebpo.tasks import get_task
 
     root.mkdir(parents=True, exist_ok=True)
-    quickstart.sft_arith_model(root / "model")
-    train = arith.generate("train", 8, seed=0, topics=["max"], levels=[1])
-    write_verl_parquet(train, root / "train.parquet", data_source="arith", instruction="")
-    write_verl_parquet(train[:2], root / "val.parquet", data_source="arith", instruction="")
+    task = get_task(f"gym:{LEGACY_DATASET}", **{LEGACY_DATASET: MIXTURE[LEGACY_DATASET]})
+    train = task.generate("train", 8, seed=0, levels=[1])
+    assert len({r.prompt for r in train}) == 8  # the tests find a dumped row's dataset row by its prompt
+    write_verl_parquet(train, root / "train.parquet", data_source="gym", instruction="")
+    write_verl_parquet(train[:2], root / "val.parquet", data_source="gym", instruction="")
     return root
 
 
@@ -105,6 +112,9 @@ def e2e_lanes(root: Path, plugin_pkg: Path) -> Lanes:
     every_2 = ("trainer.save_freq=2",)
     legacy_runs = (
         "trainer.use_v1=false",
+        "actor_rollout_ref.model.path=builtin:gym",  # S2, named as every ebpo command names it
+        "data.max_prompt_length=32",  # the prompt in S2's chat template: 25 tokens
+        "data.max_response_length=8",  # <answer>, the answer, </answer>, <|im_end|>
         "trainer.n_gpus_per_node=2",
         "trainer.balance_batch=True",
         "trainer.save_freq=2",

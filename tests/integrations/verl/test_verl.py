@@ -966,6 +966,26 @@ def test_our_launcher_takes_plugins_before_hydra_and_stops_at_one_that_fails(tmp
     )
 
 
+def test_our_launcher_reads_a_builtin_model_name_as_every_ebpo_command_does():
+    # actor_rollout_ref.model.path=builtin:gym becomes S2's directory (the legacy e2e runs train it so); any
+    # other value is verl's; an unknown built-in model stops the launcher in one line, before Ray starts
+    from omegaconf import OmegaConf
+
+    from ebpo.integrations.verl.main import _resolve_model_path
+    from ebpo.models.base_model import GYM_SHIPPED_DIR
+
+    for given, expected in (("builtin:gym", str(GYM_SHIPPED_DIR)), ("Qwen/Qwen3-8B", "Qwen/Qwen3-8B")):
+        config = OmegaConf.create({"actor_rollout_ref": {"model": {"path": given}}})
+        _resolve_model_path(config)
+        assert config.actor_rollout_ref.model.path == expected
+    with pytest.raises(SystemExit) as stopped:
+        _resolve_model_path(OmegaConf.create({"actor_rollout_ref": {"model": {"path": "builtin:nope"}}}))
+    assert str(stopped.value.code) == (
+        "ebpo.integrations.verl: actor_rollout_ref.model.path: unknown built-in model 'builtin:nope'; valid "
+        "choices: builtin, builtin:arith, builtin:gym (builtin = builtin:arith)"
+    )
+
+
 def test_the_quiet_log_shows_a_repeated_message_once_and_verbose_turns_it_off(monkeypatch):
     import logging
     import warnings

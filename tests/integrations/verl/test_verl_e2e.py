@@ -25,10 +25,12 @@ if trl_conflict():
     pytest.skip(trl_conflict(), allow_module_level=True)
 
 from verl_helpers import (  # noqa: E402
+    CHATML_TURN,
     CPU_SECONDS,
     WALL_SECONDS,
     actor_weights,
     assert_prior_equal,
+    dumped_prompt,
     dumped_rows,
     quickstart,
     replay,
@@ -48,6 +50,7 @@ import ebpo  # noqa: E402
 from ebpo.integrations import ESTIMATOR_STATE_FILE  # noqa: E402
 from ebpo.integrations.verl.checkpoint import SAMPLER_STATE_FILE  # noqa: E402
 from ebpo.integrations.verl.cpu.config import legacy_cpu_refusal  # noqa: E402
+from ebpo.integrations.verl.rewards import compute_score  # noqa: E402
 from ebpo.plugins import load_plugins  # noqa: E402
 from helpers.plugins import FILE_ESTIMATOR, MY_ESTIMATORS, PKG_ESTIMATOR, STATEFUL_ESTIMATOR  # noqa: E402
 
@@ -70,6 +73,14 @@ def prompt_info(root: Path) -> dict[str, dict]:
 
     frame = pd.read_parquet(root / "train.parquet")
     return {row[0]["content"].strip(): dict(info) for row, info in zip(frame["prompt"], frame["extra_info"])}
+
+
+def train_rows(root: Path) -> dict[str, dict]:
+    """Prompt text -> its row of ``root/train.parquet`` (``prompt``, ``reward_model``, ``extra_info``, ...)."""
+    import pandas as pd
+
+    frame = pd.read_parquet(root / "train.parquet")
+    return {row["prompt"][0]["content"].strip(): row for row in frame.to_dict("records")}
 
 
 def prompt_index(root: Path) -> dict[str, int]:
@@ -362,7 +373,9 @@ def test_legacy_two_ranks_with_filter_groups_and_a_resume(e2e, plugin_sandbox):
     # positional reward (verl_positional_reward.py: each prompt's group has a fixed number of successes every
     # step, prompts 0 and 4 saturated, so filtered), steps 1-2 then a resume at step 2 for steps 3-4; the
     # estimator is a user's, running_mean_baseline of `--plugins my_estimators.py` (stateful), with the
-    # fixture package installed beside it (its entry point)
+    # fixture package installed beside it (its entry point). The policy is S2 (actor_rollout_ref.model.path=
+    # builtin:gym, resolved by our launcher): verl's Qwen3 model and token builder, its chat-template rendering
+    # of the messages our writer wrote, on chain_sum records of S2's gym mixture
     if legacy_cpu_refusal():
         pytest.skip(legacy_cpu_refusal())
     e2e.succeeded("legacy_a", "legacy_b")
@@ -378,12 +391,31 @@ def test_legacy_two_ranks_with_filter_groups_and_a_resume(e2e, plugin_sandbox):
     assert sorted(rows) == [1, 2, 3, 4]
     index = prompt_index(root)
 
+    # S2 trained: verl rendered every prompt with its ChatML template (the dump decodes the prompt without its
+    # special tokens: "user\n<message>\nassistant"), the checkpoint is a qwen3, and the responses are S2's,
+    # reasoning-gym's answer tags kept by verl's decode (they are not special tokens)
+    every = [row for step_rows in rows.values() for row in step_rows]
+    assert all(CHATML_TURN.fullmatch(row["input"].strip()) for row in every)
+    config = json.loads(
+        (root / "ckpt" / "global_step_4" / "actor" / "huggingface" / "config.json").read_text()
+    )
+    assert config["model_type"] == "qwen3"
+    # verl's agent loop took its Qwen3 token builder (for the quickstart's Llama it has none, and says so)
+    assert all(REPEATED_WARNING not in e2e.result(run)[1] for run in ("legacy_a", "legacy_b"))
+    # the ground truth verl's reward call got is the row's gym entry, which the gym reward scores (the
+    # positional reward trains; ebpo's gym reward reads S2's answers here, about a third of them right)
+    truth = {text: row["reward_model"]["ground_truth"] for text, row in train_rows(root).items()}
+    assert all(row["gts"] == truth[dumped_prompt(row["input"])] for row in every)
+    gym = [compute_score("gym", row["output"], row["gts"]) for row in every]
+    assert set(gym) <= {0.0, 1.0} and 0 < sum(gym) < len(gym)
+    assert sum("<answer>" in row["output"] for row in every) >= len(every) // 2
+
     # every group's rewards are the positional reward's: index mod (N + 1) successes out of N
     for step_rows in rows.values():
         assert len(step_rows) == 8 * RANKS_N
         groups = defaultdict(list)
         for row in step_rows:
-            groups[row["uid"]].append((row["input"].strip(), row["score"]))
+            groups[row["uid"]].append((dumped_prompt(row["input"]), row["score"]))
         assert len(groups) == 8
         for members in groups.values():
             assert len({prompt for prompt, _ in members}) == 1 and len(members) == RANKS_N
@@ -393,7 +425,7 @@ def test_legacy_two_ranks_with_filter_groups_and_a_resume(e2e, plugin_sandbox):
     # the resume, which falls on an epoch boundary (verl skips data.pt there; ebpo_sampler.pt carries on)
     expected = stream_prompts(root, "topic", 8, 4)
     for step in range(1, 5):
-        firsts = [row["input"].strip() for row in unreordered(rows[step])][::RANKS_N]
+        firsts = [dumped_prompt(row["input"]) for row in unreordered(rows[step])][::RANKS_N]
         assert sorted(firsts) == sorted(expected[step - 1])
     assert expected[2] != expected[0]
     uid_order = {step: list(dict.fromkeys(row["uid"] for row in rows[step])) for step in rows}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -311,6 +312,17 @@ def step_rewards(folder: Path) -> dict[int, torch.Tensor]:
         step: torch.tensor([row["score"] for row in rows], dtype=torch.float32)
         for step, rows in dumped_rows(folder).items()
     }
+
+
+CHATML_TURN = re.compile(r"user\n(.*)\nassistant", re.S)
+"""A prompt rendered by ChatML (S2's template) as verl dumps it: decoded without its special tokens."""
+
+
+def dumped_prompt(text: str) -> str:
+    """The user's message of a prompt verl dumped (``input``): the text itself under the quickstart model's bare
+    template, the user turn of S2's ChatML rendering (``<|im_start|>`` / ``<|im_end|>`` dropped by the decode)."""
+    match = CHATML_TURN.fullmatch(text.strip())
+    return match.group(1).strip() if match else text.strip()
 
 
 def step_prompts(folder: Path, n: int) -> dict[int, list[str]]:

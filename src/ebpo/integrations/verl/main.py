@@ -3,9 +3,11 @@
     python -m ebpo.integrations.verl algorithm.adv_estimator=ebpo +algorithm.ebpo.prior_scope=global ...
     python -m ebpo.integrations.verl trainer.device=cpu ...        # the opt-in CPU mode (tests, laptops)
     python -m ebpo.integrations.verl trainer.use_v1=false ...      # verl's legacy trainer
+    python -m ebpo.integrations.verl actor_rollout_ref.model.path=builtin:gym ...   # a built-in model (S2)
     python -m ebpo.integrations.verl --plugins my_estimators.py algorithm.adv_estimator=median_baseline ...
 
-Takes the same Hydra overrides as ``python -m verl.trainer.main_ppo`` (verl's ``ppo_trainer.yaml``). By default
+Takes the same Hydra overrides as ``python -m verl.trainer.main_ppo`` (verl's ``ppo_trainer.yaml``), and
+``actor_rollout_ref.model.path`` may name a built-in model as every ebpo command does (``builtin:gym``). By default
 (``trainer.use_v1=true``, verl's own default) it runs verl's v1 trainer in ``trainer.v1.trainer_mode=sync``
 (:class:`ebpo.integrations.verl.v1.EBPOTrainerSync`, replay buffer
 :class:`~ebpo.integrations.verl.v1.EBPOReplayBuffer`); the async modes are refused before Ray starts. With
@@ -247,6 +249,26 @@ def _set_process_env(config: Any, env: dict[str, str]) -> None:
         init.runtime_env.env_vars = {**env, **env_vars}
 
 
+def _resolve_model_path(config: Any) -> None:
+    """``actor_rollout_ref.model.path`` naming a built-in model (``builtin:gym``, ``builtin:arith``,
+    ``builtin``) becomes its directory, read as every ebpo command reads it
+    (``ebpo.models.base_model.resolve_model``); any other value is verl's to read."""
+    from omegaconf import open_dict
+
+    from ebpo.errors import ConfigError
+    from ebpo.models.base_model import builtin_recipe, resolve_model
+
+    path = config.actor_rollout_ref.model.get("path", None)
+    try:
+        if path is None or builtin_recipe(str(path)) is None:
+            return
+        directory = resolve_model(str(path)).path
+    except ConfigError as error:
+        raise SystemExit(f"ebpo.integrations.verl: actor_rollout_ref.model.path: {error}") from None
+    with open_dict(config):
+        config.actor_rollout_ref.model.path = str(directory)
+
+
 def run(config: Any) -> None:
     """Start Ray (verl's ``run_ppo``) with our task runner for ``trainer.use_v1`` (v1 sync by default, the
     legacy trainer with ``false``); shut Ray down afterwards. ``trainer.device=cpu`` switches the CPU mode on
@@ -262,6 +284,7 @@ def run(config: Any) -> None:
         refuse_rejection_after_advantage(config.algorithm)
     except ValueError as error:
         raise SystemExit(f"ebpo.integrations.verl: {error}") from None
+    _resolve_model_path(config)
     if not verbose_requested():
         quiet_log()
         _set_process_env(config, {QUIET_ENV: "1"})
