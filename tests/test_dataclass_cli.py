@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Literal
+from unittest import mock
 
 import pytest
 
@@ -65,10 +67,11 @@ DATACLASSES = {
 
 
 def _help(command: str, capsys) -> str:
-    with pytest.raises(SystemExit) as exit_info:
+    # a terminal wide enough that argparse wraps no line (it breaks after a hyphen: "built-" / "in")
+    with mock.patch.dict(os.environ, {"COLUMNS": "100000"}), pytest.raises(SystemExit) as exit_info:
         main([*command.split(), "--help"])
     assert exit_info.value.code == 0
-    return " ".join(capsys.readouterr().out.split())  # undo argparse's line wrapping
+    return " ".join(capsys.readouterr().out.split())  # one space between words, as the help texts have
 
 
 @pytest.mark.parametrize("command", list(FLAGS))
