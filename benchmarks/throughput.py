@@ -7,13 +7,17 @@ adapter (``ebpo.integrations.trl.EBPOTrainer``), same model, batch, G, lengths a
     .venv/bin/python benchmarks/throughput.py --model PATH --append docs/results/README.md
 
 One "step" is one generation round: ``--prompts`` prompts x G responses of at most ``--max-new-tokens``
-tokens at temperature 1 (top-p 1, no top-k), scored with the ``arith`` reward, EBPO advantages (paper
+tokens at temperature 1 (top-p 1, no top-k), scored with the task's reward, EBPO advantages (paper
 options), then ``--updates`` optimizer updates on equal slices of the round (ours: ``optim.mini_batch_size =
 prompts / updates``; TRL: ``per_device_train_batch_size = prompts x G / updates``, ``steps_per_generation =
 updates``, so TRL's ``max_steps`` is ``steps x updates``), AdamW at the same learning rate, no KL term (no
 reference model on either side), no evaluation and no checkpoints inside the timed steps, one process,
-the same torch thread count, the same ``arith`` training problems (every topic and level; the trainer does not
-inherit a level selection from the ``ebpo`` preset). ``--model random`` is a randomly initialised Llama of ``--hidden-size`` and
+the same torch thread count, the same training problems (every topic and level; the trainer does not
+inherit a level selection from the ``ebpo`` preset). The task is the one the model was made for: ``arith`` for
+the built-in ``arith`` model and any other, the reasoning-gym mixture (``ebpo.models.gym_recipe``, scored by each
+dataset's own ``score_answer``) for ``builtin:gym``. A tokenizer with a chat template gets its prompts through it
+on both sides (ours: ``data.chat_template=auto``; TRL: conversational prompts, which it renders with the same
+template). ``--model random`` is a randomly initialised Llama of ``--hidden-size`` and
 ``--layers`` with our character tokenizer: it seldom emits EOS, so nearly every response runs to
 ``--max-new-tokens`` on both sides. ``--ours KEY=VALUE`` adds a trainer config override (e.g.
 ``run.step_kl=subset``); the table names them.
@@ -63,6 +67,10 @@ class Setting:
     threads: int = 1
     seed: int = 0
     device: str = "cpu"
+    task: str = "arith"
+    task_options: str = (
+        "{}"  # a YAML flow mapping (data.task_options), kept as text so the setting stays hashable
+    )
 
     def __post_init__(self) -> None:
         if self.prompts % self.updates:
@@ -133,6 +141,8 @@ def ours_overrides(setting: Setting, extra: Sequence[str] = ()) -> list[str]:
     s = setting
     return [
         f"model.path={s.model}",
+        f"data.task={s.task}",
+        f"data.task_options={s.task_options}",
         f"data.batch_size={s.prompts}",
         f"data.group_size={s.group_size}",
         f"data.train_size={max(s.prompts * s.steps, 64)}",
@@ -186,22 +196,30 @@ def time_trl(setting: Setting, work_dir: Path) -> tuple[list[float], list[float]
     from our registry, TRL's loop for the rest)."""
     import datasets
     import torch
-    from transformers import TrainerCallback
+    from transformers import AutoTokenizer, TrainerCallback
 
+    from ebpo.data.prompts import PromptFormat, conversation, prompt_text
     from ebpo.integrations.trl import EBPOConfig, EBPOTrainer
     from ebpo.rewards import get_reward
-    from ebpo.tasks.arith import generate
+    from ebpo.tasks import get_task, task_options
 
     s = setting
     torch.set_num_threads(s.threads)
-    records = generate("train", max(s.prompts * s.steps, 64), s.seed)
+    task = get_task(s.task, **task_options(s.task_options, "task_options"))
+    records = task.generate("train", max(s.prompts * s.steps, 64), s.seed)
+    chat = PromptFormat.resolve(AutoTokenizer.from_pretrained(s.model), "auto").chat
     dataset = datasets.Dataset.from_dict(
-        {"prompt": [r.prompt for r in records], "answer": [str(r.answer) for r in records]}
+        {
+            "prompt": [conversation(r) if chat else prompt_text(r) for r in records],
+            "answer": [str(r.answer) for r in records],
+        }
     )
-    scorer = get_reward("arith")
+    scorer = get_reward(task.reward or task.name)
 
-    def arith_reward(completions, answer, **kwargs):
-        return scorer.batch(completions, answer)
+    def task_reward(completions, answer, **kwargs):
+        # a conversational completion is a list of messages: its text is the assistant's
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return scorer.batch(texts, answer)
 
     class StepTimer(TrainerCallback):
         def __init__(self) -> None:
@@ -246,7 +264,7 @@ def time_trl(setting: Setting, work_dir: Path) -> tuple[list[float], list[float]
     )
     timer = StepTimer()
     trainer = EBPOTrainer(
-        model=s.model, reward_funcs=arith_reward, args=args, train_dataset=dataset, callbacks=[timer]
+        model=s.model, reward_funcs=task_reward, args=args, train_dataset=dataset, callbacks=[timer]
     )
     trainer.train()
     return rounds_from_update_times(timer.wall_s, s.updates), rounds_from_update_times(timer.cpu_s, s.updates)
@@ -283,7 +301,9 @@ def format_table(setting: Setting, ours: Timing, trl: Timing, repeats: int, mode
         f"Setting: {s.prompts} prompts x G={s.group_size} = {s.rollouts_per_step} rollouts per step, "
         f"<= {s.max_new_tokens} new tokens, {s.updates} updates per step, {repeats} runs of {s.steps} steps "
         f"per trainer, alternated (first step of each run dropped), {s.threads} torch thread(s), "
-        f"{s.device.upper() if s.device == 'cpu' else s.device}, model {model_label}.",
+        f"{s.device.upper() if s.device == 'cpu' else s.device}, model {model_label}, task "
+        f"{s.task.split(':')[0] if s.task.startswith('gym:') else s.task}"
+        f"{' (the ' + str(s.task.count(',') + 1) + '-dataset mixture)' if s.task.startswith('gym:') else ''}.",
         "",
         "| trainer | median wall s / step | rollouts / s | median CPU s / step | rollouts / CPU s | whole runs s |",
         "|---|---|---|---|---|---|",
@@ -302,6 +322,20 @@ def format_table(setting: Setting, ours: Timing, trl: Timing, repeats: int, mode
         f"**{cpu_ratio:.2f}x** from CPU time.",
     ]
     return "\n".join(lines)
+
+
+def model_task(model: str | None) -> tuple[str, str]:
+    """(task, its options as a YAML flow mapping) that ``--model`` was made for: a built-in model's recipe's,
+    else ``arith``."""
+    import yaml
+
+    from ebpo.models.base_model import builtin_recipe
+
+    recipe = builtin_recipe(model) if model != "random" else None
+    if recipe is None:
+        return "arith", "{}"
+    options = yaml.safe_dump(dict(recipe.task_options), default_flow_style=True, width=10**9).strip()
+    return recipe.task, options
 
 
 def resolve_model(args: argparse.Namespace, tmp: Path) -> tuple[str, str]:
@@ -362,6 +396,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="ebpo-throughput-model-") as tmp:
         model, label = resolve_model(args, Path(tmp))
+        task, options = model_task(args.model)
         setting = Setting(
             model,
             args.prompts,
@@ -372,6 +407,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.lr,
             args.threads,
             args.seed,
+            task=task,
+            task_options=options,
         )
         ours, trl = measure(setting, args.repeats, args.ours)
     table = format_table(setting, ours, trl, args.repeats, label)

@@ -107,3 +107,34 @@ def test_estimator_benchmark_times_ours_alone_without_verl(monkeypatch):
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert cells[0] == "4 x 2" and cells[1:3] == ["n/a", "n/a"] and cells[6:] == ["n/a", "n/a"]
     assert all(cell.endswith(" ms") for cell in cells[3:6])
+
+
+def test_throughput_times_each_built_in_model_on_its_own_task():
+    """S2 (``builtin:gym``) is timed on its reasoning-gym mixture with the recipe's generator settings, which
+    survive the trip through our trainer's config overrides unchanged (int level keys included); every other
+    model on ``arith``."""
+    from ebpo.models.base_model import builtin_recipe
+    from ebpo.trainer import load_config
+
+    recipe = builtin_recipe("builtin:gym")
+    task, options = throughput.model_task("builtin:gym")
+    assert task == recipe.task and task.startswith("gym:")
+    setting = throughput.Setting("builtin:gym", task=task, task_options=options)
+    cfg = load_config("ebpo", throughput.ours_overrides(setting))
+    assert cfg.data.task == recipe.task and cfg.data.task_options == recipe.task_options
+    assert cfg.data.chat_template == "auto"
+    for model in (None, "builtin", "builtin:arith", "random", "/some/model/dir"):
+        assert throughput.model_task(model) == ("arith", "{}")
+
+
+def test_throughput_runs_both_trainers_on_s2(tmp_path, capsys):
+    """A tiny end-to-end run of the script on S2: both trainers train on the gym mixture, and the table names
+    the model and the task."""
+    out = tmp_path / "times.json"
+    args = ["--model", "builtin:gym", "--prompts", "2", "--group-size", "2", "--updates", "1", "--steps", "2"]
+    assert throughput.main([*args, "--max-new-tokens", "8", "--repeats", "1", "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "gym base model S2" in table and "task gym (the 8-dataset mixture)" in table
+    times = json.loads(out.read_text())
+    assert times["setting"]["task"].startswith("gym:") and len(times["ours"]["wall_s"]) == 1
+    assert len(times["trl"]["cpu_s"]) == 1
