@@ -34,6 +34,7 @@ from benchmarks.learning.methods import (
 )
 from benchmarks.learning.run import LOG_FILE, add_answer_kinds, load_results, run_dir, write_json_atomic
 from benchmarks.learning.spec import FIXED_PROMPTS, VARIANTS, Budget, model_path_from
+from benchmarks.learning.testbeds import DEFAULT_TESTBED, TESTBEDS, Testbed, get_testbed
 from ebpo.plugins import HELP as PLUGINS_HELP
 from ebpo.plugins import load_plugins
 
@@ -145,6 +146,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--no-sensitivity", action="store_true", help="leave the sensitivity check out")
 
+    d.add_argument(
+        "--testbed",
+        choices=TESTBEDS.names(),
+        default=DEFAULT_TESTBED,
+        help="base model and task: s1 = the arith base model on arith (ebpo.yaml's); s2 = the gym base model "
+        "(Qwen3, BPE, ChatML) on its reasoning-gym mixture, tested on the mixture's test split, pages in "
+        f"docs/results/gym and tags prefixed s2_ by default (default {DEFAULT_TESTBED})",
+    )
+
     b = p.add_argument_group("budget (sizes of each run; unset = src/ebpo/configs/ebpo.yaml's value)")
     b.add_argument("--steps", type=int, default=None, help="training steps per run (run.steps)")
     b.add_argument(
@@ -183,7 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--set run.step_kl=all --set optim.shared_prompts=false",
     )
     b.add_argument(
-        "--model-path", default=None, help="initial policy (default: src/ebpo/configs/ebpo.yaml's model)"
+        "--model-path",
+        default=None,
+        help="initial policy (default: the testbed's; s1: src/ebpo/configs/ebpo.yaml's model)",
     )
     b.add_argument(
         "--configs-dir",
@@ -201,9 +213,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     o = p.add_argument_group("execution and output")
     o.add_argument("--jobs", type=int, default=2, help="runs side by side, one process each (default 2)")
-    o.add_argument("--tag", default=None, help="name in file names (default matrix, quick or options)")
+    o.add_argument(
+        "--tag",
+        default=None,
+        help="name in file names (default matrix, quick or options; prefixed with the testbed's, e.g. s2_matrix)",
+    )
     o.add_argument("--runs-dir", default=None, help="run directories (default runs/bench_learning/<tag>)")
-    o.add_argument("--results-dir", default=str(REPO / "docs" / "results"), help="tables, CSV, plots")
+    o.add_argument(
+        "--results-dir",
+        default=None,
+        help="tables, CSV, plots (default the testbed's: docs/results, s2: docs/results/gym)",
+    )
     o.add_argument(
         "--best-file",
         default=None,
@@ -234,6 +254,7 @@ def _pick(args: argparse.Namespace, name: str, default: Any = None) -> Any:
 
 
 def budget_from(args: argparse.Namespace) -> Budget:
+    """The sizes of every run; its settings are the testbed's (its task), then ``--set``'s."""
     names = ("steps", "prompts", "responses", "updates", "lr", "max_new_tokens", "eval_every", "save_every")
     names += ("val_size", "eval_n", "test_size")
     return Budget(
@@ -241,7 +262,7 @@ def budget_from(args: argparse.Namespace) -> Budget:
         test_n=_pick(args, "test_n", 8),
         test_best=args.test_best,
         threads=args.threads,
-        settings=tuple(args.settings),
+        settings=get_testbed(args.testbed).settings() + tuple(args.settings),
     )
 
 
@@ -271,12 +292,25 @@ def design_from(args: argparse.Namespace) -> matrix.Design:
     )
 
 
-def ensure_model(model_path: str) -> None:
-    """Build the built-in base model once, before any run, if it is the one asked for and missing."""
+def testbed_model(testbed: Testbed, configs: Path, given: str | None) -> str:
+    """The initial policy of every run: ``--model-path``, else the testbed's base model, else (s1)
+    ``src/ebpo/configs/ebpo.yaml``'s (:func:`model_path_from`). Nothing is built here."""
+    if given is None and testbed.model is not None:
+        return testbed.model()
+    return model_path_from(configs, given)
+
+
+def ensure_model(model_path: str, testbed: Testbed | None = None) -> None:
+    """Build the testbed's base model (s1: the built-in one) once, before any run, if it is the one asked for
+    and missing."""
     from ebpo.models.base_model import build_base_model, default_base_model_path
 
     if Path(model_path).exists():
         return
+    if testbed is not None and testbed.model is not None and testbed.build is not None:
+        if model_path == testbed.model():
+            testbed.build()
+            return
     if model_path == str(default_base_model_path()):
         build_base_model()
         return
@@ -285,9 +319,14 @@ def ensure_model(model_path: str) -> None:
     )
 
 
-def describe(plan: matrix.Plan, root: Path, budget: Budget) -> list[str]:
-    """The plan in a few lines: cells, distinct runs, finished, the resolved budget."""
+def describe(plan: matrix.Plan, root: Path, budget: Budget, testbed: Testbed | None = None) -> list[str]:
+    """The plan in a few lines: cells, distinct runs, finished, the testbed, the resolved budget (the testbed's
+    own settings named by the testbed, not spelled out)."""
     from benchmarks.learning.run import read_result
+
+    testbed = testbed or get_testbed(DEFAULT_TESTBED)
+    own = testbed.settings()
+    settings = budget.settings[len(own) :] if budget.settings[: len(own)] == own else budget.settings
 
     runs = plan.runs
     done = sum(read_result(root, spec) is not None for spec in runs)
@@ -297,12 +336,13 @@ def describe(plan: matrix.Plan, root: Path, budget: Budget) -> list[str]:
         by_block[block] = by_block.get(block, 0) + 1
     return [
         f"{len(plan.cells)} cells, {len(runs)} distinct runs ({done} finished, {len(runs) - done} to run) in {root}",
+        f"testbed {testbed.name}: {testbed.title}",
         "cells per block: " + ", ".join(f"{k}: {v}" for k, v in by_block.items()),
         f"budget per run: {budget.steps} steps, P = {budget.prompts} prompts (fixed-prompts), R = {budget.responses} "
         f"responses (equal-responses), {budget.updates} updates per step, lr {budget.lr}, <= {budget.max_new_tokens} "
         f"tokens, validation {budget.val_size} x {budget.eval_n} every {budget.eval_every} steps, test "
         f"{budget.test_size or 'all'} x {budget.test_n}"
-        + (f"; every run also {' '.join(budget.settings)}" if budget.settings else ""),
+        + (f"; every run also {' '.join(settings)}" if settings else ""),
     ]
 
 
@@ -328,13 +368,15 @@ def _main(args: argparse.Namespace, command: str) -> int:
     if plugins:  # and in every run's process (the matrix spawns them)
         args.settings = [*args.settings, f"run.plugins={json.dumps(plugins)}"]
     configs = Path(args.configs_dir) if args.configs_dir else CONFIGS
-    tag = args.tag or ("options" if args.select_options else "quick" if args.quick else "matrix")
+    testbed = get_testbed(args.testbed)
+    mode = "options" if args.select_options else "quick" if args.quick else "matrix"
+    tag = args.tag or testbed.tag_prefix + mode
     root = Path(args.runs_dir) if args.runs_dir else REPO / "runs" / "bench_learning" / tag
-    results_dir = Path(args.results_dir)
+    results_dir = Path(args.results_dir) if args.results_dir else REPO / testbed.results_dir
     best_file = Path(args.best_file) if args.best_file else results_dir / "ebpo_best_options.json"
     budget = budget_from(args).resolve(configs)
     design = design_from(args)
-    model_path = model_path_from(configs, args.model_path)
+    model_path = testbed_model(testbed, configs, args.model_path)
     if args.select_options:
         check_disjoint(tuple(DEFAULTS["seeds"]), design.seeds)
         if PAPER_OPTIONS not in {name.rpartition("/")[2] for name in design.methods or ()}:
@@ -350,7 +392,7 @@ def _main(args: argparse.Namespace, command: str) -> int:
         if args.dry_run:
             _print_runs(plan, root)
         if not args.estimate:
-            print("\n".join(describe(plan, root, budget)))
+            print("\n".join(describe(plan, root, budget, testbed)))
         source = Path(args.estimate_from) if args.estimate_from else root
         try:
             costs = matrix.fit_costs(load_results(source).values())
@@ -367,7 +409,7 @@ def _main(args: argparse.Namespace, command: str) -> int:
         return 0
 
     if not args.report_only:
-        ensure_model(model_path)
+        ensure_model(model_path, testbed)
         outcome = matrix.run_matrix(
             plan.runs, root, jobs=args.jobs, keep_checkpoints=args.keep_checkpoints, command=command, tag=tag
         )

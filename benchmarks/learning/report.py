@@ -28,6 +28,7 @@ from benchmarks.learning.stats import (
     steps_to_threshold,
     validation_auc,
 )
+from benchmarks.learning.testbeds import KIND_ORDER, answer_kinds_of
 from benchmarks.pages import portable_command, portable_path
 
 REFERENCE = "grpo"
@@ -243,20 +244,42 @@ def breakdown_table(rows: Sequence[Row], arm: str, G: int, by: str) -> str:
 
 
 def _kind_order(shares: dict[str, float]) -> list[str]:
-    """The kinds of ``shares`` in ``arith.ANSWER_KINDS`` order (a result read back from disk has its keys
-    sorted alphabetically), any unknown kind last."""
-    from ebpo.tasks.arith import ANSWER_KINDS
+    """The kinds of ``shares`` in ``testbeds.KIND_ORDER`` (``arith.ANSWER_KINDS``, then the gym's; a result read
+    back from disk has its keys sorted alphabetically), any unknown kind last."""
+    return sorted(shares, key=lambda k: (KIND_ORDER.index(k) if k in KIND_ORDER else len(KIND_ORDER), k))
 
-    return sorted(
-        shares, key=lambda k: (ANSWER_KINDS.index(k) if k in ANSWER_KINDS else len(ANSWER_KINDS), k)
-    )
+
+def tested_on(result: dict[str, Any]) -> str:
+    """The test set a result was tested on, as ``ebpo eval`` names it (results from before it was recorded:
+    ``arith``)."""
+    return str(result["test"].get("benchmark", "arith"))
+
+
+def kinds_source(rows: Sequence[Row]) -> str:
+    """The function that sorted the rows' test answers into kinds (``arith.answer_kind``, ...)."""
+    sources = sorted({kinds.source for r in rows if (kinds := answer_kinds_of(tested_on(r.result)))})
+    return ", ".join(f"`{source}`" for source in sources) or "no kinds"
+
+
+SHOWN_SETTING_CHARS = 120
+"""An override longer than this is shown by its key alone on the page (a gym task's settings: the run's
+``spec.json`` holds them whole)."""
+
+
+def shown_override(override: str) -> str:
+    """``key=value`` as the page shows it: whole, or ``key=<N characters, in spec.json>`` when long."""
+    key, _, value = override.partition("=")
+    if len(override) <= SHOWN_SETTING_CHARS:
+        return override
+    return f"{key}=<{len(value)} characters, in each run's spec.json>"
 
 
 def answer_kinds_table(
     rows: Sequence[Row], groups: Sequence[tuple[str, dict[str, Any]]], first: str = "method"
 ) -> str:
-    """The test samples by kind (``arith.answer_kind``: right, near miss, run-on, other, no number), % of all
-    samples, mean ± 95% over seeds, one row per ``(label, where)``: which errors training removed."""
+    """The test samples by kind (``arith.answer_kind``: right, near miss, run-on, other, no number; on a gym task
+    ``gym_recipe.answer_kind``: right, run-on, other, no answer), % of all samples, mean ± 95% over seeds, one
+    row per ``(label, where)``: which errors training removed."""
     out, kinds = [], None
     for label, where in groups:
         shares = [r.result["test"].get("answer_kinds") for r in rows if _match(r, where)]
@@ -333,9 +356,11 @@ def report_markdown(
         "",
         f"- **Model**: {describe_model(first['base_model'])}; training levels {config.get('data', {}).get('levels')}; "
         f"{steps} steps per run.",
-        f"- **Per run**: overrides `{' '.join(o for o in first['spec']['overrides'] if not o.startswith('model.'))}` "
-        f"(this run: {first['label']}); test = first {int(first['test']['num_problems'])} `arith` test problems x "
-        f"{first['spec']['test']['n']} samples at T = {first['spec']['test']['temperature']}, final checkpoint.",
+        "- **Per run**: overrides "
+        f"`{' '.join(shown_override(o) for o in first['spec']['overrides'] if not o.startswith('model.'))}` "
+        f"(this run: {first['label']}); test = first {int(first['test']['num_problems'])} `{tested_on(first)}` test "
+        f"problems x {first['spec']['test']['n']} samples at T = {first['spec']['test']['temperature']}, final "
+        "checkpoint.",
     ]
     lines += run_time_lines(rows, sessions)
     codes = sorted({r.result.get("code_fingerprint", "?") for r in rows})
@@ -379,7 +404,7 @@ def report_markdown(
             )
             if kinds:
                 lines += [
-                    "Test samples by kind of answer (% of all samples; `arith.answer_kind`):",
+                    f"Test samples by kind of answer (% of all samples; {kinds_source(sensitivity_rows)}):",
                     "",
                     kinds,
                     "",
@@ -424,7 +449,7 @@ def report_markdown(
                     breakdown_table(rows, arm, headline, "level"),
                 ),
                 (
-                    f"Test samples by kind of answer, G = {headline} (% of all samples; `arith.answer_kind`)",
+                    f"Test samples by kind of answer, G = {headline} (% of all samples; {kinds_source(arm_rows)})",
                     answer_kinds_table(
                         rows,
                         [

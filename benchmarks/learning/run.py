@@ -28,6 +28,7 @@ from typing import Any
 
 from benchmarks.learning.methods import REPO
 from benchmarks.learning.spec import RunSpec
+from benchmarks.learning.testbeds import answer_kinds_of, benchmark_of
 
 RESULT_FILE = "result.json"
 TEST_SAMPLES = "test_last.jsonl"
@@ -84,13 +85,14 @@ def load_results(root: Path) -> dict[str, dict[str, Any]]:
 
 
 def add_answer_kinds(results: dict[str, dict[str, Any]], root: Path) -> None:
-    """Give each result written before the test's answer kinds were recorded its kinds, from its run's
+    """Give each ``arith`` result written before the test's answer kinds were recorded its kinds, from its run's
     ``test_last.jsonl`` under ``root`` (:func:`backfill_answer_kinds`), in memory. The report calls it; planning
     and time estimates do not need the kinds."""
     gold: dict[str, str] | None = None
     for key, result in results.items():
         samples = Path(root) / key / TEST_SAMPLES
-        if "answer_kinds" not in result.get("test", {}) and samples.is_file():
+        test = result.get("test", {})
+        if "answer_kinds" not in test and test.get("benchmark", "arith") == "arith" and samples.is_file():
             gold = gold if gold is not None else arith_test_answers()
             backfill_answer_kinds(result, samples, gold)
 
@@ -187,16 +189,16 @@ def keep_freed_memory() -> bool:
 
 
 def evaluate_checkpoint(spec: RunSpec, model_dir: Path, cache: Path) -> dict[str, Any]:
-    """Pass@1 (avg@n) and maj@n of ``model_dir`` on the first ``test["size"]`` problems of the ``arith``
-    test set, overall, per topic and per level. Sampling is seeded by the run's seed (common random
-    numbers across the methods of a seed)."""
-    from ebpo.eval import SamplingConfig, evaluate, get_benchmark
+    """Pass@1 (avg@n) and maj@n of ``model_dir`` on the first ``test["size"]`` problems of the test set of the
+    run's task (``testbeds.benchmark_of``: ``arith``'s, or a gym task's test split), overall, per topic and per
+    level, and its samples by kind of answer (``testbeds.answer_kinds_of``). Sampling is seeded by the run's seed
+    (common random numbers across the methods of a seed)."""
+    from ebpo.eval import SamplingConfig, evaluate
     from ebpo.eval.metrics import summarize
-    from ebpo.tasks.arith import answer_kind_shares
 
     t = spec.test_settings
     seed, max_new_tokens = spec.config["run"]["seed"], spec.config["rollout"]["max_new_tokens"]
-    benchmark = get_benchmark("arith")
+    benchmark = benchmark_of(spec.config["data"])
     records = benchmark.load()
     sampling = SamplingConfig(
         n=t["n"],
@@ -223,8 +225,11 @@ def evaluate_checkpoint(spec: RunSpec, model_dir: Path, cache: Path) -> dict[str
         for name, value in result.summary.items()
         if "/" not in name or name.endswith("se_problems")
     }
+    out["benchmark"] = benchmark.name
     by_id = {str(rec.id): rec for rec in records}
-    out["answer_kinds"] = answer_kind_shares((p.answers, by_id[p.id].answer) for p in result.problems)
+    kinds = answer_kinds_of(benchmark.name)
+    if kinds is not None:
+        out["answer_kinds"] = kinds.shares((p.answers, by_id[p.id]) for p in result.problems)
     for attr in ("topic", "level"):
         groups: dict[str, list] = {}
         for problem in result.problems:
