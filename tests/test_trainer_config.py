@@ -480,3 +480,24 @@ def test_aggregation_modes_and_kl_names_come_from_the_losses_module():
         assert load_config(None, [f"algorithm.kl_estimator={kind}"]).algorithm.kl_estimator == kind
     with pytest.raises(ConfigError, match=r"unknown algorithm.kl_estimator 'k4'; valid choices: k1, k2, k3"):
         load_config(None, ["algorithm.kl_estimator=k4"])
+
+
+def test_a_built_in_model_on_another_task_family_gets_one_note_naming_its_preset():
+    """S2 on arith (``model.path=builtin:gym`` without ``--config gym``) is noted, with the preset that trains it
+    on its own mixture; the same family with other options, a data file, or S1 on arith is not."""
+    from ebpo.trainer.cli import task_note
+
+    note = task_note(load_config(overrides=["model.path=builtin:gym"]))
+    assert note == (
+        "note: model.path is the built-in gym base model S2, made for gym tasks; this run trains it on "
+        "data.task=arith (`ebpo train --config gym` trains it on its own)"
+    )
+    s1_on_gym = task_note(load_config(overrides=["model.path=builtin:arith", "data.task=gym:gcd"]))
+    assert s1_on_gym is not None and s1_on_gym.endswith("(`ebpo train --config ebpo` trains it on its own)")
+    for overrides in (
+        [],
+        ["model.path=builtin:gym", "data.task=gym:gcd"],
+        ["model.path=builtin:gym", "data.train_file=problems.jsonl"],
+    ):
+        assert task_note(load_config(overrides=overrides)) is None, overrides
+    assert task_note(load_config("gym")) is None

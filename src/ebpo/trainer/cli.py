@@ -126,6 +126,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"run directory: {trainer.run_dir}", flush=True)
     from ebpo.models.base_model import builtin_recipe
 
+    note = task_note(cfg)
+    if note:
+        print(note, flush=True)
     if cfg.model.path is not None and builtin_recipe(cfg.model.path) is None:
         from ebpo.persist import find_model
 
@@ -168,6 +171,33 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nebpo train: interrupted; the run is complete in {result.run_dir}", file=sys.stderr)
         return 130
     return 0
+
+
+def task_note(cfg: Any) -> str | None:
+    """One line when a built-in model trains on generated problems of a task family other than the one it was made
+    for (S2, ``builtin:gym``, on ``arith``: most likely a forgotten ``--config gym``), naming the preset that trains
+    it on its own task; None otherwise (a data file, or the family it was made for, whatever its options)."""
+    from ebpo.dataclass_cli import read_yaml
+    from ebpo.models.base_model import builtin_recipe
+    from ebpo.trainer.config_files import PRESETS_DIR
+
+    recipe = builtin_recipe(cfg.model.path)
+    if recipe is None or cfg.data.train_file is not None:
+        return None
+    family = recipe.task.split(":")[0]
+    if cfg.data.task.split(":")[0] == family:
+        return None
+    presets = []  # the shipped presets that train it on its own task: one named after it, else ebpo, first
+    for path in sorted(PRESETS_DIR.glob("*.yaml"), key=lambda p: (p.stem != recipe.name, p.stem != "ebpo")):
+        values = read_yaml(path)
+        model, data = values.get("model") or {}, values.get("data") or {}
+        if builtin_recipe(model.get("path")) is recipe and data.get("task", "arith") == recipe.task:
+            presets.append(path.stem)
+    own = f" (`ebpo train --config {presets[0]}` trains it on its own)" if presets else ""
+    return (
+        f"note: model.path is the built-in {recipe.what}, made for {family} tasks; this run trains it on "
+        f"data.task={cfg.data.task}{own}"
+    )
 
 
 def _continue_from(trainer) -> str:
