@@ -5,7 +5,9 @@ model's forward, say): a traceback, and every step since the last periodic check
 :func:`stop_at_step_boundary` the first SIGINT or SIGTERM only sets a flag and prints one notice; the loop
 checks the flag between steps, writes a checkpoint there and raises :class:`Interrupted`, so a resume
 continues exactly as after a planned stop. A second signal stops at once (:class:`StoppedAtOnce`): the
-newest checkpoint is then the one a resume uses.
+newest checkpoint is then the one a resume uses. While a checkpoint is being written
+(:meth:`StopRequest.deferred`) a second signal waits until the write is done, so that it never cuts a save
+short inside the serialiser (where torch turns the interrupt into an error of its own).
 
 Signal handlers can only be installed from the main thread; elsewhere (a trainer run in a worker thread)
 the context does nothing and signals keep their usual effect.
@@ -65,10 +67,28 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.pending: int | None = None  # a second signal that came inside deferred()
+        self._held = 0
 
     @property
     def requested(self) -> bool:
         return self.signum is not None
+
+    @property
+    def holding(self) -> bool:
+        return self._held > 0
+
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        """A block a second signal does not cut short (a checkpoint write): it raises :class:`StoppedAtOnce`
+        when the block ends instead, unless the block raised."""
+        self._held += 1
+        try:
+            yield
+        finally:
+            self._held -= 1
+        if self.pending is not None and not self._held:
+            raise StoppedAtOnce(self.pending)
 
     def interrupted(self, step: int, checkpoint: Path) -> Interrupted:
         assert self.signum is not None  # only called once requested
@@ -86,6 +106,15 @@ def stop_at_step_boundary() -> Iterator[StopRequest]:
         return
 
     def handle(signum: int, frame: FrameType | None) -> None:
+        if request.signum is not None and request.holding:
+            if request.pending is None:
+                request.pending = signum
+                print(
+                    f"\n{signal_name(signum)}: stopping once the checkpoint being written is complete",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return
         if request.signum is not None:
             raise StoppedAtOnce(signum)
         request.signum = signum

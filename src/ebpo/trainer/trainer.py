@@ -29,6 +29,7 @@ batch), ``ebpo.logprobs`` (every log-prob pass, and why its fast paths are exact
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from collections import defaultdict
@@ -150,6 +151,9 @@ class Trainer:
         self.eval_before: dict[str, float] = {}
         self.eval_after: dict[str, float] = {}  # the latest validation
         self.resumed_from: Path | None = checkpoint
+        self._stop: StopRequest | None = (
+            None  # while train() runs: a second signal waits for a checkpoint write
+        )
         if checkpoint is not None:
             self._load_state(checkpoint)
         # resumed in place: its history ends where the checkpoint does; --overwrite: the old run's outputs go
@@ -163,7 +167,11 @@ class Trainer:
         """Run until ``run.steps``; returns the run's summary (also written to ``summary.json``). Ctrl-C or
         SIGTERM stops at the next step boundary with a checkpoint (``interrupt.Interrupted``)."""
         with stop_at_step_boundary() as stop:
-            return self._train(stop)
+            self._stop = stop
+            try:
+                return self._train(stop)
+            finally:
+                self._stop = None
 
     def _train(self, stop: StopRequest) -> TrainResult:
         run = self.cfg.run
@@ -391,9 +399,11 @@ class Trainer:
     def save_checkpoint(
         self, name: str = ckpt.LAST, state: dict | None = None, extra_files: dict | None = None
     ) -> Path:
-        """Write ``checkpoints/<name>`` so that a kill at any moment leaves a complete one; returns its path."""
+        """Write ``checkpoints/<name>`` so that a kill at any moment leaves a complete one; returns its path.
+        During :meth:`train` a second Ctrl-C or SIGTERM waits for the write to finish (``StopRequest.deferred``)."""
         state = state if state is not None else self._state()
-        return ckpt.save_checkpoint(self.run_dir, name, self.model, self.tokenizer, state, extra_files)
+        with self._stop.deferred() if self._stop is not None else contextlib.nullcontext():
+            return ckpt.save_checkpoint(self.run_dir, name, self.model, self.tokenizer, state, extra_files)
 
     def _state(self, rng: dict | None = None, sampler: dict | None = None) -> dict[str, Any]:
         return {
