@@ -135,8 +135,9 @@ def test_a_second_signal_stops_at_once_and_the_newest_checkpoint_resumes_exactly
     _assert_same_as_straight(run, straight_run)
 
 
+@pytest.mark.parametrize("name", ["last", "best"])
 def test_a_second_signal_during_a_checkpoint_write_stops_once_the_write_is_complete(
-    tiny_model_dir, tmp_path, straight, monkeypatch
+    tiny_model_dir, tmp_path, straight, monkeypatch, name
 ):
     """Both signals arrive while a checkpoint's trainer state is being serialised (the moment where torch turned
     the interrupt into an error of its own): the write completes, then the run stops at once; the checkpoint
@@ -148,7 +149,7 @@ def test_a_second_signal_during_a_checkpoint_write_stops_once_the_write_is_compl
     sent = []
 
     def signalled_save(state, path):
-        if path.parent.name == ".last.tmp" and not sent:  # checkpoints/last's first save (step 2)
+        if path.parent.name == f".{name}.tmp" and state["step"] >= 2 and not sent:  # a save after step 2
             sent.append(state["step"])
             os.kill(os.getpid(), signal.SIGINT)
             os.kill(os.getpid(), signal.SIGINT)  # without the deferral this raised here, mid-save
@@ -159,7 +160,7 @@ def test_a_second_signal_during_a_checkpoint_write_stops_once_the_write_is_compl
         trainer.train()
     monkeypatch.undo()
     newest = checkpoint_module.newest_intact(run)
-    assert newest is not None and newest[0] == run / "checkpoints" / "last"  # the save in progress completed
+    assert newest is not None and newest[0] == run / "checkpoints" / name  # the save in progress completed
     assert newest[1] == sent[0] == trainer.step
     Trainer(_config(tiny_model_dir), resume=newest[0]).train()
     _assert_same_as_straight(run, straight_run)

@@ -198,8 +198,8 @@ class Trainer:
         try:
             if self.resumed_from is None:  # step 0: validation before training
                 self.eval_before = self.eval_after = self.evaluate()
+                logger.log(0, self.eval_before)  # before the best checkpoint, which a resume may start from
                 self._keep_if_best(self.eval_before)
-                logger.log(0, self.eval_before)
             while self.step < run.steps:
                 if stop.requested:  # Ctrl-C or SIGTERM meanwhile: a checkpoint here, then stop
                     raise stop.interrupted(self.step, self.save_checkpoint(ckpt.LAST))
@@ -207,11 +207,15 @@ class Trainer:
                 self.step += 1
                 # 7. validation (keeping the best checkpoint by maj@k), the metrics line, the periodic checkpoint
                 final = self.step == run.steps
-                if final or (run.eval_every and self.step % run.eval_every == 0):
+                evaluated = final or bool(run.eval_every and self.step % run.eval_every == 0)
+                if evaluated:
                     self.eval_after = self.evaluate()
                     metrics.update(self.eval_after)
-                    self._keep_if_best(self.eval_after)
+                # the step's line first: a run stopped after the best checkpoint below resumes from it with
+                # every line up to its step
                 logger.log(self.step, metrics)
+                if evaluated:
+                    self._keep_if_best(self.eval_after)
                 history.append({"step": self.step, **metrics})
                 if final or (run.save_every and self.step % run.save_every == 0):
                     self.save_checkpoint(ckpt.LAST)
