@@ -199,8 +199,7 @@ def time_trl(setting: Setting, work_dir: Path) -> tuple[list[float], list[float]
     from transformers import AutoTokenizer, TrainerCallback
 
     from ebpo.data.prompts import PromptFormat, conversation, prompt_text
-    from ebpo.integrations.trl import EBPOConfig, EBPOTrainer
-    from ebpo.rewards import get_reward
+    from ebpo.integrations.trl import EBPOConfig, EBPOTrainer, reward_function
     from ebpo.tasks import get_task, task_options
 
     s = setting
@@ -214,12 +213,6 @@ def time_trl(setting: Setting, work_dir: Path) -> tuple[list[float], list[float]
             "answer": [str(r.answer) for r in records],
         }
     )
-    scorer = get_reward(task.reward or task.name)
-
-    def task_reward(completions, answer, **kwargs):
-        # a conversational completion is a list of messages: its text is the assistant's
-        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        return scorer.batch(texts, answer)
 
     class StepTimer(TrainerCallback):
         def __init__(self) -> None:
@@ -264,7 +257,11 @@ def time_trl(setting: Setting, work_dir: Path) -> tuple[list[float], list[float]
     )
     timer = StepTimer()
     trainer = EBPOTrainer(
-        model=s.model, reward_funcs=task_reward, args=args, train_dataset=dataset, callbacks=[timer]
+        model=s.model,
+        reward_funcs=reward_function(task.reward or task.name),
+        args=args,
+        train_dataset=dataset,
+        callbacks=[timer],
     )
     trainer.train()
     return rounds_from_update_times(timer.wall_s, s.updates), rounds_from_update_times(timer.cpu_s, s.updates)

@@ -214,17 +214,11 @@ def to_dataset(records, prompt_format):
 
 
 def make_reward(name: str):
-    from ebpo.rewards import get_reward
+    """TRL's reward function for ebpo's reward ``name`` (``ebpo.integrations.trl.reward_function``: conversational
+    completions are scored on the assistant's message)."""
+    from ebpo.integrations.trl import reward_function
 
-    scorer = get_reward(name)
-
-    def verifiable_reward(completions, answer, **kwargs):
-        # a conversational completion is a list of messages: its text is the assistant's message
-        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        return scorer.batch(texts, answer)
-
-    verifiable_reward.__name__ = name
-    return verifiable_reward
+    return reward_function(name)
 
 
 def validation(trainer, records, script: ScriptArguments, config) -> dict[str, float]:

@@ -52,7 +52,24 @@ from ebpo.persist import load_torch, save_torch_atomic
 from ebpo.plugins import load_plugins
 from ebpo.registry import check_choice
 
-__all__ = ["ESTIMATOR_STATE_FILE", "EBPOConfig", "EBPOTrainer"]
+__all__ = ["ESTIMATOR_STATE_FILE", "EBPOConfig", "EBPOTrainer", "reward_function"]
+
+
+def reward_function(name: str) -> Any:
+    """A TRL reward function (``reward_funcs=``) that scores with ebpo's reward ``name`` (``ebpo.rewards``, e.g.
+    ``arith``, ``math``, ``gym``) against the dataset's ``answer`` column; a conversational completion (a list of
+    messages) is scored on its last message, the assistant's. An unknown name raises ``ValueError``. TRL logs
+    it as ``rewards/<name>/...``."""
+    from ebpo.rewards import get_reward
+
+    scorer = get_reward(name)
+
+    def reward(completions: list[Any], answer: list[str], **kwargs: Any) -> list[float]:
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return scorer.batch(texts, answer)
+
+    reward.__name__ = name
+    return reward
 
 
 @contextmanager

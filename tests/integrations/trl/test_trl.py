@@ -748,3 +748,18 @@ def test_a_damaged_estimator_state_is_one_line_on_resume(tiny_model_dir, tmp_pat
     assert message.endswith(
         "; resume from an earlier checkpoint-N folder, or delete the file to start from an empty prior"
     )
+
+
+def test_reward_function_scores_plain_and_conversational_completions_with_our_reward():
+    from ebpo.integrations.trl import reward_function
+
+    reward = reward_function("arith")
+    assert reward.__name__ == "arith"  # TRL logs rewards/arith/...
+    assert reward(["12", "7"], ["12", "8"]) == [1.0, 0.0]
+    conversation = [{"role": "user", "content": "5 + 7 = ?"}, {"role": "assistant", "content": "12"}]
+    assert reward([conversation, [conversation[0], {"role": "assistant", "content": "5"}]], ["12", "12"]) == [
+        1.0,
+        0.0,
+    ]
+    with pytest.raises(ValueError, match="unknown reward 'nope'; valid choices: arith"):
+        reward_function("nope")
