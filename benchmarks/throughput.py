@@ -328,7 +328,7 @@ def model_task(model: str | None) -> tuple[str, str]:
 
     from ebpo.models.base_model import builtin_recipe
 
-    recipe = builtin_recipe(model) if model != "random" else None
+    recipe = builtin_recipe(model)  # None for random and for a path
     if recipe is None:
         return "arith", "{}"
     options = yaml.safe_dump(dict(recipe.task_options), default_flow_style=True, width=10**9).strip()
