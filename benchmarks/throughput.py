@@ -324,15 +324,13 @@ def format_table(setting: Setting, ours: Timing, trl: Timing, repeats: int, mode
 def model_task(model: str | None) -> tuple[str, str]:
     """(task, its options as a YAML flow mapping) that ``--model`` was made for: a built-in model's recipe's,
     else ``arith``."""
-    import yaml
-
     from ebpo.models.base_model import builtin_recipe
+    from ebpo.tasks import task_options_text
 
     recipe = builtin_recipe(model)  # None for random and for a path
     if recipe is None:
         return "arith", "{}"
-    options = yaml.safe_dump(dict(recipe.task_options), default_flow_style=True, width=10**9).strip()
-    return recipe.task, options
+    return recipe.task, task_options_text(recipe.task_options)
 
 
 def resolve_model(args: argparse.Namespace, tmp: Path) -> tuple[str, str]:

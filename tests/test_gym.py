@@ -18,7 +18,7 @@ import reasoning_gym  # noqa: E402
 
 from ebpo.errors import ConfigError  # noqa: E402
 from ebpo.rewards import get_reward  # noqa: E402
-from ebpo.tasks import get_task, list_tasks, task_options  # noqa: E402
+from ebpo.tasks import get_task, list_tasks, task_options, task_options_text  # noqa: E402
 from ebpo.tasks.gym import (
     decode_entry,  # noqa: E402
     encode_entry,  # noqa: E402
@@ -198,6 +198,12 @@ def test_unknown_names_and_settings_are_one_line_listing_the_valid_ones():
     assert task_options("{gcd: {max_value: 9}}", "--task-options") == {"gcd": {"max_value": 9}}
     with pytest.raises(ValueError, match="--task-options: expected a mapping"):
         task_options("[1, 2]", "--task-options")
+    # and back: one line that reads as it was written, the mixture's integer level keys included
+    from ebpo.models.gym_recipe import MIXTURE
+
+    text = task_options_text(MIXTURE)
+    assert "\n" not in text and task_options(text, "x") == MIXTURE
+    assert task_options_text({}) == "{}" and task_options("{}", "x") == {}
 
 
 def test_a_dataset_whose_entries_do_not_survive_json_is_refused():

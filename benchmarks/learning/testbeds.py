@@ -59,12 +59,10 @@ def _s2_config() -> Any:
 
 
 def _s2_settings() -> tuple[str, ...]:
-    import yaml
-
     from ebpo.models.gym_recipe import MIXTURE, TASK
+    from ebpo.tasks import task_options_text
 
-    mixture = yaml.safe_dump(MIXTURE, default_flow_style=True, width=1 << 20).strip()
-    return (f"data.task={TASK}", f"data.task_options={mixture}")
+    return (f"data.task={TASK}", f"data.task_options={task_options_text(MIXTURE)}")
 
 
 def _s2_model() -> str:

@@ -284,9 +284,9 @@ def with_model_task(cfg: DiagnoseConfig) -> DiagnoseConfig:
         return dataclasses.replace(cfg, task="arith")
     options = cfg.task_options
     if options is None and recipe.task_options:
-        import yaml
+        from ebpo.tasks import task_options_text
 
-        options = yaml.safe_dump(dict(recipe.task_options), default_flow_style=True, width=10**6).strip()
+        options = task_options_text(recipe.task_options)
     return dataclasses.replace(cfg, task=recipe.task, task_options=options)
 
 

@@ -14,7 +14,7 @@ a family's task is built from the part after the colon and the options ``get_tas
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ebpo.registry import Registry
@@ -64,6 +64,14 @@ def task_options(text: str | None, flag: str) -> dict[str, Any]:
     return options
 
 
+def task_options_text(options: Mapping[str, Any]) -> str:
+    """``options`` as one line of YAML (a flow mapping, ``{}`` for none) that :func:`task_options` and a
+    ``data.task_options=...`` override read back as they were, integer level keys included."""
+    import yaml
+
+    return yaml.safe_dump(dict(options), default_flow_style=True, width=1 << 30).strip()
+
+
 def _gym_task(datasets: str, **settings: Any) -> Task:
     from ebpo.tasks.gym import make_task
 
@@ -84,4 +92,12 @@ register_task(
 
 register_task_family("gym", _gym_task, pattern="<dataset>[,<dataset>...]")
 
-__all__ = ["Task", "get_task", "list_tasks", "register_task", "register_task_family", "task_options"]
+__all__ = [
+    "Task",
+    "get_task",
+    "list_tasks",
+    "register_task",
+    "register_task_family",
+    "task_options",
+    "task_options_text",
+]
