@@ -21,6 +21,7 @@ pytest.importorskip(
 
 from ebpo.models import base_model as bm  # noqa: E402
 from ebpo.models import gym_recipe as gr  # noqa: E402
+from ebpo.models import kernels  # noqa: E402
 
 SHIPPED = bm.GYM_SHIPPED_DIR
 
@@ -60,12 +61,29 @@ def test_the_shipped_weights_load_as_a_qwen3_chat_model(info):
     )
 
 
+@pytest.mark.golden
 def test_the_first_sft_steps_rebuild_bit_for_bit(info):
-    here = bm.platform_info()
-    recorded = {key: info.get(key) for key in here}
-    if recorded != here:
-        pytest.skip(f"built with {recorded}, here {here}: float rounding may differ in the last bits")
+    """Natively (no kernel pinned): holds on the torch, ATen capability and CPU the build recorded (MKL's
+    kernels follow the CPU's vendor and model, not only its instruction set); elsewhere it skips, naming them."""
+    reason = kernels.platform_difference(info)
+    if reason:
+        pytest.skip(reason)
+    assert info["prefix_steps"] == bm.PREFIX_STEPS
     assert bm.train_prefix_sha256(gr.GymBaseModelConfig()) == info["prefix_sha256"]
+
+
+@pytest.mark.golden
+def test_the_first_sft_steps_rebuild_bit_for_bit_in_portable_mode(info):
+    """With ATen, oneDNN and MKL pinned and square roots computed portably (``ebpo.models.kernels``): one
+    recorded hash on every x86-64 CPU with AVX2, Intel or AMD, with or without AVX-512 or AMX (for the torch
+    release it was recorded with; skipped on another, naming both)."""
+    reason = kernels.portable_difference(info)
+    if reason:
+        pytest.skip(reason)
+    sha, capability = kernels.portable_prefix_sha256(gr.GymBaseModelConfig(), info["prefix_steps"])
+    if sha is None:
+        pytest.skip(capability)
+    assert sha == info["portable_prefix_sha256"]
 
 
 def test_build_base_model_returns_the_shipped_directory_without_training(monkeypatch, tmp_path):

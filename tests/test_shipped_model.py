@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from ebpo.models import base_model as bm
-from ebpo.models import recipe, sft
+from ebpo.models import kernels, recipe, sft
 
 
 @pytest.fixture(scope="module")
@@ -61,18 +61,29 @@ def test_the_shipped_weights_are_the_recorded_ones_and_load(info):
     assert tokenizer.decode(tokenizer("max(3,9,4)=")["input_ids"]) == "max(3,9,4)="
 
 
+@pytest.mark.golden
 def test_the_first_sft_steps_rebuild_bit_for_bit(info):
-    """Holds for the torch version and CPU kernel set the shipped model was built with, which its
-    build_info.json records (docs/base_model.md names them); elsewhere it skips, naming both."""
-    here = bm.platform_info()
-    recorded = {key: info.get(key) for key in here}
-    if recorded != here:
-        pytest.skip(
-            f"holds for torch {recorded['torch']} with {recorded['cpu_capability']} kernels (the shipped build's); "
-            f"here torch {here['torch']}, {here['cpu_capability']}: float rounding may differ in the last bits"
-        )
+    """Natively (no kernel pinned): holds on the torch, ATen capability and CPU the build recorded (MKL's
+    kernels follow the CPU's vendor and model, not only its instruction set); elsewhere it skips, naming them."""
+    reason = kernels.platform_difference(info)
+    if reason:
+        pytest.skip(reason)
     assert info["prefix_steps"] == bm.PREFIX_STEPS
     assert bm.train_prefix_sha256(recipe.BaseModelConfig()) == info["prefix_sha256"]
+
+
+@pytest.mark.golden
+def test_the_first_sft_steps_rebuild_bit_for_bit_in_portable_mode(info):
+    """With ATen, oneDNN and MKL pinned and square roots computed portably (``ebpo.models.kernels``): one
+    recorded hash on every x86-64 CPU with AVX2, Intel or AMD, with or without AVX-512 or AMX (for the torch
+    release it was recorded with; skipped on another, naming both)."""
+    reason = kernels.portable_difference(info)
+    if reason:
+        pytest.skip(reason)
+    sha, capability = kernels.portable_prefix_sha256(recipe.BaseModelConfig(), info["prefix_steps"])
+    if sha is None:
+        pytest.skip(capability)
+    assert sha == info["portable_prefix_sha256"]
 
 
 def test_build_base_model_returns_the_shipped_directory_without_training(monkeypatch, tmp_path):

@@ -119,6 +119,12 @@ def backfill_answer_kinds(result: dict[str, Any], samples: Path, gold: dict[str,
         result["test"]["answer_kinds"] = shares
 
 
+def _platform_info() -> dict[str, str]:
+    from ebpo.models.kernels import platform_info
+
+    return platform_info()
+
+
 def code_fingerprint() -> str:
     """12 hex digits over every ``src/ebpo`` Python file: results with different fingerprints ran different
     library code (the report says so)."""
@@ -296,6 +302,7 @@ def execute(
         "command": command,
         "base_model": base_model,
         "code_fingerprint": code_fingerprint(),
+        "platform": _platform_info(),  # a rerun reproduces this result to the bit only on the same platform
         "steps": trained.step,
         "val_best_maj": trained.best_score,
         "val_best_step": trained.best_step,

@@ -196,10 +196,10 @@ class _OneThread:
 
 
 def platform_info() -> dict[str, str]:
-    """What bit-for-bit reproduction of a build depends on besides the recipe: torch and its CPU kernels."""
-    import torch
+    """What a native build's last bits depend on besides the recipe (:func:`ebpo.models.kernels.platform_info`)."""
+    from ebpo.models.kernels import platform_info as info
 
-    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    return info()
 
 
 def train_prefix_sha256(config: Any = None, steps: int = PREFIX_STEPS) -> str:
@@ -212,8 +212,18 @@ def train_prefix_sha256(config: Any = None, steps: int = PREFIX_STEPS) -> str:
     return state_dict_sha256(model)
 
 
-def _train(config: Any, progress: bool, describe_target: str):
-    """The build proper: fresh model, prefix hash, full SFT. Returns (model, tokenizer, info)."""
+def _portable_prefix(config: Any, steps: int) -> dict[str, str]:
+    """The prefix hash in portable mode (``ebpo.models.kernels``) and torch's release, as ``build_info.json``
+    records them; empty where this CPU cannot take the portable kernels."""
+    from ebpo.models.kernels import portable_prefix_sha256, torch_release
+
+    sha, _ = portable_prefix_sha256(config, steps)
+    return {"portable_prefix_sha256": sha, "portable_torch": torch_release()} if sha else {}
+
+
+def _train(config: Any, progress: bool, describe_target: str, *, portable: bool = False):
+    """The build proper: fresh model, prefix hash (also in portable mode when ``portable``), full SFT.
+    Returns (model, tokenizer, info)."""
     recipe = recipe_of(config)
     started, cpu_started = time.perf_counter(), time.process_time()
     with _OneThread():
@@ -227,6 +237,7 @@ def _train(config: Any, progress: bool, describe_target: str):
             )
         prefix = min(PREFIX_STEPS, config.steps)
         prefix_sha = train_prefix_sha256(config, prefix)  # what the guard test retrains
+        portable_prefix = _portable_prefix(config, prefix) if portable else {}
         model, tokenizer = recipe.new_model(config)  # the full run starts from the same initial weights
         losses = recipe.train(model, tokenizer, config, progress=progress)
         weights_sha = state_dict_sha256(model)
@@ -240,6 +251,7 @@ def _train(config: Any, progress: bool, describe_target: str):
         **platform_info(),
         "prefix_steps": prefix,
         "prefix_sha256": prefix_sha,
+        **portable_prefix,
         "weights_sha256": weights_sha,
         "loss_every_100_steps": losses[::100],
         "final_loss": losses[-1] if losses else None,
@@ -269,6 +281,7 @@ def build_base_model(
     progress: bool = True,
     cache_dir: str | Path | None = None,
     out_dir: str | Path | None = None,
+    portable: bool = False,
 ) -> Path:
     """The directory of the base model of ``config`` (any recipe's config; default: S1's default, the shipped
     one); builds it if needed.
@@ -276,7 +289,9 @@ def build_base_model(
     Order: the shipped model if it holds ``config``'s recipe (unless ``force`` or ``out_dir``); else a
     finished build in ``out_dir`` or the cache with the same key (unless ``force``); else a new build
     there. The directory loads with ``AutoModelForCausalLM`` / ``AutoTokenizer.from_pretrained``; its
-    ``build_info.json`` holds the recipe, key, hashes, loss curve and the validation grid.
+    ``build_info.json`` holds the recipe, key, hashes, loss curve and the validation grid; with ``portable``
+    (a build to ship: ``ebpo base-model --out``) also the prefix hash in portable mode, which
+    ``check_base_model`` and the guard tests compare on any CPU.
     """
     config = config or BaseModelConfig()
     if not force and out_dir is None:
@@ -290,7 +305,7 @@ def build_base_model(
         return path
 
     started = time.perf_counter()
-    model, tokenizer, info = _train(config, progress, str(path))
+    model, tokenizer, info = _train(config, progress, str(path), portable=portable)
     grid = measure_grid(model, tokenizer, config, split="validation", progress=progress)
     info["grid_validation"] = grid
     info["build_seconds"] = time.perf_counter() - started
@@ -336,11 +351,14 @@ def _grid_of(evaluate: Callable[..., dict[str, Any]]) -> Callable[..., dict[str,
     return grid
 
 
-def check_base_model(config: Any = None, *, progress: bool = True) -> list[str]:
+def check_base_model(config: Any = None, *, progress: bool = True) -> tuple[list[str], list[str]]:
     """Rebuild ``config`` (default recipe) in full and compare it with the shipped build, tensor by tensor.
 
-    Returns the differences found (empty: the shipped weights are exactly what the recipe builds here).
-    A different torch version or CPU kernel set can change the last bits of a build; the message says so.
+    Returns ``(problems, notes)``; notes only where this machine is not the build's platform. On the platform the build recorded (torch, ATen's kernels, the CPU:
+    :func:`platform_info`) every difference is a problem. Elsewhere the full weights can differ in their last
+    bits whatever the recipe, so their differences are notes, and what decides is the prefix hash in portable
+    mode (``ebpo.models.kernels``), which holds on any CPU with AVX2: a portable prefix that differs from the
+    recorded one is a problem everywhere.
     """
     import torch
     from safetensors.torch import load_file
@@ -348,8 +366,9 @@ def check_base_model(config: Any = None, *, progress: bool = True) -> list[str]:
     config = config or BaseModelConfig()
     shipped = recipe_of(config).shipped_dir
     problems: list[str] = []
+    notes: list[str] = []
     if not is_built(shipped):
-        return [f"no shipped model in {shipped}"]
+        return [f"no shipped model in {shipped}"], notes
     shipped_info = load_build_info(shipped)
     if shipped_info.get("key") != config.key():
         problems.append(
@@ -358,24 +377,52 @@ def check_base_model(config: Any = None, *, progress: bool = True) -> list[str]:
         )
     here = platform_info()
     differs = {k: (shipped_info.get(k), v) for k, v in here.items() if shipped_info.get(k) != v}
+    from ebpo.models.kernels import portable_difference, portable_prefix_sha256
+
+    recorded_portable = portable_difference(shipped_info) is None
+    if not recorded_portable and "portable_prefix_sha256" in shipped_info:
+        notes.append(f"portable prefix not checked: {portable_difference(shipped_info)}")
+    if recorded_portable:
+        portable, capability = portable_prefix_sha256(config, shipped_info.get("prefix_steps", PREFIX_STEPS))
+        if portable is None:
+            notes.append(f"portable prefix not checked: {capability}")
+        elif portable != shipped_info["portable_prefix_sha256"]:
+            problems.append(
+                f"the hash after the first {PREFIX_STEPS} SFT steps in portable mode differs from the recorded "
+                "one: the recipe's data, initialisation, optimizer or schedule changed"
+            )
+        elif differs:
+            notes.append(
+                f"the first {PREFIX_STEPS} SFT steps in portable mode equal the recorded ones bit for bit"
+            )
     model, _, info = _train(config, progress, "memory (check)")
     rebuilt = {name: tensor.detach() for name, tensor in model.state_dict().items()}
     saved = load_file(str(shipped / "model.safetensors"))
+    weights: list[str] = []
     for name, tensor in saved.items():
         if name not in rebuilt:
             problems.append(f"tensor {name} is in the shipped model but not in the rebuild")
         elif rebuilt[name].shape != tensor.shape or not torch.equal(rebuilt[name], tensor):
-            problems.append(f"tensor {name} differs")
+            weights.append(f"tensor {name} differs")
     if info["weights_sha256"] != shipped_info.get("weights_sha256"):
-        problems.append("the hash of the rebuilt weights differs from the recorded weights_sha256")
+        weights.append("the hash of the rebuilt weights differs from the recorded weights_sha256")
     if info["prefix_sha256"] != shipped_info.get("prefix_sha256"):
-        problems.append(f"the hash after the first {PREFIX_STEPS} SFT steps differs from the recorded one")
-    if problems and differs:
-        problems.append(
-            "note: this machine differs from the build machine in "
+        weights.append(f"the hash after the first {PREFIX_STEPS} SFT steps differs from the recorded one")
+    if not differs:
+        problems.extend(weights)
+    elif weights:
+        notes.extend(weights)
+        notes.append(
+            "these differences are float rounding only if the portable prefix matched: this machine differs from "
+            "the build's in "
             + ", ".join(f"{k} (built with {old}, here {new})" for k, (old, new) in differs.items())
         )
-    return problems
+    if differs and not recorded_portable:
+        problems.append(
+            "this machine differs from the build's platform and the portable prefix could not be compared: "
+            "nothing here can tell a changed recipe from float rounding"
+        )
+    return problems, notes
 
 
 def _arith_evaluate_grid(*args: Any, **kwargs: Any) -> dict[str, Any]:

@@ -125,16 +125,28 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     if args.check:
-        problems = check_base_model(config, progress=not args.quiet)
+        problems, notes = check_base_model(config, progress=not args.quiet)
         if problems:
             print("ebpo base-model --check: the rebuild differs from the shipped model:")
-            for line in problems:
+            for line in problems + notes:
                 print(f"  - {line}")
             return 1
+        if notes:
+            print(
+                "ebpo base-model --check: the recipe is the shipped one (this machine cannot rebuild its bits):"
+            )
+            for line in notes:
+                print(f"  - {line}")
+            return 0
         print("ebpo base-model --check: the rebuild equals the shipped model bit for bit")
         return 0
     path = build_base_model(
-        config, force=args.force, progress=not args.quiet, cache_dir=args.cache_dir, out_dir=args.out
+        config,
+        force=args.force,
+        progress=not args.quiet,
+        cache_dir=args.cache_dir,
+        out_dir=args.out,
+        portable=args.out is not None,
     )
     if args.grid and not args.quiet:
         import torch
