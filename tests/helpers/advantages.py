@@ -145,8 +145,8 @@ class LoopEBPO:
         mu = self._wmean(h["r"])
         sigma2 = self._wvar(h["r"]) if self.o["sigma2"] == "total" else self._wmean(h["vars"])
         tau2 = self._wvar(h["means"])
-        if self.o["tau2"] == "latent":
-            tau2 = max(tau2 - sigma2 * self._wmean(h["inv"]), self.o["tau2_floor"])
+        if self.o["tau2"] == "latent":  # the within-group variance is subtracted, whichever sigma2
+            tau2 = max(tau2 - self._wmean(h["vars"]) * self._wmean(h["inv"]), self.o["tau2_floor"])
         return mu, sigma2, tau2
 
     def observe(self, rewards, index, cluster=None):

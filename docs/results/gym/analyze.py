@@ -3,6 +3,7 @@
     .venv/bin/python docs/results/gym/analyze.py diagnose                   # diagnose/'s tables (README.md)
     .venv/bin/python docs/results/gym/analyze.py rates 2.5e-5=CSV 5e-5=CSV 1e-4=CSV [2e-4=CSV ...]
     .venv/bin/python docs/results/gym/analyze.py verdicts CSV [CSV ...]     # the pre-registered comparisons
+    .venv/bin/python docs/results/gym/analyze.py replication                # the three blocks of the verdicts
 
 ``diagnose`` reads the four runs of ``ebpo diagnose`` in ``diagnose/`` (``<model>-<loss>``: the base model S2 and
 the GRPO run's step-50 checkpoint, under GRPO's loss and under EBPO's own) and prints, per G, the paired
@@ -19,11 +20,18 @@ contains 0.
 prints each pre-registered comparison over every seed they hold: validation AUC (primary) and test Pass@1
 (secondary), paired by seed, 95% t-interval, and its outcome (above 0: confirmed; below 0: refuted; containing 0:
 not shown; for the sensitivity check: PASS when either interval excludes 0, the benchmark's rule).
+
+``replication`` puts the verdict cells' blocks side by side: seeds 0-9 and 10-19 (this folder's CSVs) and seeds
+61-70, a block run outside the study with the pre-registration's command (EBPO-naive and EBPO-topic left out),
+read from ``$EBPO_SHARED/data/replications/`` (``../shared`` beside the clone by default); each comparison per
+block, over the first twenty seeds and over all three blocks. Without the third block's file it says so in one
+line and prints the first two.
 """
 
 from __future__ import annotations
 
 import csv
+import os
 import signal
 import sys
 from pathlib import Path
@@ -255,6 +263,50 @@ def rates(pairs: list[str]) -> str:
     return "\n".join(lines)
 
 
+BLOCKS = (
+    ("seeds 0-9", HERE / "learning_s2_verdicts_cells.csv"),
+    ("seeds 10-19", HERE / "learning_s2_verdicts_seeds10-19_cells.csv"),
+)
+THIRD_BLOCK = ("seeds 61-70", Path("data/replications/s2_verdicts_seeds61-70_cells.csv"))
+"""The third block, relative to the shared folder (``$EBPO_SHARED``, else ``../shared`` beside the clone)."""
+
+
+def shared_dir() -> Path:
+    return Path(os.environ.get("EBPO_SHARED", HERE.parents[3] / "shared"))
+
+
+def replication(third: Path | None = None) -> tuple[str, str | None]:
+    """(the table, why the third block is missing or None): each comparison's paired interval per block, over
+    the first two blocks together and over every block found."""
+    third = shared_dir() / THIRD_BLOCK[1] if third is None else third
+    blocks = [(label, [path]) for label, path in BLOCKS]
+    missing = None
+    if third.is_file():
+        blocks.append((THIRD_BLOCK[0], [third]))
+    else:
+        missing = (
+            f"the third block ({THIRD_BLOCK[0]}) is not at {third} (a clone without ../shared; set EBPO_SHARED to "
+            "the folder that holds data/replications): the first two blocks only"
+        )
+    pooled = [("seeds 0-19", [path for _, path in BLOCKS])]
+    if missing is None:
+        pooled.append(("all three blocks", [path for _, paths in blocks for path in paths]))
+    columns = blocks + pooled
+    loaded = [(label, load_cells([str(p) for p in paths])) for label, paths in columns]
+    lines = [
+        "| comparison | metric | " + " | ".join(label for label, _ in columns) + " |",
+        "|---|---|" + "---|" * len(columns),
+    ]
+    for label, cell, reference in COMPARISONS:
+        for metric, name in (("auc", "validation AUC"), ("pass1", "test Pass@1")):
+            texts = []
+            for _, cells in loaded:
+                ci = paired_ci(by_seed(cells, *cell, metric), by_seed(cells, *reference, metric))
+                texts.append(f"{interval(ci)} (n = {ci.n})" if ci.n else "-")
+            lines.append(f"| {label} | {name} | " + " | ".join(texts) + " |")
+    return "\n".join(lines), missing
+
+
 if __name__ == "__main__":
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head`: end as a shell tool does when its reader exits
     command, args = (sys.argv[1], sys.argv[2:]) if len(sys.argv) > 1 else ("", [])
@@ -264,5 +316,10 @@ if __name__ == "__main__":
         print(rates(args))
     elif command == "verdicts" and args:
         print(verdicts(args))
+    elif command == "replication" and not args:
+        table, missing = replication()
+        if missing:
+            print(f"skipped: {missing}", file=sys.stderr)
+        print(table)
     else:
         sys.exit(__doc__)

@@ -74,8 +74,11 @@ class EBPOOptions:
     tau2: Literal["raw", "latent"] = field(
         default="raw",
         metadata={
-            "help": "Between-prompt variance: `raw` (paper: Var of group means) or `latent` "
-            "(max(Var(means) - sigma2 E[1/G], tau2_floor), the textbook Empirical Bayes estimate)."
+            "help": "Between-prompt variance: `raw` (paper: Var of group means, which holds the latent "
+            "between-prompt variance plus the sampling noise of each mean) or `latent` (max(Var(means) - "
+            "sigma2_within E[1/G], tau2_floor), sigma2_within the pooled within-group variance whatever `sigma2` "
+            "is: the method-of-moments estimate of the latent variance). With `sigma2=pooled`, `latent` gives the "
+            "textbook Empirical Bayes shrinkage; docs/design.md §2 says what each tau2 x sigma2 pair estimates."
         },
     )
     tau2_floor: float = field(
@@ -157,9 +160,10 @@ EBPO_CHOICES: dict[str, tuple[str, ...]] = {
 
 class _Prior:
     """One EBPO prior: W_glob (rewards), W_means (group means), W_within (group variances, for
-    ``sigma2="pooled"``) and W_inv_size (1/G_m, for ``tau2="latent"``), all with one memory policy.
+    ``sigma2="pooled"`` and ``tau2="latent"``) and W_inv_size (1/G_m, for ``tau2="latent"``), all with one
+    memory policy.
 
-    ``pooled`` / ``latent``: whether W_within / W_inv_size are kept up to date. Only those options read
+    ``pooled`` / ``latent``: whether W_within / W_inv_size are kept up to date. Only the options named read
     them; otherwise they stay as they are (in the state all the same, so that checkpoints have one format).
     """
 
@@ -268,7 +272,8 @@ class EBPOEstimator(AdvantageEstimator):
         return _Prior(self.half_life, **self._prior_reads())
 
     def _prior_reads(self) -> dict[str, bool]:
-        return {"pooled": self.sigma2_mode == "pooled", "latent": self.tau2_mode == "latent"}
+        latent = self.tau2_mode == "latent"
+        return {"pooled": self.sigma2_mode == "pooled" or latent, "latent": latent}
 
     def _read(self, prior: _Prior) -> tuple[float, float, float]:
         """Algorithm 1, lines 8-10: (mu_glob, sigma2, tau2) of one prior.
@@ -276,14 +281,19 @@ class EBPOEstimator(AdvantageEstimator):
         sigma2: ``total`` (paper) the variance of every reward seen, within + between prompts; ``pooled``
         (docs/design.md §2) the running mean of per-group sample variances (groups with G >= 2), the hierarchical
         model's within-group variance. tau2: ``raw`` (paper, Remark on between-group variance) the variance
-        of group means; ``latent`` (docs/design.md §2) max(Var(means) - sigma2 * E[1/G], tau2_floor), E[1/G] over the
-        same groups as Var(means).
+        of group means; ``latent`` (docs/design.md §2) max(Var(means) - sigma2_within * E[1/G], tau2_floor),
+        E[1/G] over the same groups as Var(means). Under the hierarchical model (latent rate p_m, rewards
+        drawn around it) Var(means) estimates tau2 + E[sigma2_within / G], so the within-group variance is
+        what is subtracted, with either ``sigma2``: the total variance holds tau2 itself, and subtracting it
+        would estimate tau2 (1 - E[1/G]). While no group of two or more has been seen sigma2_within is 0 and
+        the latent tau2 is the raw one.
         """
         mu_glob = prior.W_glob.mean
-        sigma2 = prior.W_glob.var if self.sigma2_mode == "total" else prior.W_within.mean
+        sigma2_within = prior.W_within.mean  # pooled within-group variance (groups with G >= 2)
+        sigma2 = prior.W_glob.var if self.sigma2_mode == "total" else sigma2_within
         tau2 = prior.W_means.var
         if self.tau2_mode == "latent":
-            tau2 = max(tau2 - sigma2 * prior.W_inv_size.mean, self.tau2_floor)
+            tau2 = max(tau2 - sigma2_within * prior.W_inv_size.mean, self.tau2_floor)
         return mu_glob, sigma2, tau2
 
     def _group_clusters(self, batch: Batch) -> tuple[list[Hashable], torch.Tensor]:

@@ -277,46 +277,95 @@ def _write_rows(rows: list[dict[str, Any]], path: Path) -> None:
     write_text_atomic(path, text.getvalue())
 
 
+PLOTTED = ("baseline_error", "cosine")
+"""The figure's two panels: each estimator's difference against ``compare_to`` in these metrics."""
+
+
+@dataclass(frozen=True)
+class DifferenceSeries:
+    """One line of the figure: ``estimator`` minus ``compare_to`` in ``metric`` at each G, paired by batch, with
+    its paired 95% t-interval (the table's Δ column: ``<metric>_diff`` and its ``_low`` / ``_high``)."""
+
+    estimator: str
+    metric: str
+    G: list[int]
+    value: list[float]
+    low: list[float]
+    high: list[float]
+
+
+def difference_series(summary: Summary, compare_to: str) -> list[DifferenceSeries]:
+    """The lines the figure draws: for each metric of :data:`PLOTTED` and each estimator but ``compare_to``, in
+    the rows' order, its paired difference against ``compare_to`` per G (ascending)."""
+    labels = list(dict.fromkeys(row["estimator"] for row in summary.rows))
+    out = []
+    for metric in PLOTTED:
+        for label in labels:
+            if label == compare_to:
+                continue
+            rows = sorted((r for r in summary.rows if r["estimator"] == label), key=lambda r: r["G"])
+            name = f"{metric}_diff"
+            out.append(
+                DifferenceSeries(
+                    label,
+                    metric,
+                    [int(r["G"]) for r in rows],
+                    [float(r[name]) for r in rows],
+                    [float(r[f"{name}_low"]) for r in rows],
+                    [float(r[f"{name}_high"]) for r in rows],
+                )
+            )
+    return out
+
+
 def write_plot(result: DiagnoseResult, summary: Summary, path: Path) -> None:
-    """Two panels against G (log scale), one line per estimator with its 95% interval: the baseline error
-    (with Theorem 2's sigma2/G and (1 - S*) sigma2/G dashed), and the cosine with the reference gradient."""
+    """Two panels against G (log scale), one line per estimator: its paired difference against ``compare_to``
+    with the paired 95% interval (:func:`difference_series`, the table's Δ), in the baseline error (with Theorem
+    2's best possible difference, (1 - S*) sigma2/G - sigma2/G, dashed) and in the cosine with the reference
+    gradient. The lines are set slightly apart along G so that their intervals do not hide one another."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    base = result.config.compare_to
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     sizes = [p["G"] for p in summary.pool]
-    for spec in result.specs:
-        rows = [r for r in summary.rows if r["estimator"] == spec.label]
-        for ax, metric in zip(axes, ("baseline_error", "cosine")):
-            value = np.array([r[metric] for r in rows])
-            low = np.array([r[f"{metric}_low"] for r in rows])
-            high = np.array([r[f"{metric}_high"] for r in rows])
+    series = difference_series(summary, base)
+    count = max(1, len(series) // len(PLOTTED))
+    for ax, metric in zip(axes, PLOTTED):
+        lines = [line for line in series if line.metric == metric]
+        for i, line in enumerate(lines):
+            offset = 2 ** (0.04 * (i - (count - 1) / 2))  # apart along the log-2 axis
+            value, low, high = (np.array(x, dtype=float) for x in (line.value, line.low, line.high))
+            yerr = np.nan_to_num([value - low, high - value], nan=0.0)
             ax.errorbar(
-                [r["G"] for r in rows],
-                value,
-                yerr=[value - low, high - value],
-                marker="o",
-                capsize=3,
-                label=spec.label,
+                [G * offset for G in line.G], value, yerr=yerr, marker="o", capsize=3, label=line.estimator
             )
+        ax.axhline(0.0, color="k", lw=0.8)
     axes[0].plot(
-        sizes, [p["group_mean_mse"] for p in summary.pool], "k--", lw=1, label="sigma2/G (group mean)"
+        sizes,
+        [p["optimal_mse"] - p["group_mean_mse"] for p in summary.pool],
+        "k--",
+        lw=1,
+        label="(1-S*) sigma2/G - sigma2/G (Theorem 2's best)",
     )
-    axes[0].plot(
-        sizes, [p["optimal_mse"] for p in summary.pool], "k:", lw=1, label="(1-S*) sigma2/G (optimal)"
+    axes[0].set_ylabel(f"baseline MSE minus {base}'s")
+    axes[1].set_ylabel(f"cosine with the reference gradient minus {base}'s")
+    titles = (
+        f"Baseline error against {base} (below 0: closer to the success rate)",
+        f"Gradient alignment against {base} (above 0: better aligned)",
     )
-    axes[0].set_ylabel("baseline MSE against the success rate")
-    axes[0].set_yscale("log")
-    axes[1].set_ylabel("cosine with the reference gradient")
-    for ax, title in zip(axes, ("Baseline error (lower is better)", "Gradient alignment (higher is better)")):
+    for ax, title in zip(axes, titles):
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [str(G) for G in sizes])
         ax.set_xlabel("G (responses per prompt)")
-        ax.set_title(title)
-        ax.legend(fontsize=7)
-    fig.suptitle(f"ebpo diagnose: {result.config.model}", fontsize=10)
+        ax.set_title(title, fontsize=10)
+        if ax.get_legend_handles_labels()[0]:  # nothing to label when compare_to is the only estimator
+            ax.legend(fontsize=7)
+    fig.suptitle(
+        f"ebpo diagnose: {result.config.model}; differences paired by batch, 95% intervals", fontsize=10
+    )
     fig.tight_layout()
     image = io.BytesIO()
     fig.savefig(image, dpi=110, format="png")
