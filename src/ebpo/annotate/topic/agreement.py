@@ -38,10 +38,10 @@ def load_hand_labels(path: str | Path, data_dir: str | Path | None = None) -> li
     ``path`` is JSONL with ``id``, ``source`` (one of the five evaluation sets), ``line`` (0-based row of
     that set), ``label`` (one of :data:`TOPICS`) and optional ``split`` (``dev``: seen while writing the
     rules and descriptions; ``heldout``: labelled after they were frozen). The problem text is the set's
-    prompt, read by :func:`ebpo.data.loaders.load_benchmark`: from ``data_dir`` (our JSON Lines files, else
+    prompt, read by :func:`ebpo.eval.benchmarks.load_benchmark`: from ``data_dir`` (our JSON Lines files, else
     ``$EBPO_DATA_DIR``), else from its hub copy.
     """
-    from ebpo.data.loaders import load_benchmark
+    from ebpo.eval.benchmarks import load_benchmark
 
     rows: list[dict[str, str]] = []
     problems: dict[str, list[str]] = {}
