@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from ebpo.data.loaders import BENCHMARKS, load_benchmark
+from ebpo.eval.benchmarks import PAPER_BENCHMARKS, load_benchmark
 from ebpo.rewards.math import MathReward, _parse_cached
 from ebpo.rewards.pool import shutdown_all_pools
 
@@ -40,7 +40,7 @@ _INT = re.compile(r"\d+")
 
 
 def completions_and_golds() -> tuple[list[str], list[str]]:
-    golds = [r.answer for name in BENCHMARKS for r in load_benchmark(name)]
+    golds = [r.answer for name in PAPER_BENCHMARKS for r in load_benchmark(name)]
     right = ["... so the answer is \\boxed{" + _DOLLAR.sub("", g) + "}." for g in golds]
     wrong = []
     for gold in golds:

@@ -204,7 +204,7 @@ def train(
 ) -> tuple[float, Any]:
     """``ebpo train`` (its command line, in this process) with ``preset``; (seconds, metrics rows)."""
     from ebpo.cli import main as ebpo_main
-    from ebpo.trainer.metrics_log import read_metrics
+    from ebpo.trackers import read_metrics
 
     run_dir = work / name
     argv = [

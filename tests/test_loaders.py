@@ -10,13 +10,10 @@ import pytest
 
 from ebpo.data import loaders
 from ebpo.data.loaders import (
-    BENCHMARK_INSTRUCTION,
-    BENCHMARKS,
     RowError,
     apply_chat_template,
     get_schema,
     list_schemas,
-    load_benchmark,
     load_hub,
     load_jsonl,
     load_parquet,
@@ -26,6 +23,8 @@ from ebpo.data.loaders import (
     write_records,
 )
 from ebpo.data.records import Record
+from ebpo.eval import benchmarks as eval_benchmarks
+from ebpo.eval.benchmarks import BENCHMARK_INSTRUCTION, PAPER_BENCHMARKS, load_benchmark
 
 # Row counts of each set (our JSON Lines files and the hub copies at their pinned revisions).
 EXPECTED_ROWS = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "olympiadbench": 674}
@@ -39,7 +38,7 @@ def _write_lines(path: Path, lines: list[str]) -> Path:
 # -- the five evaluation sets: our JSON Lines files ---------------------------------------------------
 
 
-@pytest.mark.parametrize("name", BENCHMARKS)
+@pytest.mark.parametrize("name", PAPER_BENCHMARKS)
 def test_load_benchmark_reads_every_row(benchmark_dir, name):
     records = load_benchmark(name, data_dir=benchmark_dir)
     assert len(records) == EXPECTED_ROWS[name]
@@ -62,7 +61,7 @@ def test_data_dir_env_names_the_folder(benchmark_dir, monkeypatch):
 
 def test_missing_file_in_the_data_dir_and_unknown_name(monkeypatch, tmp_path):
     monkeypatch.setenv("EBPO_DATA_DIR", str(tmp_path))
-    with pytest.raises(loaders.BenchmarkUnavailableError) as info:
+    with pytest.raises(eval_benchmarks.BenchmarkUnavailableError) as info:
         load_benchmark("aime25")
     assert str(info.value) == (
         f"benchmark aime25: {tmp_path / 'aime25.jsonl'} not found; --data-dir (or $EBPO_DATA_DIR) must name a "
@@ -143,7 +142,7 @@ def _write_hub_copy(root: Path, name: str, rows: list[dict]) -> Path:
     elif name in ("aime24", "amc23"):  # one Parquet shard
         pq.write_table(pa.Table.from_pylist(rows), folder / "test-00000-of-00001.parquet")
     else:  # OlympiadBench: one folder per config, named in the dataset card's YAML header
-        config = loaders.HUB_BENCHMARKS[name].config
+        config = eval_benchmarks.HUB_BENCHMARKS[name].config
         data = folder / "OlympiadBench" / str(config)
         data.mkdir(parents=True)
         string = pa.string()
@@ -186,7 +185,9 @@ def hub_copies(tmp_path, monkeypatch):
     def write(name: str, rows: list[dict]) -> list[Record]:
         folder = _write_hub_copy(tmp_path / "hub", name, rows)
         monkeypatch.setitem(
-            loaders.HUB_BENCHMARKS, name, replace(loaders.HUB_BENCHMARKS[name], dataset=str(folder))
+            eval_benchmarks.HUB_BENCHMARKS,
+            name,
+            replace(eval_benchmarks.HUB_BENCHMARKS[name], dataset=str(folder)),
         )
         return load_benchmark(name, cache_dir=tmp_path / "datasets-cache")
 
@@ -240,7 +241,7 @@ def test_hub_copy_with_a_bad_row_names_the_dataset_row_and_field(hub_copies):
     assert "revision 83a7f387baaa" in str(info.value)
 
 
-@pytest.mark.parametrize("name", BENCHMARKS)
+@pytest.mark.parametrize("name", PAPER_BENCHMARKS)
 def test_hub_copy_of_our_files_gives_the_same_records(benchmark_dir, hub_copies, name):
     """Every problem of our JSON Lines copy, written in the hub copy's layout and value types, loads back
     through the hub path as the same records (ids, prompts, answers): the same cache key in ``ebpo eval``."""
@@ -264,9 +265,9 @@ def test_hub_table_pins_every_set_and_the_call_passes_it(monkeypatch, tmp_path):
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     monkeypatch.delenv("EBPO_DATA_DIR", raising=False)
-    assert sorted(loaders.HUB_BENCHMARKS) == sorted(BENCHMARKS)
-    for bench in BENCHMARKS:
-        hub = loaders.HUB_BENCHMARKS[bench]
+    assert sorted(eval_benchmarks.HUB_BENCHMARKS) == sorted(PAPER_BENCHMARKS)
+    for bench in PAPER_BENCHMARKS:
+        hub = eval_benchmarks.HUB_BENCHMARKS[bench]
         assert len(hub.revision) == 40 and int(hub.revision, 16) >= 0  # a full commit hash
         assert hub.rows == EXPECTED_ROWS[bench]
         assert load_benchmark(bench)[0].answer == "1"
@@ -284,7 +285,7 @@ def test_unreachable_hub_is_one_line_naming_benchmark_dataset_and_flag(monkeypat
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
     monkeypatch.delenv("EBPO_DATA_DIR", raising=False)
-    with pytest.raises(loaders.BenchmarkUnavailableError) as info:
+    with pytest.raises(eval_benchmarks.BenchmarkUnavailableError) as info:
         load_benchmark("amc23")
     assert str(info.value) == (
         "benchmark amc23: cannot load math-ai/amc23 (split test, revision 80815d37005f) from the Hugging Face "

@@ -25,7 +25,7 @@ from ebpo.persist import DirectoryInUse, DirectoryLock
 from ebpo.trainer import checkpoint as checkpoint_module
 from ebpo.trainer import setup as trainer_setup
 from ebpo.trainer.config_files import load_config
-from ebpo.trainer.metrics_log import read_metrics
+from ebpo.trackers import read_metrics
 from ebpo.trainer.trainer import Trainer
 from helpers.trainer import final_params, tiny_config, training_rows
 
@@ -413,7 +413,7 @@ def test_reward_counters_reach_the_metrics(tiny_model_dir, tmp_path):
 def test_non_finite_metric_values_are_never_stored(tmp_path):
     # A NaN loss (say) must not reach metrics.jsonl: the value is left out, a nonfinite/ marker takes its
     # place, and the warning names metric and step. allow_nan=False in json.dumps is the last guard.
-    from ebpo.trainer.metrics_log import MetricsLogger
+    from ebpo.trackers import MetricsLogger
 
     logger = MetricsLogger(tmp_path)
     with pytest.warns(RuntimeWarning) as warned:

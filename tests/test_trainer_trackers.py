@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from ebpo.errors import ConfigError
-from ebpo.trainer.metrics_log import MetricsLogger, TrackerError, check_trackers, mlflow_metric_name
+from ebpo.trackers import MetricsLogger, TrackerError, check_trackers, mlflow_metric_name
 from ebpo.trainer.setup import check_setup
 from ebpo.trainer.trainer import Trainer
 from helpers.trackers import (
@@ -58,7 +58,7 @@ def killed_in_step(step: int, trainer: Trainer, monkeypatch) -> None:
 
 def jsonl(run_dir) -> dict[int, dict[str, float]]:
     """step -> metrics of ``metrics.jsonl``."""
-    from ebpo.trainer.metrics_log import read_metrics
+    from ebpo.trackers import read_metrics
 
     return {int(row.pop("step")): row for row in read_metrics(run_dir)}
 
@@ -85,7 +85,7 @@ def test_mlflow_metric_names():
 def test_mlflow_calls_keep_a_tracking_servers_limits():
     # a tracking server takes at most 1000 metrics and 100 parameters a call: 2500 -> 1000 + 1000 + 500,
     # 250 -> 100 + 100 + 50, each written through
-    from ebpo.trainer.metrics_log import _log_batches
+    from ebpo.trackers.mlflow import _log_batches
 
     calls = []
 
@@ -183,13 +183,13 @@ def test_a_wandb_run_its_process_did_not_close_is_replaced(tiny_model_dir, tmp_p
     # its tracker runs. wandb's service writes a run's log in blocks, so a run its process did not close may
     # lack the last steps: it is replaced (history replayed). MLflow writes each call through and TensorBoard
     # flushes each step, so their runs continue.
-    from ebpo.trainer import metrics_log
+    from ebpo.trackers import runs
 
     wandb_dir, uri = offline
     run = tmp_path / "run"
     with monkeypatch.context() as killed_process, pytest.raises(Killed):
         # a killed process ends none of its tracker runs
-        killed_process.setattr(metrics_log.TrackerRuns, "close", lambda self, status="finished": None)
+        killed_process.setattr(runs.TrackerRuns, "close", lambda self, status="finished": None)
         killed_in_step(3, Trainer(tiny_config(tiny_model_dir, "run.steps=4", ALL), run_dir=run), monkeypatch)
     killed = saved_runs(run)
     assert not killed["wandb"]["closed"] and not killed["mlflow"]["closed"]

@@ -238,7 +238,7 @@ def test_a_refused_write_during_training_is_one_line_and_the_last_checkpoint_res
 
 def test_no_traceback_from_tensorboards_writer_thread(tiny_model_dir, tmp_path, monkeypatch, capfd):
     # the thread prints its own traceback unless told not to; the main thread raises the error once
-    from ebpo.trainer.metrics_log import MetricsLogger
+    from ebpo.trackers import MetricsLogger
 
     logger = MetricsLogger(tmp_path)
     logger.log(0, {"a": 1.0})

@@ -26,8 +26,14 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors",),  # ConfigError: no ebpo imports
-    ("registry", "welford", "persist"),  # persist: atomic writes, journals, run directories
+    ("errors",),  # ConfigError, first_line: no ebpo imports
+    (
+        "registry",
+        "welford",
+        "persist",
+        "tables",
+        "stats",
+    ),  # persist: atomic writes, journals, run directories
     ("plugins",),  # a user's code, imported before any name is looked up
     ("dataclass_cli",),  # settings from YAML, overrides and flags; every command's start (plugins first)
     ("advantages", "losses"),  # the algorithm's math: estimators and policy losses
@@ -41,6 +47,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("eval",),  # metrics and the evaluation harness
     ("models",),  # the arith base model: recipe, SFT, build, its grid (measured with eval's metrics)
     ("annotate", "simulate"),  # dataset annotation; the estimators' Monte Carlo study
+    ("trackers",),  # metrics.jsonl and the experiment trackers, for the trainer and ebpo diagnose
     ("trainer",),  # the reference trainer
     (
         "diagnostics",

@@ -30,6 +30,7 @@ from benchmarks.learning.stats import (
 )
 from benchmarks.learning.testbeds import KIND_ORDER, answer_kinds_of
 from benchmarks.pages import portable_command, portable_path
+from ebpo.tables import markdown_table  # the one markdown-table writer (re-exported here)
 
 REFERENCE = "grpo"
 """Paired differences are taken against each arm's GRPO."""
@@ -71,11 +72,6 @@ METRICS = {
     "reward": Metric("train reward %", _curve("reward/mean"), 100.0, 1),
 }
 """Per-run values (dynamics: mean over training steps >= 1)."""
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 def by_seed(rows: Sequence[Row], metric: str, **where: Any) -> dict[int, float]:

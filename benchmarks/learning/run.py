@@ -251,7 +251,7 @@ def execute(
     spec: RunSpec, root: Path, *, keep_checkpoints: bool = False, command: str = ""
 ) -> dict[str, Any]:
     """Train and test one run (or continue it); write and return its ``result.json``."""
-    from ebpo.trainer.metrics_log import read_metrics
+    from ebpo.trackers import read_metrics
 
     done = read_result(root, spec)
     if done is not None:

@@ -19,25 +19,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-T_975 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
-"""t_{0.975, df} for df = 1..30 (3 decimals), used only when scipy cannot be imported. A matrix has a
-handful of seeds, so df <= 30 covers it; above 30 the df-30 value (2.042) is used, wider than the exact
-quantile (1.96 as df grows), so the interval errs on the safe side."""
-
-
-def t_quantile(df: int) -> float:
-    """Two-sided 95% Student t quantile t_{0.975, df}: scipy's when installed, else :data:`T_975`."""
-    if df < 1:
-        raise ValueError(f"t_quantile needs df >= 1, got {df}")
-    try:
-        from scipy import stats
-    except ImportError:
-        return T_975[min(df, len(T_975)) - 1]
-    return float(stats.t.ppf(0.975, df))
+from ebpo.stats import t_quantile  # the one t quantile (exact; scipy is no dependency of ebpo)
 
 
 @dataclass(frozen=True)

@@ -548,7 +548,7 @@ class RunDirectory:
         checkpoints/best/    the same at the best validation maj@k, + best.json
         summary.json         written at the end
         training.png         written at the end
-        trackers.json        the runs of the experiment trackers it reports to (``ebpo.trainer.metrics_log``)
+        trackers.json        the runs of the experiment trackers it reports to (``ebpo.trackers``)
         .lock                while a process trains in it (:class:`DirectoryLock`)
 
     Its life: :meth:`claim` takes the lock; :meth:`check` refuses a fresh run where a run already is (and

@@ -8,7 +8,6 @@ import sys
 
 import pytest
 from benchmarks.learning.stats import (
-    T_975,
     MeanCI,
     curve_mean,
     mean_ci,
@@ -18,6 +17,8 @@ from benchmarks.learning.stats import (
     t_quantile,
     validation_auc,
 )
+
+from ebpo import stats as ebpo_stats
 
 
 def test_mean_ci_by_hand():
@@ -55,14 +56,14 @@ def test_a_difference_is_signed_and_bold_only_when_its_interval_excludes_zero():
     assert MeanCI(0.5, 0.1, 4).format_difference(scale=1.0, digits=2) == "**+0.50 ± 0.10**"
 
 
-def test_t_quantile_matches_scipy_and_falls_back_to_a_wider_table(monkeypatch):
+def test_t_quantile_is_ebpos_and_matches_scipy_with_or_without_it(monkeypatch):
     stats = pytest.importorskip("scipy.stats")
-    for df in range(1, 31):
+    assert t_quantile is ebpo_stats.t_quantile  # imported, not a copy
+    for df in (*range(1, 31), 100):
         assert t_quantile(df) == pytest.approx(stats.t.ppf(0.975, df), abs=1e-9)
-        assert T_975[df - 1] == pytest.approx(stats.t.ppf(0.975, df), abs=5e-4)  # the table, 3 decimals
-    monkeypatch.setitem(sys.modules, "scipy", None)  # import scipy now fails: the table is used
-    assert t_quantile(3) == 3.182 and t_quantile(30) == 2.042
-    assert t_quantile(100) == 2.042 > stats.t.ppf(0.975, 100)  # beyond the table: df 30's, wider
+    monkeypatch.setitem(sys.modules, "scipy", None)  # import scipy now fails: the same exact values
+    assert t_quantile(3) == pytest.approx(3.1824463052837078, abs=1e-9)  # scipy 1.17's t.ppf(0.975, 3)
+    assert t_quantile(100) == pytest.approx(1.9839715185235518, abs=1e-9)  # scipy's; not df 30's 2.042
     with pytest.raises(ValueError, match="df >= 1"):
         t_quantile(0)
 

@@ -8,9 +8,9 @@ distinct rewards and the policy loss has a gradient; :data:`FLAKY` makes it fail
 from __future__ import annotations
 
 from ebpo import rewards
+from ebpo.trackers import EXCLUDED_FROM_REPRODUCIBILITY, read_metrics
 from ebpo.trainer.config import TrainConfig
 from ebpo.trainer.config_files import load_config
-from ebpo.trainer.metrics_log import EXCLUDED_FROM_REPRODUCIBILITY, read_metrics
 
 FLAKY = {"armed": False, "fail_first": "", "calls": 0}
 """Switches of the test reward: when armed, a completion whose first character is in ``fail_first``

@@ -21,8 +21,9 @@ ids are taken from the row when it has one (``id``, ``unique_id``), else ``"<sou
 a hash of the prompt text (stable under de-duplication). Ids are unique within a source: evaluation caches,
 annotation resumes and training logs match results to records by id.
 
-The five evaluation sets (:func:`load_benchmark`) come from the Hugging Face hub at pinned revisions
-(:data:`HUB_BENCHMARKS`), or from our JSON Lines files in a folder the user names.
+The schemas themselves are in :mod:`ebpo.data.schemas`; the five evaluation sets (``load_benchmark``, their hub
+copies at pinned revisions) in :mod:`ebpo.eval.benchmarks`, which reads our JSON Lines files of them from the
+folder :func:`benchmark_dir` names.
 
 Heavy imports (``pyarrow``, ``datasets``) happen inside the functions that need them.
 """
@@ -30,30 +31,23 @@ Heavy imports (``pyarrow``, ``datasets``) happen inside the functions that need 
 from __future__ import annotations
 
 import codecs
-import hashlib
 import json
 import logging
 import os
-import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import Any
 
 from ebpo.data.prompts import apply_chat_template  # re-exported: where the chat template is applied
 from ebpo.data.records import Record
+from ebpo.data.schemas import RowError, Schema, _FieldError, get_schema, list_schemas, register_schema
 from ebpo.persist import write_bytes_atomic, write_text_atomic
-from ebpo.registry import Registry
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "BENCHMARKS",
-    "BENCHMARK_INSTRUCTION",
     "DATA_DIR_ENV",
-    "HUB_BENCHMARKS",
-    "BenchmarkUnavailableError",
-    "HubBenchmark",
     "LoadResult",
     "RowError",
     "Schema",
@@ -61,9 +55,7 @@ __all__ = [
     "benchmark_dir",
     "get_schema",
     "list_schemas",
-    "load_benchmark",
     "load_hub",
-    "load_hub_benchmark",
     "load_jsonl",
     "load_parquet",
     "load_records",
@@ -74,252 +66,6 @@ __all__ = [
     "write_parquet",
     "write_records",
 ]
-
-
-class RowError(ValueError):
-    """A row that does not fit its schema; the message names the file, line or row, and field."""
-
-    def __init__(self, message: str, *, source: str = "", position: str = "", field: str | None = None):
-        self.source, self.position, self.field, self.reason = source, position, field, message
-        where = ", ".join(p for p in (source, position, f"field {field!r}" if field else "") if p)
-        super().__init__(f"{where}: {message}" if where else message)
-
-
-class _FieldError(ValueError):
-    """Raised by a schema's mapping; :func:`records_from_rows` adds the file and position."""
-
-    def __init__(self, field: str, message: str):
-        self.field, self.message = field, message
-        super().__init__(f"field {field!r}: {message}")
-
-
-# -- schemas ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Schema:
-    """How one row becomes a record.
-
-    ``to_record(row, index, source)`` returns a :class:`Record` or raises ``_FieldError``; ``dedupe_by_prompt``
-    keeps only the first row of each prompt text.
-    """
-
-    name: str
-    to_record: Callable[[Mapping[str, Any], int, str], Record]
-    description: str
-    dedupe_by_prompt: bool = False
-
-
-_SCHEMAS: Registry[Schema] = Registry("schema")
-
-
-def register_schema(
-    name: str, description: str, *, dedupe_by_prompt: bool = False
-) -> Callable[
-    [Callable[[Mapping[str, Any], int, str], Record]], Callable[[Mapping[str, Any], int, str], Record]
-]:
-    """Decorator: register ``to_record(row, index, source) -> Record`` as schema ``name``."""
-
-    def decorate(
-        fn: Callable[[Mapping[str, Any], int, str], Record],
-    ) -> Callable[[Mapping[str, Any], int, str], Record]:
-        _SCHEMAS.register(name, Schema(name, fn, description, dedupe_by_prompt))
-        return fn
-
-    return decorate
-
-
-def list_schemas() -> list[str]:
-    """Registered schema names, sorted."""
-    return _SCHEMAS.names()
-
-
-def get_schema(name: str | Schema) -> Schema:
-    """A schema by name; unknown names raise ``ValueError`` listing the valid ones."""
-    if isinstance(name, Schema):
-        return name
-    return _SCHEMAS.get(name)
-
-
-@overload
-def _text(
-    row: Mapping[str, Any], name: str, *, required: Literal[True] = True, numbers: bool = True
-) -> str: ...
-@overload
-def _text(row: Mapping[str, Any], name: str, *, required: bool, numbers: bool = True) -> str | None: ...
-def _text(row: Mapping[str, Any], name: str, *, required: bool = True, numbers: bool = True) -> str | None:
-    """A non-empty string column. With ``numbers`` (answers, ids: AIME answers are often ints) a number is
-    converted to its text (an integral float without its ``.0``); prompts and labels (``numbers=False``) must be strings, so a shifted column or a
-    stray number fails here, naming the row, instead of later inside the tokenizer."""
-    if name not in row or row[name] is None:
-        if required:
-            raise _FieldError(name, "missing")
-        return None
-    value = row[name]
-    allowed = (str, int, float) if numbers else (str,)
-    if isinstance(value, bool) or not isinstance(value, allowed):
-        raise _FieldError(name, f"expected a string, got {type(value).__name__}")
-    if isinstance(value, float) and value.is_integer():  # AMC 2023's hub copy stores 27 as 27.0
-        value = int(value)
-    text = value if isinstance(value, str) else str(value)
-    if required and not text.strip():
-        raise _FieldError(name, "empty")
-    return text
-
-
-def _row_id(row: Mapping[str, Any], index: int, source: str, *keys: str) -> str:
-    for key in keys:
-        if row.get(key) not in (None, ""):
-            return str(row[key])
-    return f"{source}-{index:04d}"
-
-
-def _level(row: Mapping[str, Any], name: str = "level") -> int | None:
-    value = row.get(name)
-    if value in (None, ""):
-        return None
-    if isinstance(value, str):  # "Level 3" in the original MATH release
-        value = value.rsplit(" ", 1)[-1]
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise _FieldError(name, f"expected an integer level, got {value!r}") from None
-
-
-@register_schema("shared", "our benchmark JSON Lines files (--data-dir): problem, answer")
-def _shared(row: Mapping[str, Any], index: int, source: str) -> Record:
-    return Record(
-        id=_row_id(row, index, source, "id"),
-        prompt=_text(row, "problem", numbers=False),
-        answer=_text(row, "answer"),
-        source=source,
-    )
-
-
-@register_schema("math500", "MATH-500 (HuggingFaceH4/MATH-500): problem, answer, subject, level, unique_id")
-def _math500(row: Mapping[str, Any], index: int, source: str) -> Record:
-    return Record(
-        id=_row_id(row, index, source, "unique_id", "id"),
-        prompt=_text(row, "problem", numbers=False),
-        answer=_text(row, "answer"),
-        topic=_text(row, "subject", required=False, numbers=False),
-        level=_level(row),
-        source=source,
-    )
-
-
-_BOXED_ONLY_RE = re.compile(r"\s*\\boxed\s*\{(.*)\}\s*", re.DOTALL)  # the whole field is one \boxed{...}
-
-
-def _aime(row: Mapping[str, Any], index: int, source: str) -> Record:
-    """``answer`` (int or string), else ``solution`` when it is one ``\\boxed{...}``: math-ai/aime24 has no
-    ``answer`` column and stores the bare answer as ``\\boxed{204}`` there (a worked solution is refused)."""
-    if row.get("answer") is None and isinstance(row.get("solution"), str):
-        boxed = _BOXED_ONLY_RE.fullmatch(row["solution"])
-        if boxed is None or not boxed.group(1).strip():
-            raise _FieldError("solution", "no answer column and no \\boxed{...} answer in the solution")
-        answer = boxed.group(1).strip()
-    else:
-        answer = _text(row, "answer")
-    return Record(
-        id=_row_id(row, index, source, "id", "ID"),
-        prompt=_text(row, "problem", numbers=False),
-        answer=answer,
-        source=source,
-    )
-
-
-register_schema(
-    "aime24", "AIME hub copies: problem, answer (int or string; else the \\boxed{} of solution), optional id"
-)(_aime)
-register_schema("aime25", "AIME 2025 (math-ai/aime25): problem, answer, id; the same mapping as aime24")(
-    _aime
-)
-
-
-@register_schema("amc23", "AMC 2023 (math-ai/amc23): question, answer (a float: 27.0 -> '27'), optional id")
-def _amc23(row: Mapping[str, Any], index: int, source: str) -> Record:
-    return Record(
-        id=_row_id(row, index, source, "id"),
-        prompt=_text(row, "question", numbers=False),
-        answer=_text(row, "answer"),
-        source=source,
-    )
-
-
-@register_schema("olympiadbench", "OlympiadBench: question, final_answer (list of strings), optional id")
-def _olympiadbench(row: Mapping[str, Any], index: int, source: str) -> Record:
-    answers = row.get("final_answer")
-    if answers is None:
-        raise _FieldError("final_answer", "missing")
-    if isinstance(answers, str):
-        answers = [answers]
-    answers = [a for a in list(answers) if isinstance(a, str) and a.strip()]
-    if not answers:
-        raise _FieldError("final_answer", "expected a non-empty list of strings")
-    extra = {k: row[k] for k in ("subfield", "answer_type", "unit") if row.get(k) not in (None, "")}
-    return Record(
-        id=_row_id(row, index, source, "id"),
-        prompt=_text(row, "question", numbers=False),
-        answer=",".join(answers),
-        source=source,
-        extra=extra,
-    )
-
-
-@register_schema(
-    "dapo_math_17k",
-    "DAPO-Math-17k: prompt (chat messages), reward_model.ground_truth, data_source; de-duplicated by prompt",
-    dedupe_by_prompt=True,
-)
-def _dapo_math_17k(row: Mapping[str, Any], index: int, source: str) -> Record:
-    messages = row.get("prompt")
-    if isinstance(messages, str):
-        messages = [{"role": "user", "content": messages}]
-    if not isinstance(messages, list | tuple) or not messages:
-        raise _FieldError("prompt", "expected a non-empty list of chat messages")
-    users = [m for m in messages if isinstance(m, Mapping) and m.get("role") == "user"]
-    if not users or not isinstance(users[-1].get("content"), str) or not users[-1]["content"].strip():
-        raise _FieldError("prompt", "no user message with text content")
-    reward_model = row.get("reward_model")
-    if not isinstance(reward_model, Mapping):
-        raise _FieldError("reward_model", "missing or not a mapping")
-    try:
-        answer = _text(reward_model, "ground_truth")
-    except _FieldError as err:
-        raise _FieldError("reward_model.ground_truth", err.message) from None
-    prompt = users[-1]["content"]
-    return Record(
-        id=f"dapo-{hashlib.sha1(prompt.encode()).hexdigest()[:12]}",
-        prompt=prompt,
-        answer=answer,
-        source=_text(row, "data_source", required=False) or source,
-        extra={"messages": [dict(m) for m in messages]},
-    )
-
-
-@register_schema("records", "our own format: Record.to_dict() rows (id, prompt, answer, topic, ...)")
-def _records(row: Mapping[str, Any], index: int, source: str) -> Record:
-    record_id, answer = _text(row, "id"), _text(row, "answer")
-    _text(row, "prompt", numbers=False)
-    for name in ("topic", "source"):
-        _text(row, name, required=False, numbers=False)
-    record = Record.from_dict({k: v for k, v in row.items() if v is not None or k == "extra"})
-    record.id, record.answer = record_id, answer
-    if record.difficulty is not None and not isinstance(record.difficulty, int | float):
-        raise _FieldError("difficulty", f"expected a number, got {record.difficulty!r}")
-    if record.level is not None:
-        record.level = _level(row)
-    if isinstance(record.extra, str):  # write_records stores ``extra`` as JSON text in Parquet
-        try:
-            record.extra = json.loads(record.extra)
-        except json.JSONDecodeError:
-            raise _FieldError("extra", "not valid JSON") from None
-    if record.extra is None:
-        record.extra = {}
-    if not isinstance(record.extra, dict):
-        raise _FieldError("extra", f"expected an object, got {type(record.extra).__name__}")
-    return record
 
 
 # -- the one mapping function ------------------------------------------------------------------------
@@ -564,61 +310,9 @@ def load_records(
     return read_records(source, schema, skip_invalid=skip_invalid, **kwargs).records
 
 
-# -- the five evaluation sets -------------------------------------------------------------------------
+# -- where our files of the evaluation sets are (the sets themselves: ebpo.eval.benchmarks) -------------
 
-BENCHMARKS: tuple[str, ...] = ("aime24", "aime25", "amc23", "math500", "olympiadbench")
 DATA_DIR_ENV = "EBPO_DATA_DIR"
-# The instruction every evaluation prompt ends with, after a newline (the usual one for boxed answers; our
-# JSON Lines files carry it already, the hub copies get it appended).
-BENCHMARK_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
-
-
-@dataclass(frozen=True)
-class HubBenchmark:
-    """The public Hugging Face hub copy of one evaluation set: ``datasets.load_dataset(dataset, config,
-    split=split, revision=revision)``, its rows mapped by loader schema ``schema``."""
-
-    name: str
-    dataset: str
-    config: str | None
-    split: str
-    revision: str  # a commit of the dataset repository, so the rows cannot change under a result
-    schema: str
-    rows: int  # rows at that revision
-    columns: str  # the copy's column layout (docs/evaluation.md)
-
-
-HUB_BENCHMARKS: dict[str, HubBenchmark] = {
-    hub.name: hub
-    for hub in (
-        HubBenchmark(
-            "aime24", "math-ai/aime24", None, "test", "83a7f387baaa524a8bda0022eac0541582297103", "aime24", 30,
-            "id (int), problem, solution (the bare answer as \\boxed{204}), url",
-        ),
-        HubBenchmark(
-            "aime25", "math-ai/aime25", None, "test", "563bb8404243c5f09de6ec262f2db674fe5bce9b", "aime25", 30,
-            "problem, answer, id (strings)",
-        ),
-        HubBenchmark(
-            "amc23", "math-ai/amc23", None, "test", "80815d37005feb82cd7f8fbc6901d5d3eff43057", "amc23", 40,
-            "id, question, answer (float), url",
-        ),
-        HubBenchmark(
-            "math500", "HuggingFaceH4/MATH-500", None, "test", "6e4ed1a2a79af7d8630a6b768ec859cb5af4d3be",
-            "math500", 500, "problem, solution, answer, subject, level (int), unique_id",
-        ),
-        HubBenchmark(
-            "olympiadbench", "Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train",
-            "91184b52131e7fc9455fef848035173aea8cc01a", "olympiadbench", 674,
-            "id (int), question, final_answer (list), solution (list), subfield, answer_type, unit, ...",
-        ),
-    )
-}  # fmt: skip
-
-
-class BenchmarkUnavailableError(OSError):
-    """Neither the hub copy of a benchmark nor a local file of it could be read; the message says which
-    benchmark, which hub dataset, and the flag that names a local copy."""
 
 
 def benchmark_dir() -> Path | None:
@@ -626,75 +320,6 @@ def benchmark_dir() -> Path | None:
     hub)."""
     env = os.environ.get(DATA_DIR_ENV)
     return Path(env).expanduser() if env else None
-
-
-def load_benchmark(
-    name: str,
-    data_dir: str | os.PathLike[str] | None = None,
-    *,
-    cache_dir: str | os.PathLike[str] | None = None,
-) -> list[Record]:
-    """One of the five evaluation sets (:data:`BENCHMARKS`) as records with ids ``"<name>-0000"``, each
-    prompt ending with :data:`BENCHMARK_INSTRUCTION`.
-
-    From ``<data_dir>/<name>.jsonl`` (our format: ``problem``, ``answer`` per line, the instruction
-    included) when ``data_dir`` or ``$EBPO_DATA_DIR`` names a folder; else from the hub copy at its pinned
-    revision (:func:`load_hub_benchmark`; ``cache_dir`` is ``datasets``' cache, default its own).
-    """
-    if name not in BENCHMARKS:
-        raise ValueError(f"unknown benchmark {name!r}; valid choices: {', '.join(BENCHMARKS)}")
-    folder = Path(data_dir).expanduser() if data_dir is not None else benchmark_dir()
-    if folder is None:
-        return load_hub_benchmark(name, cache_dir=cache_dir)
-    path = folder / f"{name}.jsonl"
-    if not path.is_file():
-        hub = HUB_BENCHMARKS[name]
-        raise BenchmarkUnavailableError(
-            f"benchmark {name}: {path} not found; --data-dir (or ${DATA_DIR_ENV}) must name a folder holding "
-            f"{name}.jsonl, or leave both unset to load {hub.dataset} from the Hugging Face hub"
-        )
-    return load_jsonl(path, "shared").records
-
-
-def load_hub_benchmark(name: str, *, cache_dir: str | os.PathLike[str] | None = None) -> list[Record]:
-    """The hub copy of ``name`` (:data:`HUB_BENCHMARKS`) at its pinned revision, cached by ``datasets``, as
-    the same records as our JSON Lines file of it: ids ``"<name>-0000"`` by row (the copy's own id kept in
-    ``extra["hub_id"]``), prompt = the copy's problem, a newline and :data:`BENCHMARK_INSTRUCTION`.
-
-    Raises :class:`BenchmarkUnavailableError` (one line) when the copy cannot be read: no network and no
-    cached copy, or an unreachable hub.
-    """
-    import datasets
-
-    hub = HUB_BENCHMARKS[name]
-    try:
-        rows = datasets.load_dataset(
-            hub.dataset,
-            hub.config,
-            split=hub.split,
-            revision=hub.revision,
-            cache_dir=None if cache_dir is None else str(cache_dir),
-        )
-    except Exception as err:  # datasets raises connection, HTTP, not-found and offline errors alike
-        reason = (str(err).strip().splitlines() or [""])[0]
-        raise BenchmarkUnavailableError(
-            f"benchmark {name}: cannot load {hub.dataset} ({_hub_label(hub)}) from the Hugging Face hub "
-            f"({type(err).__name__}: {reason}); pass --data-dir DIR (or set ${DATA_DIR_ENV}) to a folder "
-            f"holding {name}.jsonl (one JSON object with problem and answer per line)"
-        ) from err
-    mapped = records_from_rows(rows, hub.schema, source=name, file=f"{hub.dataset} ({_hub_label(hub)})")
-    records = []
-    for index, record in enumerate(mapped.records):
-        record.extra = {**record.extra, "hub_id": record.id}
-        record.id = f"{name}-{index:04d}"
-        record.prompt = f"{record.prompt}\n{BENCHMARK_INSTRUCTION}"
-        records.append(record)
-    return records
-
-
-def _hub_label(hub: HubBenchmark) -> str:
-    config = f"config {hub.config}, " if hub.config else ""
-    return f"{config}split {hub.split}, revision {hub.revision[:12]}"
 
 
 # -- chat templates and writing ------------------------------------------------------------------------

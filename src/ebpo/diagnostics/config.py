@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from ebpo.data.prompts import ChatTemplateSetting
 from ebpo.errors import ConfigError
+from ebpo.models.base_model import BUILTIN
 
 DEFAULT_ESTIMATORS = [
     "grpo",
@@ -18,7 +19,6 @@ DEFAULT_ESTIMATORS = [
     "ebpo",
     "ebpo:normalize=prior",
 ]
-BUILTIN_MODEL = "builtin"  # ebpo.models.base_model.BUILTIN
 OWN_PRESET = "own"
 FALLBACK_PRESET = "grpo"
 """The preset whose loss an estimator without a preset of its own gets under ``--preset own``: GRPO's published
@@ -30,7 +30,7 @@ class DiagnoseConfig:
     """Settings of ``ebpo diagnose`` (and ``ebpo.diagnose(...)``); every field is a flag (``--group-sizes``, ...)."""
 
     model: str = field(
-        default=BUILTIN_MODEL,
+        default=BUILTIN,
         metadata={
             "help": "the policy: a Hugging Face causal-LM directory, an ebpo train checkpoint or run directory "
             "(its best checkpoint), as `ebpo eval` takes them, or a built-in model: builtin:arith (S1, also "
@@ -210,7 +210,7 @@ class DiagnoseConfig:
             )
         if len(set(self.estimators)) != len(self.estimators):
             raise ConfigError(f"--estimators lists one twice: {' '.join(self.estimators)}")
-        from ebpo.trainer.metrics_log import check_trackers
+        from ebpo.trackers import check_trackers
 
         try:  # before anything runs: each name a tracker, its package installed
             check_trackers(self.report_to)

@@ -31,6 +31,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from ebpo.stats import t_quantile  # noqa: F401  (ebpo.diagnostics.measures.t_quantile: the intervals' quantile)
+
 ZERO_ADVANTAGE = 1e-6
 """|A| below this counts as no advantage (advantages come back as float32)."""
 
@@ -308,37 +310,6 @@ def reference_noise(half_a_K: torch.Tensor, half_b_K: torch.Tensor) -> tuple[tor
 
 # --------------------------------------------------------------------------------------------------
 # intervals
-
-
-def t_quantile(df: int, level: float = 0.95) -> float:
-    """Two-sided Student t quantile t_{(1 + level)/2, df} for integer df >= 1, by bisection on the exact
-    distribution function for integer degrees of freedom (Abramowitz and Stegun 26.7.3-26.7.4)."""
-    if df < 1:
-        raise ValueError(f"t_quantile needs df >= 1, got {df}")
-
-    def central_mass(t: float) -> float:  # P(|T| < t)
-        theta = math.atan(t / math.sqrt(df))
-        cos2 = math.cos(theta) ** 2
-        if df % 2 == 1:
-            series, term = 1.0, 1.0
-            for k in range(1, (df - 1) // 2):  # 1 + (2/3) c² + (2·4)/(3·5) c⁴ + ...
-                term *= (2 * k) / (2 * k + 1) * cos2
-                series += term
-            body = math.sin(theta) * math.cos(theta) * series if df > 1 else 0.0
-            return 2 / math.pi * (theta + body)
-        series, term = 1.0, 1.0
-        for k in range(1, df // 2):  # 1 + (1/2) c² + (1·3)/(2·4) c⁴ + ...
-            term *= (2 * k - 1) / (2 * k) * cos2
-            series += term
-        return math.sin(theta) * series
-
-    low, high = 0.0, 1.0
-    while central_mass(high) < level:
-        high *= 2
-    for _ in range(200):
-        mid = (low + high) / 2
-        low, high = (mid, high) if central_mass(mid) < level else (low, mid)
-    return (low + high) / 2
 
 
 @dataclass(frozen=True)

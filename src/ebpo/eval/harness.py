@@ -37,6 +37,7 @@ from typing import Any
 
 from ebpo.data.prompts import ChatTemplateSetting, PromptFormat, prompt_text
 from ebpo.data.records import Record
+from ebpo.eval.benchmarks import PAPER_BENCHMARKS
 from ebpo.eval.metrics import ProblemScores, score_problem, summarize
 from ebpo.persist import Journal, write_text_atomic
 from ebpo.registry import Registry
@@ -131,7 +132,7 @@ class BenchmarkSpec:
     """A named evaluation set: how to load its records and which reward grades it.
 
     ``load(data_dir=None)`` returns the records; ``data_dir`` names a folder of our JSON Lines files for
-    the sets that have a public copy on the hub (``ebpo.data.loaders.load_benchmark``), and is ignored by
+    the sets that have a public copy on the hub (``ebpo.eval.benchmarks.load_benchmark``), and is ignored by
     generated sets (``arith``).
     """
 
@@ -162,7 +163,7 @@ def get_benchmark(name: str, **options: Any) -> BenchmarkSpec:
 
 def _paper_loader(name: str) -> Callable[..., list[Record]]:
     def load(data_dir: str | Path | None = None) -> list[Record]:
-        from ebpo.data.loaders import load_benchmark
+        from ebpo.eval.benchmarks import load_benchmark
 
         return list(load_benchmark(name, data_dir))
 
@@ -184,7 +185,6 @@ def _load_arith_test(data_dir: str | Path | None = None) -> list[Record]:
 
 
 register_benchmark(BenchmarkSpec("arith", _load_arith_test, reward="arith", max_new_tokens=16))
-PAPER_BENCHMARKS: tuple[str, ...] = ("aime24", "aime25", "amc23", "math500", "olympiadbench")
 
 GYM_TEST_SIZE = 450
 """Problems of a ``gym:<datasets>`` benchmark: the first of its test split (seed 0), balanced over its cells."""

@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
             base = read_yaml(saved)
         cfg = load_config(args.config, args.overrides, base=base)
         cfg.run.plugins = list(dict.fromkeys([*cfg.run.plugins, *args.plugins]))  # saved with the run
-        from ebpo.trainer.metrics_log import TrackerError
+        from ebpo.trackers import TrackerError
         from ebpo.trainer.report import print_eval_table
         from ebpo.trainer.trainer import RewardError, Trainer
 

@@ -24,6 +24,7 @@ from ebpo.data.loaders import get_schema, load_records
 from ebpo.data.prompts import PromptFormat
 from ebpo.data.records import Record
 from ebpo.data.samplers import cluster_key, get_sampler, list_samplers
+from ebpo.errors import first_line
 from ebpo.generation import in_kernel_gqa
 from ebpo.logprobs import SHARED_PROMPT_ATTENTION, attention_of, check_shared_prompt_attention
 from ebpo.losses import PolicyLossConfig, get_policy_loss
@@ -31,8 +32,8 @@ from ebpo.models.base_model import builtin_hint, builtin_recipe, resolve_model
 from ebpo.registry import unknown_choice
 from ebpo.rewards import get_reward, list_rewards
 from ebpo.tasks import get_task
+from ebpo.trackers import check_trackers
 from ebpo.trainer.config import ConfigError, OptimConfig, TrainConfig
-from ebpo.trainer.metrics_log import check_trackers
 
 
 class Prompts(NamedTuple):
@@ -234,9 +235,7 @@ def load_policy(cfg: TrainConfig, checkpoint: Path | None, device: torch.device)
         # transformers wraps PreTrainedModel.to in functools.wraps: mypy sees an unbound _Wrapped (self first)
         model = AutoModelForCausalLM.from_pretrained(load_from, dtype=torch.float32).to(device)  # type: ignore[arg-type]
     except Exception as err:  # noqa: BLE001 - OSError, safetensors' and JSON errors of a damaged directory
-        raise ConfigError(
-            f"model.path: cannot load a causal LM from {load_from}: {_first_line(err)}"
-        ) from err
+        raise ConfigError(f"model.path: cannot load a causal LM from {load_from}: {first_line(err)}") from err
     prompt_format = PromptFormat.resolve(
         tokenizer, cfg.data.chat_template, option="data.chat_template", source=base_path
     )
@@ -312,10 +311,6 @@ def mixed_precision(model: torch.nn.Module, dtype: str) -> None:
             return forward(*args, **kwargs)
 
     model.forward = forward_in_autocast
-
-
-def _first_line(err: BaseException) -> str:
-    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
 
 
 def build_algorithm(cfg: TrainConfig, generator: torch.Generator) -> Algorithm:

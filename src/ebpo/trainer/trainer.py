@@ -23,7 +23,8 @@ Exact resume: a checkpoint holds the model, optimizer, scheduler, estimator, sam
 so N steps, a kill, a resume and N more steps equal 2N steps in one run, bit for bit on CPU. Around the
 loop: ``setup.py`` (prompts, policy, estimator and loss, optimizer), ``rollout.py`` (scored groups, the typed
 batch), ``ebpo.logprobs`` (every log-prob pass, and why its fast paths are exact), ``checkpoint.py``,
-``interrupt.py`` (Ctrl-C and SIGTERM), ``metrics_log.py`` (with the step's clock), ``validation.py``,
+``interrupt.py`` (Ctrl-C and SIGTERM), ``clock.py`` (the step's wall time), ``ebpo.trackers`` (``metrics.jsonl``
+and the trackers), ``validation.py``,
 ``report.py``, ``plots.py``, and the run directory, an ``ebpo.persist.RunDirectory``.
 """
 
@@ -46,11 +47,12 @@ from ebpo.logprobs import LogprobOptions, OldLogprobs, logprobs, step_kl
 from ebpo.losses import agg_loss, kl_penalty, masked_mean
 from ebpo.persist import RunDirectory
 from ebpo.plugins import load_plugins
+from ebpo.trackers import MetricsLogger, Status
 from ebpo.trainer import checkpoint as ckpt
+from ebpo.trainer.clock import StepClock
 from ebpo.trainer.config import TrainConfig
 from ebpo.trainer.config_files import save_config
 from ebpo.trainer.interrupt import StopRequest, stop_at_step_boundary
-from ebpo.trainer.metrics_log import MetricsLogger, Status, StepClock
 from ebpo.trainer.plots import plot_training
 from ebpo.trainer.report import TrainResult, summary
 from ebpo.trainer.rollout import GroupCollector, RewardFailed, RewardFailure, RolloutBatch
