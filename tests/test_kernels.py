@@ -8,6 +8,7 @@ from dataclasses import asdict, replace
 import pytest
 import torch
 
+from ebpo.models import base_model as bm
 from ebpo.models import kernels
 from ebpo.models.recipe import BaseModelConfig
 
@@ -85,14 +86,14 @@ def test_adam_steps_under_portable_sqrt_stay_within_rounding_of_native_ones():
 
 def test_a_config_survives_the_trip_to_the_portable_process():
     config = replace(BaseModelConfig(), steps=7, level_weights=(1.0, 2.0, 3.0, 4.0, 5.0))
-    back = kernels._config_from_dict(BaseModelConfig, json.loads(json.dumps(asdict(config))))
+    back = bm._config_from_dict(BaseModelConfig, json.loads(json.dumps(asdict(config))))
     assert back == config and back.key() == config.key()
 
 
 def test_the_portable_process_takes_the_pinned_kernels():
     """The pins are set in the child's environment before torch loads there: it reports AVX2 whatever this
     process runs (AVX512 on a machine that has it), and hashes a two-step build."""
-    sha, capability = kernels.portable_prefix_sha256(replace(BaseModelConfig(), steps=2, eval_per_cell=0), 2)
+    sha, capability = bm.portable_prefix_sha256(replace(BaseModelConfig(), steps=2, eval_per_cell=0), 2)
     if sha is None:
         pytest.skip(capability)
     assert capability == kernels.PORTABLE_CAPABILITY

@@ -80,7 +80,7 @@ def test_the_first_sft_steps_rebuild_bit_for_bit_in_portable_mode(info):
     reason = kernels.portable_difference(info)
     if reason:
         pytest.skip(reason)
-    sha, capability = kernels.portable_prefix_sha256(gr.GymBaseModelConfig(), info["prefix_steps"])
+    sha, capability = bm.portable_prefix_sha256(gr.GymBaseModelConfig(), info["prefix_steps"])
     if sha is None:
         pytest.skip(capability)
     assert sha == info["portable_prefix_sha256"]

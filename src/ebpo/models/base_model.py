@@ -30,7 +30,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -212,10 +212,41 @@ def train_prefix_sha256(config: Any = None, steps: int = PREFIX_STEPS) -> str:
     return state_dict_sha256(model)
 
 
+def _config_from_dict(config_cls: type, values: dict[str, Any]) -> Any:
+    """A recipe config from its ``asdict`` form read back from JSON (lists back to the tuples they were)."""
+    defaults = config_cls()
+    kwargs = {}
+    for f in fields(config_cls):
+        if f.name in values:
+            value = values[f.name]
+            kwargs[f.name] = tuple(value) if isinstance(getattr(defaults, f.name), tuple) else value
+    return config_cls(**kwargs)
+
+
+def _portable_prefix_child(request: dict[str, Any]) -> dict[str, Any]:
+    """:func:`portable_prefix_sha256`'s work, in the portable process."""
+    config = _config_from_dict(RECIPES.get(request["recipe"]).config_cls, request["config"])
+    return {"sha256": train_prefix_sha256(config, request["steps"])}
+
+
+def portable_prefix_sha256(config: Any, steps: int | None = None) -> tuple[str | None, str]:
+    """:func:`train_prefix_sha256` in portable mode (``ebpo.models.kernels``): one value on every x86-64 CPU with
+    AVX2. Returns ``(sha256, capability)``, or ``(None, reason)`` where this CPU cannot take the portable kernels."""
+    from ebpo.models.kernels import run_portable
+
+    request = {
+        "recipe": recipe_of(config).name,
+        "config": asdict(config),
+        "steps": PREFIX_STEPS if steps is None else steps,
+    }
+    result, capability = run_portable("ebpo.models.base_model:_portable_prefix_child", request)
+    return (result["sha256"] if result else None), capability
+
+
 def _portable_prefix(config: Any, steps: int) -> dict[str, str]:
-    """The prefix hash in portable mode (``ebpo.models.kernels``) and torch's release, as ``build_info.json``
-    records them; empty where this CPU cannot take the portable kernels."""
-    from ebpo.models.kernels import portable_prefix_sha256, torch_release
+    """The prefix hash in portable mode and torch's release, as ``build_info.json`` records them; empty where
+    this CPU cannot take the portable kernels."""
+    from ebpo.models.kernels import torch_release
 
     sha, _ = portable_prefix_sha256(config, steps)
     return {"portable_prefix_sha256": sha, "portable_torch": torch_release()} if sha else {}
@@ -377,7 +408,7 @@ def check_base_model(config: Any = None, *, progress: bool = True) -> tuple[list
         )
     here = platform_info()
     differs = {k: (shipped_info.get(k), v) for k, v in here.items() if shipped_info.get(k) != v}
-    from ebpo.models.kernels import portable_difference, portable_prefix_sha256
+    from ebpo.models.kernels import portable_difference
 
     recorded_portable = portable_difference(shipped_info) is None
     if not recorded_portable and "portable_prefix_sha256" in shipped_info:

@@ -20,8 +20,8 @@ The portable mode gives one result on every x86-64 CPU with AVX2 (measured on an
 
 The environment variables are read when torch loads (this module imports torch; ``ebpo.models.base_model``
 imports it only when it needs it), so a portable computation runs in a process of its own
-(:func:`portable_prefix_sha256`). It is slower and rounds differently from a native run: it exists to check a
-recipe on any machine, not to train.
+(:func:`run_portable`; ``ebpo.models.base_model.portable_prefix_sha256`` hashes a build's prefix so). It is
+slower and rounds differently from a native run: it exists to check a recipe on any machine, not to train.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +97,7 @@ def torch_release() -> str:
 
 def portable_difference(recorded: dict[str, Any]) -> str | None:
     """Why a portable result recorded with ``recorded["portable_torch"]`` cannot be expected here; None when
-    it can (any CPU with AVX2; :func:`portable_prefix_sha256` says when this one has none)."""
+    it can (any CPU with AVX2; :func:`run_portable` says when this one has none)."""
     if "portable_prefix_sha256" not in recorded:
         return "no portable prefix hash recorded"
     if recorded.get("portable_torch") != torch_release():
@@ -125,36 +124,18 @@ class PortableSqrt(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def _config_from_dict(config_cls: type, values: dict[str, Any]) -> Any:
-    """A recipe config from its ``asdict`` form read back from JSON (lists back to the tuples they were)."""
-    defaults = config_cls()
-    kwargs = {}
-    for f in fields(config_cls):
-        if f.name in values:
-            value = values[f.name]
-            kwargs[f.name] = tuple(value) if isinstance(getattr(defaults, f.name), tuple) else value
-    return config_cls(**kwargs)
+def run_portable(function: str, request: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """Call ``function`` (``"module:name"``, taking and returning a JSON-able dict) in portable mode: in a fresh
+    process with :data:`PORTABLE_ENV`, within :class:`PortableSqrt`.
 
-
-def portable_prefix_sha256(config: Any, steps: int | None = None) -> tuple[str | None, str]:
-    """The prefix hash of ``config``'s build (:func:`ebpo.models.base_model.train_prefix_sha256`) in portable
-    mode, computed in a fresh process.
-
-    Returns ``(sha256, capability)``; ``(None, reason)`` when this machine cannot take the portable kernels
+    Returns ``(result, capability)``; ``(None, reason)`` when this machine cannot take the portable kernels
     (no AVX2: the reason names the capability it has). Raises ``RuntimeError`` if the process fails.
     """
-    from ebpo.models.base_model import PREFIX_STEPS, recipe_of
-
-    request = {
-        "recipe": recipe_of(config).name,
-        "config": asdict(config),
-        "steps": PREFIX_STEPS if steps is None else steps,
-    }
     package_root = str(Path(__file__).resolve().parents[2])
     env = os.environ | PORTABLE_ENV
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     done = subprocess.run(
-        [sys.executable, "-m", "ebpo.models.kernels", json.dumps(request)],
+        [sys.executable, "-m", "ebpo.models.kernels", function, json.dumps(request)],
         env=env,
         capture_output=True,
         text=True,
@@ -162,28 +143,24 @@ def portable_prefix_sha256(config: Any, steps: int | None = None) -> tuple[str |
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"the portable prefix run failed (exit {done.returncode}): {tail}")
+        raise RuntimeError(f"the portable run of {function} failed (exit {done.returncode}): {tail}")
     answer = json.loads(lines[-1])
-    return answer.get("sha256"), answer["capability"]
+    return answer["result"], answer["capability"]
 
 
-def _main(request: dict[str, Any]) -> dict[str, Any]:
-    """The portable process: check that the pins took, then hash the prefix under :class:`PortableSqrt`."""
-    from ebpo.models.base_model import RECIPES, train_prefix_sha256
+def _child(function: str, request: dict[str, Any]) -> dict[str, Any]:
+    """The portable process: check that the pins took, then call ``function`` under :class:`PortableSqrt`."""
+    import importlib
 
     capability = torch.backends.cpu.get_cpu_capability()
     if capability != PORTABLE_CAPABILITY:
-        return {
-            "sha256": None,
-            "capability": f"this CPU runs ATen's {capability} kernels, not the {PORTABLE_CAPABILITY} ones the "
-            "portable mode needs",
-        }
-    recipe = RECIPES.get(request["recipe"])
-    config = _config_from_dict(recipe.config_cls, request["config"])
+        reason = f"this CPU runs ATen's {capability} kernels, not the {PORTABLE_CAPABILITY} ones the portable mode needs"
+        return {"result": None, "capability": reason}
+    module, name = function.split(":")
+    call = getattr(importlib.import_module(module), name)
     with PortableSqrt():
-        sha = train_prefix_sha256(config, request["steps"])
-    return {"sha256": sha, "capability": capability}
+        return {"result": call(request), "capability": capability}
 
 
 if __name__ == "__main__":
-    print(json.dumps(_main(json.loads(sys.argv[1]))), flush=True)
+    print(json.dumps(_child(sys.argv[1], json.loads(sys.argv[2]))), flush=True)
