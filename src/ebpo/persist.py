@@ -57,6 +57,7 @@ __all__ = [
     "FoundModel",
     "Journal",
     "RunDirectory",
+    "UnsafeFile",
     "WriteError",
     "checkpoint_step",
     "find_model",
@@ -205,20 +206,66 @@ def save_torch_atomic(state: Any, path: StrPath) -> Path:
     return _replace_from_temporary(Path(path), save)
 
 
-def load_torch(path: StrPath, *, fix: str) -> Any:
-    """``torch.load(path)`` onto the CPU (full unpickling: our own state files), or one :class:`DamagedFile`
-    naming ``path`` when it is missing or cannot be read, ending with ``fix`` (what to do instead)."""
+_REFUSED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+"""The object a pickle names that ``torch.load(weights_only=True)`` refused, in torch's message."""
+
+
+def _numpy_arrays() -> list[Any]:
+    """What a NumPy array needs to unpickle, and nothing else: the array type, its reconstructor and dtypes.
+    ebpo 0.1.0 wrote NumPy's RNG state (a uint32 array) into ``trainer_state.pt``; these build an array from
+    its bytes and call nothing else (an object array's items are themselves read by the restricted
+    unpickler)."""
+    import numpy as np
+
+    reconstruct = np._core.multiarray._reconstruct  # noqa: SLF001 - what NumPy pickles an array as
+    return [reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def _torch_load_plain(path: Path, allow_arrays: bool) -> Any:
+    """``torch.load(weights_only=True)`` onto the CPU, NumPy arrays allowed on top with ``allow_arrays``."""
     import torch
 
+    if not allow_arrays:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    safe_globals = getattr(torch.serialization, "safe_globals", None)
+    if safe_globals is None:  # pragma: no cover - torch 2.4 has only the process-wide list
+        torch.serialization.add_safe_globals(_numpy_arrays())
+        return torch.load(path, map_location="cpu", weights_only=True)
+    with safe_globals(_numpy_arrays()):
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def load_torch(path: StrPath, *, fix: str) -> Any:
+    """``torch.load(path, weights_only=True)`` onto the CPU: tensors, numbers, strings, lists, tuples and dicts,
+    and nothing that runs code (a state file from elsewhere may hold a pickle that would). Every state file
+    ebpo writes holds only those; NumPy arrays also load (the RNG state of ebpo 0.1.0's checkpoints:
+    :func:`_numpy_arrays`). A file that names any other object is one :class:`UnsafeFile`, and one that is
+    missing or cannot be read one :class:`DamagedFile`, each naming ``path`` and ending with ``fix`` (what to
+    do instead)."""
     path = Path(path)
     if not path.is_file():
         raise DamagedFile(path, "is missing", fix)
-    try:
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as err:  # noqa: BLE001 - torch raises RuntimeError, EOFError, UnpicklingError, ...
-        first_line = (str(err).strip().splitlines() or [""])[0]
-        reason = f"is damaged and cannot be read ({type(err).__name__}: {first_line})"
-        raise DamagedFile(path, reason, fix) from err
+    allow_arrays = False
+    while True:
+        try:
+            return _torch_load_plain(path, allow_arrays)
+        except Exception as err:  # noqa: BLE001 - torch raises RuntimeError, EOFError, UnpicklingError, ...
+            text = str(err)
+            refused = _REFUSED_GLOBAL.search(text)
+            if refused is not None and refused.group(1).startswith("numpy.") and not allow_arrays:
+                allow_arrays = True  # an array (ebpo 0.1.0's NumPy RNG state): again, arrays allowed
+                continue
+            if refused is not None or "WeightsUnpickler" in text:
+                what = refused.group(1) if refused is not None else "an operation beyond plain data"
+                raise UnsafeFile(
+                    path,
+                    f"holds a pickle that would run code to load ({what}), and ebpo loads only tensors, "
+                    "numbers, strings, lists and dicts from a state file: it was left unread",
+                    fix,
+                ) from None
+            first_line = (text.strip().splitlines() or [""])[0]
+            reason = f"is damaged and cannot be read ({type(err).__name__}: {first_line})"
+            raise DamagedFile(path, reason, fix) from err
 
 
 def replace_dir(
@@ -266,6 +313,12 @@ class DamagedFile(ConfigError):
     def __init__(self, path: StrPath, problem: str, fix: str = "") -> None:
         self.path, self.problem = Path(path), problem
         super().__init__(f"{self.path} {problem}" + (f"; {fix}" if fix else ""))
+
+
+class UnsafeFile(DamagedFile):
+    """A state file whose pickle would run code to load: it names an object beyond tensors and plain data
+    (``torch.load(weights_only=True)`` refuses it). Refused unread, in one line naming the file and what it
+    named; no option loads it."""
 
 
 def _sha256(path: Path) -> str:

@@ -236,10 +236,20 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_state(generator: torch.Generator) -> dict[str, Any]:
-    """Every RNG the loop touches: Python, NumPy, torch CPU (+ CUDA), and the sampling generator."""
+    """Every RNG the loop touches: Python, NumPy, torch CPU (+ CUDA), and the sampling generator, as tensors,
+    numbers, strings and lists (what ``torch.load(weights_only=True)`` reads): Python's as ``[version,
+    [625 ints], gauss_next]``, NumPy's as ``["MT19937", key (624,) int64, pos, has_gauss, cached_gaussian]``."""
+    version, internal, gauss_next = random.getstate()
+    name, key, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
     state = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "python": [version, list(internal), gauss_next],
+        "numpy": [
+            str(name),
+            torch.from_numpy(key.astype(np.int64)),
+            int(pos),
+            int(has_gauss),
+            float(cached_gaussian),
+        ],
         "torch": torch.get_rng_state(),
         "generator": generator.get_state(),
     }
@@ -249,8 +259,13 @@ def rng_state(generator: torch.Generator) -> dict[str, Any]:
 
 
 def load_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    """Set every RNG from :func:`rng_state`'s dict, or from ebpo 0.1.0's (Python's state as a tuple, NumPy's
+    key as a uint32 array): the same generators either way."""
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    name, key, pos, has_gauss, cached_gaussian = state["numpy"]
+    key = key.numpy() if isinstance(key, torch.Tensor) else np.asarray(key)
+    np.random.set_state((name, key.astype(np.uint32), pos, has_gauss, cached_gaussian))
     torch.set_rng_state(state["torch"])
     generator.set_state(state["generator"])
     if "cuda" in state and torch.cuda.is_available():
