@@ -255,14 +255,17 @@ def load_torch(path: StrPath, *, fix: str) -> Any:
             if refused is not None and refused.group(1).startswith("numpy.") and not allow_arrays:
                 allow_arrays = True  # an array (ebpo 0.1.0's NumPy RNG state): again, arrays allowed
                 continue
-            if refused is not None or "WeightsUnpickler" in text:
-                what = refused.group(1) if refused is not None else "an operation beyond plain data"
+            if refused is not None:
                 raise UnsafeFile(
                     path,
-                    f"holds a pickle that would run code to load ({what}), and ebpo loads only tensors, "
-                    "numbers, strings, lists and dicts from a state file: it was left unread",
+                    f"holds a pickle that would run code to load ({refused.group(1)}), and ebpo loads only "
+                    "tensors, numbers, strings, lists and dicts from a state file: it was left unread",
                     fix,
                 ) from None
+            if "WeightsUnpickler error:" in text:  # not plain data: bytes of something else, or other opcodes
+                after = text.split("WeightsUnpickler error:", 1)[1].strip().splitlines() or [""]
+                reason = f"is damaged or not a state file, and cannot be read as plain data ({after[0]})"
+                raise DamagedFile(path, reason, fix) from None
             first_line = (text.strip().splitlines() or [""])[0]
             reason = f"is damaged and cannot be read ({type(err).__name__}: {first_line})"
             raise DamagedFile(path, reason, fix) from err

@@ -96,7 +96,7 @@ class Trainer:
             torch.set_num_threads(cfg.run.threads)
         self.device = resolve_device(cfg.run.device)
         if run_dir is None:
-            run_dir = ckpt.run_dir_of(resume) if resume is not None else None
+            run_dir = ckpt.resume_run_dir(resume, need_config=False) if resume is not None else None
         if run_dir is None:
             run_dir = Path(cfg.run.out_dir) / (cfg.run.name or RunDirectory.timestamped(cfg.method))
         # one process per run directory, from here to the end of train(): a second `ebpo train --resume`
