@@ -605,6 +605,7 @@ class RunDirectory:
         summary.json         written at the end
         training.png         written at the end
         trackers.json        the runs of the experiment trackers it reports to (``ebpo.trainer.metrics_log``)
+        config_history.jsonl what each resume changed in the config, at which step (``ebpo.trainer.resume``)
         .lock                while a process trains in it (:class:`DirectoryLock`)
 
     Its life: :meth:`claim` takes the lock; :meth:`check` refuses a fresh run where a run already is (and
@@ -626,7 +627,9 @@ class RunDirectory:
     PLOT = "training.png"
     TRACKERS = "trackers.json"
     """The experiment trackers' runs (wandb, MLflow) this run reports to, so that ``--resume`` continues them."""
-    OUTPUTS = (METRICS, CHECKPOINTS, SUMMARY, TENSORBOARD, PLOT, CONFIG, TRACKERS)
+    CONFIG_HISTORY = "config_history.jsonl"
+    """One line per resume that changed the config: the step, the checkpoint, each key's saved and new value."""
+    OUTPUTS = (METRICS, CHECKPOINTS, SUMMARY, TENSORBOARD, PLOT, CONFIG, TRACKERS, CONFIG_HISTORY)
     """What a run writes; ``--overwrite`` removes exactly these (and nothing else in the directory)."""
 
     def __init__(self, path: StrPath) -> None:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from ebpo.trainer.config import OptimConfig, TrainConfig
 
-HISTORY = "config_history.jsonl"
+HISTORY = RunDirectory.CONFIG_HISTORY
 """One JSON line per resume that changed the config: ``{"step", "checkpoint", "allowed", "changed": {key:
 [saved, requested]}, "time"}``."""
 
