@@ -217,7 +217,7 @@ def _numpy_arrays() -> list[Any]:
     unpickler)."""
     import numpy as np
 
-    reconstruct = np._core.multiarray._reconstruct  # noqa: SLF001 - what NumPy pickles an array as
+    reconstruct = np.ndarray(0, dtype=np.uint32).__reduce__()[0]  # what NumPy pickles an array with
     return [reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 

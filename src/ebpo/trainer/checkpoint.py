@@ -302,7 +302,7 @@ def rng_state(generator: torch.Generator) -> dict[str, Any]:
         "python": [version, list(internal), gauss_next],
         "numpy": [
             str(name),
-            torch.from_numpy(key.astype(np.int64)),
+            torch.from_numpy(np.asarray(key).astype(np.int64)),
             int(pos),
             int(has_gauss),
             float(cached_gaussian),
