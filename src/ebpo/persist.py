@@ -21,7 +21,8 @@ build, the TRL and verl adapters), so a kill at any moment has one set of conseq
 - **Manifests** (:func:`write_manifest`, :func:`verify_manifest`): a directory's ``manifest.json``, written
   last, lists each file's size and SHA-256; verifying it before anything is loaded turns a truncated or
   damaged file into one line naming it (:class:`DamagedFile`), and :func:`load_torch` does the same for a
-  ``torch.save`` file that cannot be read.
+  ``torch.save`` file that cannot be read, and reads plain data only (``weights_only=True``): a pickle that
+  would run code to load is one :class:`UnsafeFile` line, left unread.
 - **Run directories** (:class:`RunDirectory`): one training run's folder: its layout and name, one process
   at a time (:class:`DirectoryLock`), fresh / resumed / overwritten, its metrics journal rewound to a
   checkpoint, its summary; :func:`find_model` takes a run, a checkpoint or a model directory to the model.
