@@ -222,8 +222,8 @@ def test_ebpo_train_config_gym_then_ebpo_eval_of_the_checkpoint_it_prints(tmp_pa
 
     from ebpo.cli import main
     from ebpo.models.gym_recipe import DATASETS, MIXTURE, TASK
-    from ebpo.trainer.config_files import load_config
     from ebpo.trackers import read_metrics
+    from ebpo.trainer.config_files import load_config
     from ebpo.trainer.trainer import Trainer
 
     monkeypatch.chdir(tmp_path)

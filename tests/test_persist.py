@@ -285,3 +285,53 @@ def test_an_abandoned_run_leaves_no_directory_it_created(tmp_path):
     kept.abandon()
     assert (tmp_path / "kept").is_dir() and not (tmp_path / "kept" / ".lock").exists()
     assert RunDirectory.timestamped("ebpo").endswith("-ebpo") and len(RunDirectory.timestamped("x")) == 17
+
+
+# ---------------------------------------------------------------------------------------------------
+# state files load without running code
+
+
+@pytest.mark.parametrize("shell", [False, True], ids=["open", "os.system"])
+def test_load_torch_refuses_a_pickle_that_would_run_code_and_runs_nothing(tmp_path, shell):
+    from helpers.payloads import write_payload
+
+    marker = tmp_path / "created-by-the-pickle"
+    path = write_payload(tmp_path / "trainer_state.pt", marker, shell=shell)
+    with pytest.raises(persist.UnsafeFile) as err:
+        persist.load_torch(path, fix="start over")
+    assert not marker.exists()
+    message = str(err.value)
+    assert "\n" not in message
+    named = "posix.system" if shell else "io.open"
+    assert message == (
+        f"{path} holds a pickle that would run code to load ({named}), and ebpo loads only tensors, numbers, "
+        "strings, lists and dicts from a state file: it was left unread; start over"
+    )
+
+
+def test_load_torch_reads_plain_state_and_numpy_arrays_only(tmp_path):
+    import numpy as np
+
+    plain = {"step": 3, "x": torch.arange(4), "rng": [3, [1, 2], None], "t": (1, 2.5), "s": "a"}
+    save_torch_atomic(plain, tmp_path / "plain.pt")
+    loaded = persist.load_torch(tmp_path / "plain.pt", fix="")
+    assert loaded["step"] == 3 and torch.equal(loaded["x"], torch.arange(4)) and loaded["t"] == (1, 2.5)
+    # ebpo 0.1.0 wrote NumPy's RNG state as a uint32 array: it loads, as that array
+    key = np.arange(624, dtype=np.uint32) * 7
+    torch.save({"numpy": ("MT19937", key, 624, 0, 0.0)}, tmp_path / "old.pt")
+    old = persist.load_torch(tmp_path / "old.pt", fix="")["numpy"]
+    assert old[1].dtype == np.uint32 and np.array_equal(old[1], key)
+    # an array subclass, or any other NumPy object that calls code, is refused like any other object
+    torch.save({"m": np.random.default_rng(0)}, tmp_path / "generator.pt")
+    with pytest.raises(persist.UnsafeFile, match=r"generator\.pt holds a pickle .*\(numpy\.random\."):
+        persist.load_torch(tmp_path / "generator.pt", fix="")
+
+
+def test_load_torch_names_a_damaged_file_apart_from_an_unsafe_one(tmp_path):
+    path = tmp_path / "state.pt"
+    path.write_bytes(b"not a torch file at all")
+    with pytest.raises(persist.DamagedFile) as err:
+        persist.load_torch(path, fix="restore it")
+    assert not isinstance(err.value, persist.UnsafeFile)
+    reason = r" is damaged or not a state file, and cannot be read as plain data \(.+\); restore it"
+    assert re.fullmatch(re.escape(str(path)) + reason, str(err.value))

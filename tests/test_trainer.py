@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from ebpo.errors import ConfigError
-from ebpo.trainer.config_files import load_config
 from ebpo.trackers import read_metrics
+from ebpo.trainer.config_files import load_config
 from ebpo.trainer.trainer import RewardError, Trainer
 from helpers.trainer import FLAKY, final_params, tiny_config, tiny_overrides, training_rows
 

@@ -17,9 +17,11 @@ import pytest
 import torch
 
 from ebpo.cli import main
+from ebpo.dataclass_cli import read_yaml
 from ebpo.errors import ConfigError
 from ebpo.persist import MANIFEST, DamagedFile, read_manifest, verify_manifest, write_manifest
 from ebpo.trainer import checkpoint as checkpoint_module
+from ebpo.trainer.config_files import load_config
 from ebpo.trainer.interrupt import Interrupted
 from ebpo.trainer.trainer import Trainer
 from helpers.trainer import final_params, tiny_config, training_rows
@@ -227,3 +229,89 @@ def test_write_and_verify_a_manifest_of_any_directory(tmp_path):
     assert verify_manifest(tmp_path / "a") is None  # no manifest there: nothing to check
     with pytest.raises(ConfigError):  # DamagedFile is a ConfigError: the commands' one-line errors
         verify_manifest(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------------
+# a trainer state that would run code when unpickled
+
+
+def _forge(checkpoint, marker, *, shell: bool = False) -> None:
+    """Replace ``checkpoint``'s trainer state by a pickle that would create ``marker``, and write its manifest
+    again (as whoever forged it would: the manifest is a check against damage, not a signature)."""
+    from helpers.payloads import write_payload
+
+    write_payload(checkpoint / "trainer_state.pt", marker, shell=shell)
+    if (checkpoint / MANIFEST).is_file():
+        write_manifest(checkpoint, step=read_manifest(checkpoint)["step"])
+
+
+@pytest.mark.parametrize("shell", [False, True], ids=["open", "os.system"])
+def test_resume_refuses_a_trainer_state_that_would_run_code(halfway, capsys, shell):
+    marker = halfway.parent / "created-by-the-pickle"
+    _forge(halfway / "checkpoints" / "last", marker, shell=shell)
+    capsys.readouterr()
+    assert main(["train", "--resume", "run", "run.steps=5"]) == 2
+    assert not marker.exists()
+    named = "posix.system" if shell else "io.open"
+    assert _one_line(capsys, "ebpo train") == (
+        f"ebpo train: error: run/checkpoints/last/trainer_state.pt holds a pickle that would run code to load "
+        f"({named}), and ebpo loads only tensors, numbers, strings, lists and dicts from a state file: it was "
+        "left unread; restore the checkpoint from a copy, or start over with --overwrite"
+    )
+    # the Python API and the learning benchmark resume through the same loader
+    with pytest.raises(DamagedFile, match=r"trainer_state\.pt holds a pickle that would run code"):
+        Trainer(load_config(None, ["run.steps=5"], base=read_yaml("run/config.yaml")), resume="run")
+    assert not marker.exists()
+
+
+def test_eval_and_diagnose_never_run_the_trainer_state_they_look_at(halfway, capsys):
+    # last's model is damaged; best (written without a manifest) holds a pickle: the search for the newest
+    # intact checkpoint loads best's trainer state for its step, which must run nothing
+    marker = halfway.parent / "created-by-the-pickle"
+    _truncate(halfway / "checkpoints" / "last" / "model" / "model.safetensors")
+    (halfway / "checkpoints" / "best" / MANIFEST).unlink()
+    _forge(halfway / "checkpoints" / "best", marker)
+    capsys.readouterr()
+    args = ["eval", "--benchmarks", "arith", "--limit", "2", "--n", "1", "--ks", "1", "--maj-ks", "1"]
+    assert main([*args, "--no-cache", "--out-dir", "out", "--quiet", "run/checkpoints/last"]) == 2
+    assert _one_line(capsys, "ebpo eval").endswith("; run holds no intact checkpoint")
+    assert main(["diagnose", "--model", "run/checkpoints/last", "--quiet"]) == 2
+    assert _one_line(capsys, "ebpo diagnose").endswith("; run holds no intact checkpoint")
+    assert main(["train", "--resume", "run/checkpoints/best"]) == 2
+    assert "best/trainer_state.pt holds a pickle that would run code" in _one_line(capsys, "ebpo train")
+    assert not marker.exists()
+
+
+# ---------------------------------------------------------------------------------------------------
+# checkpoints of ebpo 0.1.0
+
+
+def _as_written_by_0_1_0(checkpoint) -> None:
+    """Rewrite ``checkpoint``'s trainer state as ebpo 0.1.0 wrote it: Python's RNG state as the tuple
+    ``random.getstate()`` returns, NumPy's as ``np.random.get_state()`` (a uint32 array), no config."""
+    import numpy as np
+
+    path = checkpoint / "trainer_state.pt"
+    state = torch.load(path, weights_only=True)
+    version, internal, gauss = state["rng"]["python"]
+    name, key, pos, has_gauss, cached = state["rng"]["numpy"]
+    state["rng"]["python"] = (version, tuple(internal), gauss)
+    state["rng"]["numpy"] = (name, key.numpy().astype(np.uint32), pos, has_gauss, cached)
+    del state["config"]
+    torch.save(state, path)
+    write_manifest(checkpoint, step=state["step"])
+
+
+def test_a_checkpoint_of_0_1_0_resumes_exactly(halfway, straight):
+    # the format a real 0.1.0 checkpoint has (`ebpo train` of a51be93: NumPy's state needs numpy globals)
+    last = halfway / "checkpoints" / "last"
+    _as_written_by_0_1_0(last)
+    with pytest.raises(Exception, match=r"numpy\._core\.multiarray\._reconstruct"):
+        torch.load(last / "trainer_state.pt", weights_only=True)
+    assert main(["train", "--resume", "run"]) == 0
+    assert training_rows(halfway) == training_rows(straight)
+    expected_params, resumed = final_params(straight), final_params(halfway)
+    assert all(torch.equal(expected_params[name], resumed[name]) for name in expected_params)
+    # what this release writes loads with torch's own weights_only=True, nothing allowed on top
+    state = torch.load(last / "trainer_state.pt", weights_only=True)
+    assert state["step"] == STEPS and isinstance(state["rng"]["numpy"][1], torch.Tensor)

@@ -42,7 +42,8 @@ def test_bfloat16_computes_in_bfloat16_and_keeps_the_small_update_in_float32_mas
 
     # the checkpoint holds the float32 weights, and a resume continues from them
     saved = Trainer(
-        tiny_config(tiny_model_dir, "model.dtype=bfloat16", "run.steps=1"), resume=tmp_path / "run"
+        tiny_config(tiny_model_dir, "model.dtype=bfloat16", "optim.lr=1e-6", "run.steps=1"),
+        resume=tmp_path / "run",
     )
     assert torch.equal(dict(saved.model.named_parameters())[weight], after[weight])
 

@@ -22,10 +22,10 @@ from ebpo import rewards
 from ebpo.data.records import Record
 from ebpo.errors import ConfigError
 from ebpo.persist import DirectoryInUse, DirectoryLock
+from ebpo.trackers import read_metrics
 from ebpo.trainer import checkpoint as checkpoint_module
 from ebpo.trainer import setup as trainer_setup
 from ebpo.trainer.config_files import load_config
-from ebpo.trackers import read_metrics
 from ebpo.trainer.trainer import Trainer
 from helpers.trainer import final_params, tiny_config, training_rows
 

@@ -21,7 +21,8 @@ build, the TRL and verl adapters), so a kill at any moment has one set of conseq
 - **Manifests** (:func:`write_manifest`, :func:`verify_manifest`): a directory's ``manifest.json``, written
   last, lists each file's size and SHA-256; verifying it before anything is loaded turns a truncated or
   damaged file into one line naming it (:class:`DamagedFile`), and :func:`load_torch` does the same for a
-  ``torch.save`` file that cannot be read.
+  ``torch.save`` file that cannot be read, and reads plain data only (``weights_only=True``): a pickle that
+  would run code to load is one :class:`UnsafeFile` line, left unread.
 - **Run directories** (:class:`RunDirectory`): one training run's folder: its layout and name, one process
   at a time (:class:`DirectoryLock`), fresh / resumed / overwritten, its metrics journal rewound to a
   checkpoint, its summary; :func:`find_model` takes a run, a checkpoint or a model directory to the model.
@@ -57,6 +58,7 @@ __all__ = [
     "FoundModel",
     "Journal",
     "RunDirectory",
+    "UnsafeFile",
     "WriteError",
     "checkpoint_step",
     "find_model",
@@ -205,20 +207,69 @@ def save_torch_atomic(state: Any, path: StrPath) -> Path:
     return _replace_from_temporary(Path(path), save)
 
 
-def load_torch(path: StrPath, *, fix: str) -> Any:
-    """``torch.load(path)`` onto the CPU (full unpickling: our own state files), or one :class:`DamagedFile`
-    naming ``path`` when it is missing or cannot be read, ending with ``fix`` (what to do instead)."""
+_REFUSED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+"""The object a pickle names that ``torch.load(weights_only=True)`` refused, in torch's message."""
+
+
+def _numpy_arrays() -> list[Any]:
+    """What a NumPy array needs to unpickle, and nothing else: the array type, its reconstructor and dtypes.
+    ebpo 0.1.0 wrote NumPy's RNG state (a uint32 array) into ``trainer_state.pt``; these build an array from
+    its bytes and call nothing else (an object array's items are themselves read by the restricted
+    unpickler)."""
+    import numpy as np
+
+    reconstruct = np.ndarray(0, dtype=np.uint32).__reduce__()[0]  # what NumPy pickles an array with
+    return [reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def _torch_load_plain(path: Path, allow_arrays: bool) -> Any:
+    """``torch.load(weights_only=True)`` onto the CPU, NumPy arrays allowed on top with ``allow_arrays``."""
     import torch
 
+    if not allow_arrays:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    safe_globals = getattr(torch.serialization, "safe_globals", None)
+    if safe_globals is None:  # pragma: no cover - torch 2.4 has only the process-wide list
+        torch.serialization.add_safe_globals(_numpy_arrays())
+        return torch.load(path, map_location="cpu", weights_only=True)
+    with safe_globals(_numpy_arrays()):
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def load_torch(path: StrPath, *, fix: str) -> Any:
+    """``torch.load(path, weights_only=True)`` onto the CPU: tensors, numbers, strings, lists, tuples and dicts,
+    and nothing that runs code (a state file from elsewhere may hold a pickle that would). Every state file
+    ebpo writes holds only those; NumPy arrays also load (the RNG state of ebpo 0.1.0's checkpoints:
+    :func:`_numpy_arrays`). A file that names any other object is one :class:`UnsafeFile`, and one that is
+    missing or cannot be read one :class:`DamagedFile`, each naming ``path`` and ending with ``fix`` (what to
+    do instead)."""
     path = Path(path)
     if not path.is_file():
         raise DamagedFile(path, "is missing", fix)
-    try:
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as err:  # noqa: BLE001 - torch raises RuntimeError, EOFError, UnpicklingError, ...
-        first_line = (str(err).strip().splitlines() or [""])[0]
-        reason = f"is damaged and cannot be read ({type(err).__name__}: {first_line})"
-        raise DamagedFile(path, reason, fix) from err
+    allow_arrays = False
+    while True:
+        try:
+            return _torch_load_plain(path, allow_arrays)
+        except Exception as err:  # noqa: BLE001 - torch raises RuntimeError, EOFError, UnpicklingError, ...
+            text = str(err)
+            refused = _REFUSED_GLOBAL.search(text)
+            if refused is not None and refused.group(1).startswith("numpy.") and not allow_arrays:
+                allow_arrays = True  # an array (ebpo 0.1.0's NumPy RNG state): again, arrays allowed
+                continue
+            if refused is not None:
+                raise UnsafeFile(
+                    path,
+                    f"holds a pickle that would run code to load ({refused.group(1)}), and ebpo loads only "
+                    "tensors, numbers, strings, lists and dicts from a state file: it was left unread",
+                    fix,
+                ) from None
+            if "WeightsUnpickler error:" in text:  # not plain data: bytes of something else, or other opcodes
+                after = text.split("WeightsUnpickler error:", 1)[1].strip().splitlines() or [""]
+                reason = f"is damaged or not a state file, and cannot be read as plain data ({after[0]})"
+                raise DamagedFile(path, reason, fix) from None
+            first_line = (text.strip().splitlines() or [""])[0]
+            reason = f"is damaged and cannot be read ({type(err).__name__}: {first_line})"
+            raise DamagedFile(path, reason, fix) from err
 
 
 def replace_dir(
@@ -266,6 +317,12 @@ class DamagedFile(ConfigError):
     def __init__(self, path: StrPath, problem: str, fix: str = "") -> None:
         self.path, self.problem = Path(path), problem
         super().__init__(f"{self.path} {problem}" + (f"; {fix}" if fix else ""))
+
+
+class UnsafeFile(DamagedFile):
+    """A state file whose pickle would run code to load: it names an object beyond tensors and plain data
+    (``torch.load(weights_only=True)`` refuses it). Refused unread, in one line naming the file and what it
+    named; no option loads it."""
 
 
 def _sha256(path: Path) -> str:
@@ -549,6 +606,7 @@ class RunDirectory:
         summary.json         written at the end
         training.png         written at the end
         trackers.json        the runs of the experiment trackers it reports to (``ebpo.trackers``)
+        config_history.jsonl what each resume changed in the config, at which step (``ebpo.trainer.resume``)
         .lock                while a process trains in it (:class:`DirectoryLock`)
 
     Its life: :meth:`claim` takes the lock; :meth:`check` refuses a fresh run where a run already is (and
@@ -570,7 +628,9 @@ class RunDirectory:
     PLOT = "training.png"
     TRACKERS = "trackers.json"
     """The experiment trackers' runs (wandb, MLflow) this run reports to, so that ``--resume`` continues them."""
-    OUTPUTS = (METRICS, CHECKPOINTS, SUMMARY, TENSORBOARD, PLOT, CONFIG, TRACKERS)
+    CONFIG_HISTORY = "config_history.jsonl"
+    """One line per resume that changed the config: the step, the checkpoint, each key's saved and new value."""
+    OUTPUTS = (METRICS, CHECKPOINTS, SUMMARY, TENSORBOARD, PLOT, CONFIG, TRACKERS, CONFIG_HISTORY)
     """What a run writes; ``--overwrite`` removes exactly these (and nothing else in the directory)."""
 
     def __init__(self, path: StrPath) -> None:

@@ -226,6 +226,54 @@ def test_a_state_saved_under_other_options_is_refused():
         ebpo.get_estimator("ebpo", prior_memory=9.0).load_state_dict(est.state_dict())
 
 
+@pytest.mark.parametrize(
+    ("option", "saved", "requested"),
+    [
+        ("prior_scope", "global", "cluster"),
+        ("cluster_min_groups", 16, 4),
+        ("prior_memory", "all", 50.0),
+        ("tau2", "raw", "latent"),
+        ("tau2_floor", 1e-4, 1e-3),
+        ("sigma2", "total", "pooled"),
+        ("normalize", "batch", "prior"),
+        ("eps", 1e-6, 1e-5),
+    ],
+)
+def test_every_option_is_compared_on_load_and_a_difference_named(option, saved, requested):
+    written = ebpo.get_estimator("ebpo")
+    written([1.0, 0.0, 1.0, 1.0], [0, 0, 1, 1])
+    state = copy.deepcopy(written.state_dict())
+    target = ebpo.get_estimator("ebpo", **{option: requested})
+    before = copy.deepcopy(target.state_dict())
+    with pytest.raises(ValueError) as err:
+        target.load_state_dict(state)
+    assert str(err.value) == (
+        f"EBPO checkpoint was written with other options: {option}={saved!r} (this estimator: {requested!r}); "
+        "build the estimator with the checkpoint's options to continue its prior, or start without the "
+        "checkpoint's state"
+    )
+    assert target.state_dict() == before  # nothing taken
+
+
+def test_options_differing_together_are_named_in_one_line_and_a_missing_one_is_its_default():
+    written = ebpo.get_estimator("ebpo")
+    written([1.0, 0.0, 1.0, 1.0], [0, 0, 1, 1])
+    with pytest.raises(ValueError) as err:
+        ebpo.get_estimator("ebpo", tau2="latent", prior_scope="cluster").load_state_dict(written.state_dict())
+    assert str(err.value).startswith(
+        "EBPO checkpoint was written with other options: prior_scope='global' (this estimator: 'cluster'), "
+        "tau2='raw' (this estimator: 'latent'); "
+    )
+    # an option a state does not record (written before it existed) counts as its default
+    older = copy.deepcopy(written.state_dict())
+    del older["options"]["eps"]
+    again = ebpo.get_estimator("ebpo")
+    again.load_state_dict(older)
+    assert again.prior_stats() == written.prior_stats()
+    with pytest.raises(ValueError, match=r"options: eps=1e-06 \(this estimator: 0\.001\)"):
+        ebpo.get_estimator("ebpo", eps=1e-3).load_state_dict(older)
+
+
 def test_cluster_scope_falls_back_to_global_below_threshold():
     # cluster "geo" has 2 groups (< 3 needed) and uses the global prior; "alg" has 3 groups and uses its own.
     est = ebpo.get_estimator("ebpo", prior_scope="cluster", cluster_min_groups=3, normalize="none")

@@ -126,6 +126,28 @@ def test_run_killed_after_a_checkpoint_resumes_exactly(tiny_model_dir, configs_d
     assert resumed["test"] == whole["test"]
 
 
+def test_a_forged_checkpoint_of_a_killed_run_is_refused_unread(
+    tiny_model_dir, configs_dir, tmp_path, monkeypatch
+):
+    from ebpo.persist import UnsafeFile, read_manifest, write_manifest
+    from helpers.payloads import write_payload
+
+    spec = _spec(tiny_model_dir, configs_dir, steps=3, save_every=1, eval_every=3)
+    with monkeypatch.context() as patch:
+        _kill_on_step(patch, 3)
+        with pytest.raises(KeyboardInterrupt):
+            execute(spec, tmp_path)
+    last = run_dir(tmp_path, spec) / "checkpoints" / "last"
+    marker = tmp_path / "created-by-the-pickle"
+    write_payload(last / "trainer_state.pt", marker)
+    write_manifest(last, step=read_manifest(last)["step"])  # as a forger would
+    with pytest.raises(
+        UnsafeFile, match=r"trainer_state\.pt holds a pickle that would run code to load \(io\.open\)"
+    ):
+        execute(spec, tmp_path)
+    assert not marker.exists()
+
+
 @pytest.mark.slow  # a spawned worker imports torch and transformers afresh (10-30 s on a busy 2-core machine)
 def test_process_pool_runs_a_real_run(tiny_model_dir, configs_dir, tmp_path, plugin_sandbox):
     # the row of an estimator of one's own (a lone file's, with an option): the worker imports the plugin from

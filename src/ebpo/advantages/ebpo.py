@@ -413,11 +413,21 @@ class EBPOEstimator(AdvantageEstimator):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        saved_memory = state.get("options", {}).get("prior_memory")
-        if saved_memory != self._options()["prior_memory"]:
+        """Take a :meth:`state_dict`. Every option it was written under (``state["options"]``; one missing
+        there, from a release before the option existed, counts as its default) must equal this estimator's:
+        each shapes what the prior holds or how it is read, so a prior kept under other options would be read
+        as if built for these. A difference is one ``ValueError`` naming each option, saved and requested."""
+        saved = state.get("options", {})
+        current, defaults = self._options(), EBPOEstimator()._options()
+        differ = [
+            f"{key}={saved.get(key, defaults[key])!r} (this estimator: {value!r})"
+            for key, value in current.items()
+            if saved.get(key, defaults[key]) != value
+        ]
+        if differ:
             raise ValueError(
-                f"EBPO checkpoint has prior_memory={saved_memory!r} but this estimator has "
-                f"{self._options()['prior_memory']!r}; build the estimator with the checkpoint's prior_memory"
+                f"EBPO checkpoint was written with other options: {', '.join(differ)}; build the estimator "
+                "with the checkpoint's options to continue its prior, or start without the checkpoint's state"
             )
         prior = _load_prior(self.half_life, state, "prior", "prior", **self._prior_reads())
         cluster_priors = {}

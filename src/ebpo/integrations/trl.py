@@ -409,7 +409,10 @@ class EBPOTrainer(GRPOTrainer):
             return
         fix = "resume from an earlier checkpoint-N folder, or delete the file to start from an empty prior"
         state = load_torch(path, fix=fix)
-        self.estimator.load_state_dict(state["estimator"])
+        try:
+            self.estimator.load_state_dict(state["estimator"])
+        except ValueError as err:  # options other than the checkpoint's: one line naming the file and each
+            raise ValueError(f"{path}: {err}") from None
         self._state_at_block_start = copy.deepcopy(self.estimator.state_dict())
         if self._prompt_stream is not None and "prompt_stream" in state:
             # transformers re-enters the epoch it stopped in and skips the batches already trained on, so the

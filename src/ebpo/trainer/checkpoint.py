@@ -21,6 +21,7 @@ loads as it always did, unchecked; a file of it that does not load is still one 
 
 from __future__ import annotations
 
+import difflib
 import os
 import random
 import shlex
@@ -123,6 +124,62 @@ def run_dir_of(resume: str | Path) -> Path:
     if (path / RunDirectory.CHECKPOINTS).is_dir():
         return path
     return path.parent if path.name == RunDirectory.CHECKPOINTS else path.parent.parent
+
+
+_EXPECTED = (
+    f"expected a run directory ({RunDirectory.CONFIG} and {RunDirectory.CHECKPOINTS}/{LAST}/{STATE_FILE} inside) "
+    f"or one checkpoint of it (<run>/{RunDirectory.CHECKPOINTS}/<name>, e.g. <run>/{RunDirectory.CHECKPOINTS}/{BEST})"
+)
+
+
+def _close_matches(path: Path) -> str:
+    """`` (did you mean ...?)`` naming the entries beside ``path`` whose names are close to its own, or ""."""
+    try:
+        names = [entry.name for entry in path.parent.iterdir() if entry.is_dir()]
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(path.name, names, n=3, cutoff=0.6)
+    return f" (did you mean {' or '.join(str(path.parent / name) for name in close)}?)" if close else ""
+
+
+def _run_directories_in(path: Path) -> str:
+    """``; run directories in it: ...`` naming up to three of the newest run directories directly inside
+    ``path`` (``runs/``, say), or ""."""
+    try:
+        runs = [entry for entry in path.iterdir() if (entry / RunDirectory.CONFIG).is_file()]
+    except OSError:
+        return ""
+    newest = sorted(runs, key=lambda run: (run / RunDirectory.CONFIG).stat().st_mtime)[-3:]
+    return f"; run directories in it: {', '.join(str(run) for run in newest)}" if newest else ""
+
+
+def resume_run_dir(resume: str | Path, *, need_config: bool = True) -> Path:
+    """The run directory of a ``--resume`` path (:func:`run_dir_of`), or one :class:`ConfigError` naming what
+    is wrong with the path: the part of it that does not exist (with the names beside it that come close), or
+    why what is there is neither a run directory nor one of its checkpoints, and what was expected.
+    ``need_config=False``: only that the path exists (the Python API resumes a checkpoint without its run's
+    ``config.yaml``; :func:`find_checkpoint` then says what is missing inside it)."""
+    path = Path(resume)
+    if not path.exists():
+        missing = path
+        while not missing.parent.exists() and missing.parent != missing:
+            missing = missing.parent
+        where = f"{path} does not exist" + ("" if missing == path else f" (there is no {missing}/)")
+        raise ConfigError(f"--resume {resume}: {where}{_close_matches(missing)}; {_EXPECTED}")
+    run = run_dir_of(path)
+    if (run / RunDirectory.CONFIG).is_file() or not need_config:
+        return run
+    if (path / RunDirectory.CHECKPOINTS).is_dir() or path.name == RunDirectory.CHECKPOINTS:
+        problem = (
+            f"{run} holds {RunDirectory.CHECKPOINTS}/ but no {RunDirectory.CONFIG}, which a resume reads"
+        )
+    elif _is_complete(path) or path.parent.name == RunDirectory.CHECKPOINTS:
+        problem = (
+            f"{path} is a checkpoint, but {run / RunDirectory.CONFIG} does not exist (copied out of its run?)"
+        )
+    else:
+        problem = f"{path} is neither a run directory nor a checkpoint{_run_directories_in(path)}"
+    raise ConfigError(f"--resume {resume}: {problem}; {_EXPECTED}")
 
 
 def find_checkpoint(resume: str | Path) -> Path:
@@ -236,10 +293,20 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_state(generator: torch.Generator) -> dict[str, Any]:
-    """Every RNG the loop touches: Python, NumPy, torch CPU (+ CUDA), and the sampling generator."""
+    """Every RNG the loop touches: Python, NumPy, torch CPU (+ CUDA), and the sampling generator, as tensors,
+    numbers, strings and lists (what ``torch.load(weights_only=True)`` reads): Python's as ``[version,
+    [625 ints], gauss_next]``, NumPy's as ``["MT19937", key (624,) int64, pos, has_gauss, cached_gaussian]``."""
+    version, internal, gauss_next = random.getstate()
+    name, key, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
     state = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "python": [version, list(internal), gauss_next],
+        "numpy": [
+            str(name),
+            torch.from_numpy(np.asarray(key).astype(np.int64)),
+            int(pos),
+            int(has_gauss),
+            float(cached_gaussian),
+        ],
         "torch": torch.get_rng_state(),
         "generator": generator.get_state(),
     }
@@ -249,8 +316,13 @@ def rng_state(generator: torch.Generator) -> dict[str, Any]:
 
 
 def load_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    """Set every RNG from :func:`rng_state`'s dict, or from ebpo 0.1.0's (Python's state as a tuple, NumPy's
+    key as a uint32 array): the same generators either way."""
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    name, key, pos, has_gauss, cached_gaussian = state["numpy"]
+    key = key.numpy() if isinstance(key, torch.Tensor) else np.asarray(key)
+    np.random.set_state((name, key.astype(np.uint32), pos, has_gauss, cached_gaussian))
     torch.set_rng_state(state["torch"])
     generator.set_state(state["generator"])
     if "cuda" in state and torch.cuda.is_available():

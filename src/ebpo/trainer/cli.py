@@ -104,12 +104,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         base = None
         if args.resume:
-            from ebpo.trainer.checkpoint import run_dir_of
+            from ebpo.trainer.checkpoint import resume_run_dir
 
-            saved = run_dir_of(args.resume) / "config.yaml"
-            if not saved.is_file():
-                raise ConfigError(f"--resume {args.resume}: {saved} does not exist; is it a run directory?")
-            base = read_yaml(saved)
+            base = read_yaml(resume_run_dir(args.resume) / "config.yaml")
         cfg = load_config(args.config, args.overrides, base=base)
         cfg.run.plugins = list(dict.fromkeys([*cfg.run.plugins, *args.plugins]))  # saved with the run
         from ebpo.trackers import TrackerError

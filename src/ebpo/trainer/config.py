@@ -370,6 +370,14 @@ class RunConfig:
         "run (docs/training.md, Trackers).",
         default_factory=lambda: ["tensorboard"],
     )
+    resume_overrides: Literal["refuse", "allow"] = option(
+        "On --resume, a setting other than the checkpoint's (any key but run.steps, the validation and save "
+        "cadence, trackers and output: docs/training.md, Resuming with other settings): refuse (one line "
+        "naming each key, saved and requested) | allow (continue the checkpoint's state under the new "
+        "settings; each change and its step go to the run's config_history.jsonl). Holds for one resume: the "
+        "run's config.yaml saves refuse.",
+        default="refuse",
+    )
 
     def __post_init__(self) -> None:
         _require(

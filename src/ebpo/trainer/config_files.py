@@ -94,8 +94,9 @@ def _load_plugins(values: dict[str, Any]) -> None:
         run["plugins"] = load_plugins(names)
 
 
-def save_config(cfg: TrainConfig, path: str | Path) -> None:
-    """Write ``cfg`` as YAML, atomically (a kill leaves the old file or the new one, never half of one)."""
+def save_config(cfg: TrainConfig, path: str | Path, comment: str = "") -> None:
+    """Write ``cfg`` as YAML, atomically (a kill leaves the old file or the new one, never half of one), with
+    ``comment`` (YAML comment lines: a run's config changes on resume) at the end."""
     import yaml
 
-    write_text_atomic(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    write_text_atomic(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False) + comment)

@@ -49,6 +49,7 @@ from ebpo.persist import RunDirectory
 from ebpo.plugins import load_plugins
 from ebpo.trackers import MetricsLogger, Status
 from ebpo.trainer import checkpoint as ckpt
+from ebpo.trainer import resume
 from ebpo.trainer.clock import StepClock
 from ebpo.trainer.config import TrainConfig
 from ebpo.trainer.config_files import save_config
@@ -97,7 +98,7 @@ class Trainer:
             torch.set_num_threads(cfg.run.threads)
         self.device = resolve_device(cfg.run.device)
         if run_dir is None:
-            run_dir = ckpt.run_dir_of(resume) if resume is not None else None
+            run_dir = ckpt.resume_run_dir(resume, need_config=False) if resume is not None else None
         if run_dir is None:
             run_dir = Path(cfg.run.out_dir) / (cfg.run.name or RunDirectory.timestamped(cfg.method))
         # one process per run directory, from here to the end of train(): a second `ebpo train --resume`
@@ -113,6 +114,12 @@ class Trainer:
     def _setup(self, cfg: TrainConfig, checkpoint: Path | None, overwrite: bool) -> None:
         in_place = checkpoint is not None and self.run.holds(checkpoint)
         self.run.check(resuming=in_place, overwrite=overwrite)
+        state, self.changes = None, {}  # the checkpoint's state; the keys this resume changes
+        if checkpoint is not None:  # other settings than the checkpoint's: refused before anything loads
+            state = ckpt.load_trainer_state(checkpoint)
+            saved = resume.saved_config(state, checkpoint)
+            self.changes = resume.changed_settings(saved, cfg) if saved is not None else {}
+            resume.check_resume(self.changes, cfg, checkpoint)
         ckpt.seed_everything(cfg.run.seed)
 
         prompts = load_prompts(cfg)
@@ -156,12 +163,16 @@ class Trainer:
         self._stop: StopRequest | None = (
             None  # while train() runs: a second signal waits for a checkpoint write
         )
-        if checkpoint is not None:
-            self._load_state(checkpoint)
+        if checkpoint is not None and state is not None:
+            self._load_state(checkpoint, state)
         # resumed in place: its history ends where the checkpoint does; --overwrite: the old run's outputs go
         dropped = self.run.start(rewind_to=self.step if in_place else None, overwrite=overwrite)
         self.rewound = dropped > 0  # steps logged after the checkpoint: the trackers hold them too
-        save_config(cfg, self.run.path / RunDirectory.CONFIG)
+        if checkpoint is not None:
+            allowed = cfg.run.resume_overrides == resume.ALLOW
+            resume.record_changes(self.run.path, self.step, checkpoint, self.changes, allowed)
+        comment = resume.history_comment(self.run.path)
+        save_config(resume.as_saved(cfg), self.run.path / RunDirectory.CONFIG, comment)
 
     # -- the loop ----------------------------------------------------------------------------------
 
@@ -424,15 +435,24 @@ class Trainer:
             "eval_before": self.eval_before,
             "eval_after": self.eval_after,
             "base_path": str(self.base_path),
+            "config": resume.as_saved(self.cfg).to_dict(),  # what a resume compares its settings with
         }
 
-    def _load_state(self, checkpoint: Path) -> None:
-        state = ckpt.load_trainer_state(checkpoint)
+    def _load_state(self, checkpoint: Path, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.estimator.load_state_dict(state["estimator"])
-        self.sampler.load_state_dict(state["sampler"])
+        estimator_state, changed = state["estimator"], resume.training_changes(self.changes)
+        if any(key.startswith("optim.") for key in changed):  # allowed: the new settings apply
+            resume.apply_optimizer_settings(self.optimizer, self.scheduler, self.cfg.optim)
+        if "algorithm.estimator" in changed:  # allowed: another estimator starts from its own state
+            estimator_state = self.estimator.state_dict()
+        elif changed:  # allowed: the saved prior, read under the new options
+            estimator_state = resume.under_options(estimator_state, self.estimator.state_dict())
+        with resume.keeping(checkpoint, "estimator", self.changes):
+            self.estimator.load_state_dict(estimator_state)
+        with resume.keeping(checkpoint, "sampler", self.changes):
+            self.sampler.load_state_dict(state["sampler"])
         ckpt.load_rng_state(state["rng"], self.generator)
         self.best_score, self.best_step = state["best_score"], state["best_step"]
         self.eval_before = state.get("eval_before", {})

@@ -20,7 +20,7 @@ import ebpo  # noqa: E402
 from ebpo.advantages import EBPO_CHOICES  # noqa: E402
 from ebpo.data.samplers import get_sampler  # noqa: E402
 from ebpo.integrations.trl import ESTIMATOR_STATE_FILE, EBPOConfig, EBPOTrainer  # noqa: E402
-from ebpo.persist import DamagedFile, WriteError  # noqa: E402
+from ebpo.persist import DamagedFile, UnsafeFile, WriteError  # noqa: E402
 from helpers.plugins import MY_ESTIMATORS, PKG_ESTIMATOR, STATEFUL_ESTIMATOR  # noqa: E402
 
 G = 4  # num_generations
@@ -151,7 +151,7 @@ def test_checkpoint_resume_restores_estimator(tiny_model_dir, tmp_path):
     first.train()
     path = out / "checkpoint-2" / ESTIMATOR_STATE_FILE
     assert path.is_file()
-    saved = torch.load(path, weights_only=False)["estimator"]
+    saved = torch.load(path, weights_only=True)["estimator"]
     assert saved == first.estimator.state_dict()
 
     second = make_trainer(tiny_model_dir, make_config(out, max_steps=3, save_strategy="no", **common))
@@ -208,8 +208,8 @@ def test_mid_block_resume_counts_each_block_once(tiny_model_dir, tmp_path):
     )
     first.train()
     assert len(first.seen) == 1  # one generation for two optimizer steps
-    mid_block = torch.load(out / "checkpoint-1" / ESTIMATOR_STATE_FILE, weights_only=False)["estimator"]
-    boundary = torch.load(out / "checkpoint-2" / ESTIMATOR_STATE_FILE, weights_only=False)["estimator"]
+    mid_block = torch.load(out / "checkpoint-1" / ESTIMATOR_STATE_FILE, weights_only=True)["estimator"]
+    boundary = torch.load(out / "checkpoint-2" / ESTIMATOR_STATE_FILE, weights_only=True)["estimator"]
     assert mid_block == ebpo.get_estimator("ebpo").state_dict()  # as of the block start: empty
     assert boundary == first.estimator.state_dict() and boundary["prior"]["W_glob"]["count"] == 16
 
@@ -239,7 +239,7 @@ def test_checkpoint_after_a_mid_block_resume_counts_each_block_once(tiny_model_d
     )
     second.train(resume_from_checkpoint=str(out / "checkpoint-1"))
     assert len(second.seen) == 1  # block 1, regenerated at step 1
-    at_step_2 = torch.load(out / "checkpoint-2" / ESTIMATOR_STATE_FILE, weights_only=False)["estimator"]
+    at_step_2 = torch.load(out / "checkpoint-2" / ESTIMATOR_STATE_FILE, weights_only=True)["estimator"]
     assert at_step_2 == second.estimator.state_dict() and at_step_2["prior"]["W_glob"]["count"] == 16
 
     third = make_trainer(tiny_model_dir, make_config(out, max_steps=3, save_strategy="no", **common))
@@ -526,7 +526,7 @@ def test_estimator_state_is_written_before_the_checkpoint_and_survives_a_kill(
     with pytest.raises(Killed):
         trainer.train()
     assert seen_at_parent_save == [True]
-    saved = torch.load(out / "checkpoint-1" / ESTIMATOR_STATE_FILE, weights_only=False)["estimator"]
+    saved = torch.load(out / "checkpoint-1" / ESTIMATOR_STATE_FILE, weights_only=True)["estimator"]
     assert saved == trainer.estimator.state_dict() and saved["count"] == 2 * G
     (expected_N,) = replay(trainer.seen, name=STATEFUL_ESTIMATOR)
     torch.testing.assert_close(trainer.seen[0][1], expected_N)
@@ -747,6 +747,41 @@ def test_a_damaged_estimator_state_is_one_line_on_resume(tiny_model_dir, tmp_pat
     assert message.startswith(f"{path} is damaged and cannot be read (") and "\n" not in message
     assert message.endswith(
         "; resume from an earlier checkpoint-N folder, or delete the file to start from an empty prior"
+    )
+
+
+@pytest.mark.parametrize("shell", [False, True], ids=["open", "os.system"])
+def test_an_estimator_state_that_would_run_code_is_refused_unread_on_resume(tiny_model_dir, tmp_path, shell):
+    from helpers.payloads import write_payload
+
+    out = tmp_path / "run"
+    make_trainer(tiny_model_dir, make_config(out, max_steps=1, save_strategy="steps", save_steps=1)).train()
+    path = out / "checkpoint-1" / ESTIMATOR_STATE_FILE
+    marker = tmp_path / "created-by-the-pickle"
+    write_payload(path, marker, shell=shell)
+    second = make_trainer(tiny_model_dir, make_config(out, max_steps=2))
+    with pytest.raises(UnsafeFile) as err:
+        second.train(resume_from_checkpoint=str(out / "checkpoint-1"))
+    assert not marker.exists()
+    assert str(err.value) == (
+        f"{path} holds a pickle that would run code to load ({'posix.system' if shell else 'io.open'}), and ebpo "
+        "loads only tensors, numbers, strings, lists and dicts from a state file: it was left unread; resume "
+        "from an earlier checkpoint-N folder, or delete the file to start from an empty prior"
+    )
+
+
+def test_a_resume_with_other_ebpo_options_names_each_one(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    make_trainer(tiny_model_dir, make_config(out, max_steps=1, save_strategy="steps", save_steps=1)).train()
+    path = out / "checkpoint-1" / ESTIMATOR_STATE_FILE
+    assert torch.load(path, weights_only=True)["estimator"]["options"]["tau2"] == "raw"  # plain data
+    second = make_trainer(tiny_model_dir, make_config(out, max_steps=2, tau2="latent", sigma2="pooled"))
+    with pytest.raises(ValueError) as err:
+        second.train(resume_from_checkpoint=str(out / "checkpoint-1"))
+    assert str(err.value) == (
+        f"{path}: EBPO checkpoint was written with other options: tau2='raw' (this estimator: 'latent'), "
+        "sigma2='total' (this estimator: 'pooled'); build the estimator with the checkpoint's options to "
+        "continue its prior, or start without the checkpoint's state"
     )
 
 

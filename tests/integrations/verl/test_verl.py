@@ -27,7 +27,7 @@ from verl_helpers import LoopEBPO, loop_advantages, random_uneven_step  # noqa: 
 import ebpo  # noqa: E402
 import ebpo.integrations.verl as ev  # noqa: E402
 from ebpo.data.records import Record  # noqa: E402
-from ebpo.data.samplers import get_sampler  # noqa: E402
+from ebpo.data.samplers import StreamSampler, get_sampler  # noqa: E402
 
 OmegaConf = omegaconf.OmegaConf
 
@@ -210,6 +210,52 @@ def test_estimator_state_file_refused_or_damaged_is_one_line(tmp_path, monkeypat
     monkeypatch.setattr(torch, "save", over_quota)
     with pytest.raises(WriteError, match=rf"^cannot write {path}: disk quota exceeded; {path} is as it was$"):
         ev.save_estimator_state(folder)
+
+
+@pytest.mark.parametrize("shell", [False, True], ids=["open", "os.system"])
+def test_state_files_that_would_run_code_are_refused_unread(tmp_path, shell):
+    from ebpo.persist import UnsafeFile
+    from helpers.payloads import write_payload
+
+    folder, marker = tmp_path / "global_step_2", tmp_path / "created-by-the-pickle"
+    folder.mkdir()
+    named = "posix.system" if shell else "io.open"
+    for name, load in (
+        (ev.ESTIMATOR_STATE_FILE, lambda: ev.load_estimator_state(folder)),
+        (
+            ev.SAMPLER_STATE_FILE,
+            lambda: ev.load_sampler_state(folder, StreamSampler(get_sampler("topic", ["a"], 1))),
+        ),
+    ):
+        path = write_payload(folder / name, marker, shell=shell)
+        with pytest.raises(UnsafeFile) as err:
+            load()
+        assert not marker.exists()
+        assert str(err.value) == (
+            f"{path} holds a pickle that would run code to load ({named}), and ebpo loads only tensors, "
+            "numbers, strings, lists and dicts from a state file: it was left unread; resume from an earlier "
+            "global_step_N folder (trainer.resume_from_path), or delete the file"
+        )
+
+
+def test_a_resume_with_other_estimator_options_names_the_file_and_each_option(tmp_path):
+    gen = torch.Generator().manual_seed(0)
+    r, n, u = random_step(gen, 2, 4, 3, 0)
+    compute_advantage(make_batch(r, n, u, 3, gen), adv_estimator="ebpo", config=algo_config("ebpo"))
+    folder = tmp_path / "global_step_1"
+    path = ev.save_estimator_state(folder)
+    assert torch.load(path, weights_only=True)["ebpo"]["state"]["options"]["tau2"] == "raw"  # plain data
+    ev.HOLDER.reset()  # a new process, resuming with other options
+    assert ev.load_estimator_state(folder)
+    with pytest.raises(ValueError) as err:
+        compute_advantage(
+            make_batch(r, n, u, 3, gen), adv_estimator="ebpo", config=algo_config("ebpo", tau2="latent")
+        )
+    assert str(err.value) == (
+        f"{path}: EBPO checkpoint was written with other options: tau2='raw' (this estimator: 'latent'); "
+        "build the estimator with the checkpoint's options to continue its prior, or start without the "
+        "checkpoint's state"
+    )
 
 
 def test_changing_options_mid_run_is_refused():

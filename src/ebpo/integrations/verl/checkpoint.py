@@ -48,7 +48,7 @@ def load_estimator_state(folder: str | os.PathLike, holder: EstimatorHolder | No
     path = Path(folder) / ESTIMATOR_STATE_FILE
     if not path.is_file():
         return False
-    owner.load_state_dict(load_torch(path, fix=_DAMAGED_FIX))
+    owner.load_state_dict(load_torch(path, fix=_DAMAGED_FIX), source=str(path))
     return True
 
 

@@ -210,6 +210,7 @@ class EstimatorHolder:
         self._estimators: dict[str, Any] = {}
         self._options: dict[str, dict[str, Any]] = {}
         self._pending_state: dict[str, Any] = {}
+        self._pending_source: dict[str, str] = {}  # the file each pending state came from
         self._clusters: dict[Any, Any] = {}
         self.filtered_uids: set[Any] = set()
         self.managed = False
@@ -229,7 +230,11 @@ class EstimatorHolder:
             return self._estimators[name]
         est = ebpo.get_estimator(name, **options)
         if name in self._pending_state:
-            est.load_state_dict(self._pending_state.pop(name))
+            source = self._pending_source.pop(name, "the checkpoint")
+            try:
+                est.load_state_dict(self._pending_state.pop(name))
+            except ValueError as err:  # options other than the checkpoint's: one line naming each
+                raise ValueError(f"{source}: {err}") from None
         self._estimators[name], self._options[name] = est, options
         return est
 
@@ -274,12 +279,20 @@ class EstimatorHolder:
             for name, est in self._estimators.items()
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any], source: str | None = None) -> None:
+        """Take a :meth:`state_dict`: into each estimator built already, else when it is built (:meth:`get`).
+        ``source``: the file it came from, named by the error an estimator raises for a state that is not
+        its own (written under other options, say)."""
         for name, entry in state.items():
             if name in self._estimators:
-                self._estimators[name].load_state_dict(entry["state"])
+                try:
+                    self._estimators[name].load_state_dict(entry["state"])
+                except ValueError as err:
+                    raise ValueError(f"{source or 'the checkpoint'}: {err}") from None
             else:
                 self._pending_state[name] = entry["state"]
+                if source is not None:
+                    self._pending_source[name] = source
 
     def metrics(self) -> dict[str, float]:
         """``est.metrics()`` of every built estimator, merged (the names are already namespaced)."""
