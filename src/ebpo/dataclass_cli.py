@@ -619,6 +619,28 @@ def add_command(
     command.set_defaults(func=start)
 
 
+def command_prefix() -> str:
+    """How to run this installation's ``ebpo`` again from the shell the user is in, for the commands a message
+    prints (``continue with `ebpo train --resume ...```): ``ebpo`` when the ``PATH`` finds this installation's
+    command (an activated virtual environment), else that command's path (``.venv/bin/ebpo``, relative to
+    the working directory when inside it), else ``python -m ebpo.cli`` with this interpreter."""
+    import os
+    import shlex
+    import shutil
+
+    here = Path(sys.executable).parent / "ebpo"
+    found = shutil.which("ebpo")
+    if here.is_file():
+        if found is not None and Path(found).resolve() == here.resolve():
+            return "ebpo"
+        try:
+            shown = os.path.relpath(here) if here.absolute().is_relative_to(Path.cwd()) else str(here)
+        except ValueError:  # another drive (Windows)
+            shown = str(here)
+        return shlex.quote(shown)
+    return f"{shlex.quote(sys.executable)} -m ebpo.cli"
+
+
 def _plugins_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """``parser`` with the ``--plugins NAME`` flag every command takes (repeatable, comma-separated)."""
     from ebpo.plugins import HELP
