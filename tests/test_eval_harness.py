@@ -16,6 +16,7 @@ from ebpo import persist
 from ebpo.data.records import Record
 from ebpo.eval import cli as eval_cli
 from ebpo.eval.harness import SamplingConfig, cache_file, evaluate, get_benchmark, problem_seed
+from ebpo.registry import PLUGINS_HINT
 
 PAPER_SETS = ["aime24", "aime25", "amc23", "math500", "olympiadbench"]
 
@@ -359,7 +360,7 @@ def test_bad_input_errors():
         )
     with pytest.raises(
         ValueError,
-        match=r"'aime2024'.*aime24, aime25, amc23, arith, gym:<dataset>\[,<dataset>\.\.\.\], math500, olympiadbench$",
+        match=r"'aime2024'.*aime24, aime25, amc23, arith, gym:<dataset>\[,<dataset>\.\.\.\], math500, olympiadbench; .*--plugins",
     ):
         get_benchmark("aime2024")
     with pytest.raises(ValueError, match="top_p"):
@@ -482,7 +483,7 @@ def test_cli_unknown_benchmark_is_one_line_naming_the_flag(tmp_path, capsys):
     assert err.strip().splitlines() == [
         "ebpo eval: --benchmarks: unknown benchmark 'aime2024'; valid choices: aime24, aime25, amc23, arith, "
         "gym:<dataset>[,<dataset>...], "
-        "math500, olympiadbench"
+        f"math500, olympiadbench; {PLUGINS_HINT}"
     ]
     assert main(["eval", "builtin", "--limit", "-1", "--out-dir", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == "ebpo eval: --limit must be >= 0, got -1"
