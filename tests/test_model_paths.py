@@ -143,7 +143,7 @@ def test_ebpo_diagnose_model_takes_the_same_paths(printed, tmp_path, capsys, mon
     (tmp_path / "empty").mkdir()
     assert main(["diagnose", "--model", str(tmp_path / "empty")]) == 2
     assert capsys.readouterr().err.strip() == (
-        f"ebpo diagnose: --model: {tmp_path / 'empty'} holds no model: expected a model directory (config.json "
+        f"ebpo diagnose: error: --model: {tmp_path / 'empty'} holds no model: expected a model directory (config.json "
         "and weights), a checkpoint (model/ inside) or a run directory (checkpoints/best or checkpoints/last) "
         "(or builtin:<recipe> for a built-in model: builtin:arith, builtin:gym)"
     )
@@ -181,7 +181,7 @@ def test_builtin_names_resolve_to_the_shipped_models():
             [*EVAL, "--no-cache", "builtin:nope"],
             f"ebpo eval: {UNKNOWN} (or builtin:<recipe> for a built-in model: builtin:arith, builtin:gym)",
         ),
-        (["diagnose", "--model", "builtin:nope"], f"ebpo diagnose: --model: {UNKNOWN}"),
+        (["diagnose", "--model", "builtin:nope"], f"ebpo diagnose: error: --model: {UNKNOWN}"),
     ],
     ids=["train", "eval", "diagnose"],
 )
