@@ -421,6 +421,10 @@ def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[st
     from ebpo.tasks import task_options
 
     models = list(args.models) or [BUILTIN]
+    if args.data_dir is not None and not Path(args.data_dir).expanduser().is_dir():
+        raise ValueError(
+            f"--data-dir {args.data_dir} does not exist; give the folder holding <benchmark>.jsonl"
+        )
     settings_given = task_options(args.task_options, "--task-options")
     if args.benchmarks:
         benchmarks = split_benchmarks(args.benchmarks)
@@ -476,6 +480,9 @@ def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[st
         "skipped_metrics": skipped,
         "data_dir": _data_dir_setting(args.data_dir),
     }
+    # every model is found before any set loads (a hub download takes a while, and retries when offline); a
+    # run or checkpoint directory says here which checkpoint it scores
+    paths = {name: _resolve_model(name, args.quiet) for name in models if name not in generate_fns}
     records_by_bench = {spec.name: spec.load(data_dir=args.data_dir) for spec in specs}
     reward_options = dict(args.reward_option or [])
     rewards: dict[str, Any] = {}  # one reward object (and worker pool) per name
@@ -489,7 +496,7 @@ def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[st
         if scripted is None:
             from transformers import AutoTokenizer
 
-            path = _resolve_model(name, args.quiet)
+            path = paths[name]
             try:
                 tokenizer = AutoTokenizer.from_pretrained(path)
             except Exception as err:  # noqa: BLE001 - a damaged or missing tokenizer file: one line
