@@ -217,3 +217,21 @@ def test_ebpo_diagnose_of_builtin_gym_draws_from_its_mixture_by_default():
     assert with_model_task(DiagnoseConfig(model="some/dir")).task == "arith"
     given = with_model_task(DiagnoseConfig(model="builtin:gym", task="gym:gcd", task_options="{gcd: {}}"))
     assert (given.task, given.task_options) == ("gym:gcd", "{gcd: {}}")
+
+
+def test_the_summary_says_which_checkpoint_eval_scores_and_the_last_when_it_differs(tmp_path):
+    from ebpo.trainer.cli import checkpoint_lines
+    from ebpo.trainer.report import TrainResult
+
+    run = tmp_path / "gym-demo"
+    # the gym preset's shape: maj@8 peaks at step 50, the table's after column is step 150
+    result = TrainResult(run, step=150, eval_after={"eval/maj@8": 0.483}, best_step=50, best_score=0.4896)
+    assert checkpoint_lines(result, 8) == [
+        f"best checkpoint: step 50 (the highest validation maj@8, 0.490; what `ebpo eval {run}` scores) in "
+        f"{run}/checkpoints/best",
+        f"last checkpoint: step 150 (maj@8 0.483, the table's after column) in {run}/checkpoints/last",
+    ]
+    result.best_step = 150  # the best is the final step: one line
+    assert len(checkpoint_lines(result, 8)) == 1
+    result.best_step = None  # no validation ran: nothing to say
+    assert checkpoint_lines(result, 8) == []
