@@ -8,6 +8,8 @@ import builtins
 import errno
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -614,3 +616,16 @@ def test_corrupt_cache_line_names_file_and_line(tmp_path, capsys):
     assert err.startswith(f"ebpo eval: {cache}, line 2: not a cached problem") and err.endswith(
         "delete the file to redo"
     )
+
+
+def test_quiet_silences_the_loading_bars_of_transformers_too(tmp_path):
+    # a real model load in a process of its own (the bars are process-wide switches): under --quiet stderr
+    # holds only the line naming the files written, no "Loading weights" bar
+    argv = ["eval", "builtin:arith", "--benchmarks", "arith", "--limit", "2", "--n", "2", "--ks", "1"]
+    argv += ["--maj-ks", "2", "--no-cache", "--out-dir", str(tmp_path / "out"), "--quiet"]
+    code = "import sys; from ebpo.cli import main; sys.exit(main())"
+    proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "out"
+    assert proc.stderr == f"wrote {out / 'results.md'}, results.csv, results.json\n", proc.stderr
+    assert "| builtin:arith |" in proc.stdout

@@ -421,6 +421,12 @@ def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[st
     from ebpo.tasks import task_options
 
     models = list(args.models) or [BUILTIN]
+    if args.quiet:  # transformers' and the hub's own bars too (loading weights, downloads)
+        from huggingface_hub.utils import disable_progress_bars
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        disable_progress_bars()
     if args.data_dir is not None and not Path(args.data_dir).expanduser().is_dir():
         raise ValueError(
             f"--data-dir {args.data_dir} does not exist; give the folder holding <benchmark>.jsonl"
