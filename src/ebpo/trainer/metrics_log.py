@@ -449,7 +449,6 @@ class MLflowTracker(Tracker):
 
     @classmethod
     def open(cls, start: TrackerStart) -> MLflowTracker:
-        import mlflow
         import yaml
         from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
