@@ -251,6 +251,17 @@ def test_a_tracker_that_cannot_start_is_one_line(tmp_path, monkeypatch, offline)
     )
 
 
+def test_wandbs_files_go_to_the_run_directory_without_wandb_dir(tmp_path, monkeypatch, offline):
+    monkeypatch.delenv("WANDB_DIR")
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    logger = MetricsLogger(tmp_path / "run", ["wandb"], config={"run": {"steps": 1}})
+    logger.log(0, {"eval/pass@1": 0.25})
+    logger.close()
+    assert list((tmp_path / "cwd").iterdir()) == []  # not ./wandb
+    assert len(list((tmp_path / "run" / "wandb").glob("offline-run-*"))) == 1
+
+
 def test_mlflows_default_store_takes_a_run(tmp_path, monkeypatch, offline):
     # what `pip install 'ebpo[mlflow]'` adds to mlflow-skinny: a SQLite store, ours without MLFLOW_TRACKING_URI
     # in the run's own folder, its artifacts beside it: nothing lands in the working directory (the other tests
