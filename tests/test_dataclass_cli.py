@@ -159,7 +159,7 @@ def test_eval_flags_parse_as_before():
 
 def test_eval_k_below_one_is_one_line(tmp_path, capsys):
     assert main(["eval", "--ks", "1,0", "--out-dir", str(tmp_path), "--no-cache"]) == 2
-    assert capsys.readouterr().err == "ebpo eval: --ks: every k must be >= 1, got 1,0\n"
+    assert capsys.readouterr().err == "ebpo eval: error: --ks: every k must be >= 1, got 1,0\n"
 
 
 def test_a_bad_value_is_a_usage_error_naming_the_flag(capsys):

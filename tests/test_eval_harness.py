@@ -461,7 +461,7 @@ def test_cli_a_full_cache_disk_is_one_line_and_keeps_what_is_cached(tmp_path, mo
     err = capsys.readouterr().err.strip().splitlines()
     (cache,) = (tmp_path / "cache").rglob("arith-*.jsonl")
     assert err == [
-        f"ebpo eval: cannot write {cache}: no space left on device; the problems finished so far are cached "
+        f"ebpo eval: error: cannot write {cache}: no space left on device; the problems finished so far are cached "
         f"under {tmp_path / 'cache'}: run the same command again to resume once you free some space"
     ]
     assert len(cache.read_text().splitlines()) == 4  # the two chunks before
@@ -483,12 +483,12 @@ def test_cli_unknown_benchmark_is_one_line_naming_the_flag(tmp_path, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [
-        "ebpo eval: --benchmarks: unknown benchmark 'aime2024'; valid choices: aime24, aime25, amc23, arith, "
+        "ebpo eval: error: --benchmarks: unknown benchmark 'aime2024'; valid choices: aime24, aime25, amc23, arith, "
         "gym:<dataset>[,<dataset>...], "
         f"math500, olympiadbench; {PLUGINS_HINT}"
     ]
     assert main(["eval", "builtin", "--limit", "-1", "--out-dir", str(tmp_path)]) == 2
-    assert capsys.readouterr().err.strip() == "ebpo eval: --limit must be >= 0, got -1"
+    assert capsys.readouterr().err.strip() == "ebpo eval: error: --limit must be >= 0, got -1"
 
 
 def test_cli_missing_benchmark_file_is_one_line(tmp_path, monkeypatch, capsys):
@@ -499,7 +499,7 @@ def test_cli_missing_benchmark_file_is_one_line(tmp_path, monkeypatch, capsys):
     assert eval_cli.run(args, generate_fns={"scripted": arith_scripted}) == 2
     err = capsys.readouterr().err.strip()
     assert err == (
-        f"ebpo eval: benchmark aime24: {tmp_path / 'aime24.jsonl'} not found; --data-dir (or $EBPO_DATA_DIR) "
+        f"ebpo eval: error: benchmark aime24: {tmp_path / 'aime24.jsonl'} not found; --data-dir (or $EBPO_DATA_DIR) "
         f"must name a folder holding aime24.jsonl, or leave both unset to load math-ai/aime24 from the "
         f"Hugging Face hub"
     )
@@ -522,7 +522,7 @@ def test_cli_unreachable_hub_is_one_line_naming_benchmark_dataset_and_flag(tmp_p
     assert proc.returncode == 2, proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(
-        "ebpo eval: benchmark amc23: cannot load math-ai/amc23 (split test, revision 80815d37005f) from the "
+        "ebpo eval: error: benchmark amc23: cannot load math-ai/amc23 (split test, revision 80815d37005f) from the "
         "Hugging Face hub ("
     )
     assert line.endswith(
@@ -613,7 +613,7 @@ def test_corrupt_cache_line_names_file_and_line(tmp_path, capsys):
     cache.write_bytes(b"\n".join([lines[0], b"\xff\xfe garbage", *lines[1:]]))
     assert eval_cli.run(args, generate_fns={"scripted": arith_scripted}) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"ebpo eval: {cache}, line 2: not a cached problem") and err.endswith(
+    assert err.startswith(f"ebpo eval: error: {cache}, line 2: not a cached problem") and err.endswith(
         "delete the file to redo"
     )
 

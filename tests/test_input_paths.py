@@ -31,9 +31,12 @@ WHAT = "does not exist; give a model directory, a checkpoint or a run directory"
     ("argv", "line"),
     [
         # the paper's sets load from the hub by default: the model is checked first
-        (["eval", MISSING, "--n", "4", "--limit", "5"], f"ebpo eval: {MISSING} {WHAT}"),
-        (["eval", "builtin:arith", MISSING, "--benchmarks", "arith"], f"ebpo eval: {MISSING} {WHAT}"),
-        (["eval", "builtin:arith", "--data-dir", "nope"], "ebpo eval: --data-dir nope does not exist;"),
+        (["eval", MISSING, "--n", "4", "--limit", "5"], f"ebpo eval: error: {MISSING} {WHAT}"),
+        (["eval", "builtin:arith", MISSING, "--benchmarks", "arith"], f"ebpo eval: error: {MISSING} {WHAT}"),
+        (
+            ["eval", "builtin:arith", "--data-dir", "nope"],
+            "ebpo eval: error: --data-dir nope does not exist;",
+        ),
         (
             ["train", f"model.path={MISSING}", "run.steps=1"],
             f"ebpo train: error: model.path: {MISSING} {WHAT}",
@@ -55,14 +58,17 @@ WHAT = "does not exist; give a model directory, a checkpoint or a run directory"
                 "--model",
                 "builtin:arith",
             ],
-            "ebpo annotate difficulty: --input in.jsonl: no such file",
+            "ebpo annotate difficulty: error: --input in.jsonl: no such file",
         ),
         (
             ["annotate", "difficulty", "--input", "rows.jsonl", "--output", "o.jsonl", "--model", MISSING],
-            f"ebpo annotate difficulty: --model {MISSING} does not exist; give a model directory or a "
+            f"ebpo annotate difficulty: error: --model {MISSING} does not exist; give a model directory or a "
             "Hugging Face hub name (org/name)",
         ),
-        (["annotate", "topic", "--input", "in.jsonl", "--output", "o.jsonl"], "ebpo annotate topic: --input"),
+        (
+            ["annotate", "topic", "--input", "in.jsonl", "--output", "o.jsonl"],
+            "ebpo annotate topic: error: --input",
+        ),
         (["diagnose", "--plugins", "nope.py"], "ebpo diagnose: error: plugin"),
     ],
     ids=lambda value: value[0] if isinstance(value, list) and len(value) else None,

@@ -100,7 +100,7 @@ def test_ebpo_eval_of_a_directory_without_a_model_is_one_line(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main([*EVAL, "--no-cache", "--out-dir", str(tmp_path / "o"), str(tmp_path / "empty")]) == 2
     assert capsys.readouterr().err.strip() == (
-        f"ebpo eval: {tmp_path / 'empty'} holds no model: expected a model directory (config.json and "
+        f"ebpo eval: error: {tmp_path / 'empty'} holds no model: expected a model directory (config.json and "
         "weights), a checkpoint (model/ inside) or a run directory (checkpoints/best or checkpoints/last) "
         "(or builtin:<recipe> for a built-in model: builtin:arith, builtin:gym)"
     )
@@ -179,7 +179,7 @@ def test_builtin_names_resolve_to_the_shipped_models():
         (["train", "model.path=builtin:nope"], f"ebpo train: error: model.path: {UNKNOWN}"),
         (
             [*EVAL, "--no-cache", "builtin:nope"],
-            f"ebpo eval: {UNKNOWN} (or builtin:<recipe> for a built-in model: builtin:arith, builtin:gym)",
+            f"ebpo eval: error: {UNKNOWN} (or builtin:<recipe> for a built-in model: builtin:arith, builtin:gym)",
         ),
         (["diagnose", "--model", "builtin:nope"], f"ebpo diagnose: error: --model: {UNKNOWN}"),
     ],

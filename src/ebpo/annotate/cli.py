@@ -164,7 +164,7 @@ def run_difficulty(args: argparse.Namespace) -> int:
         )
         return 130
     except (ValueError, OSError, ImportError) as err:  # messages name the flag, file or row and the fix
-        print(f"ebpo annotate difficulty: {_one_line(err)}", file=sys.stderr)
+        print(f"ebpo annotate difficulty: error: {_one_line(err)}", file=sys.stderr)
         return 2
 
 
@@ -227,7 +227,7 @@ def run_topic(args: argparse.Namespace) -> int:
         print(f"ebpo annotate topic: interrupted; {kept}", file=sys.stderr)
         return 130
     except (ValueError, OSError, ImportError) as err:  # messages name the flag, file or row and the fix
-        print(f"ebpo annotate topic: {_one_line(err)}", file=sys.stderr)
+        print(f"ebpo annotate topic: error: {_one_line(err)}", file=sys.stderr)
         return 2
 
 

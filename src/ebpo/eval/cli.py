@@ -374,10 +374,13 @@ def run(args: argparse.Namespace, *, generate_fns: dict[str, Any] | None = None)
         print(f"ebpo eval: interrupted; {kept}", file=sys.stderr)
         return 130
     except WriteError as err:  # the cache or the results: what was finished stays cached
-        print(f"ebpo eval: cannot write {err.path}: {err.reason}; {kept} once you {err.fix}", file=sys.stderr)
+        print(
+            f"ebpo eval: error: cannot write {err.path}: {err.reason}; {kept} once you {err.fix}",
+            file=sys.stderr,
+        )
         return 1
     except (ValueError, OSError) as err:  # our messages name the flag, file or line and the fix
-        print(f"ebpo eval: {err}", file=sys.stderr)
+        print(f"ebpo eval: error: {err}", file=sys.stderr)
         return 2
 
 
@@ -535,7 +538,7 @@ def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[st
                     rewards[reward_name] = get_reward(reward_name, **reward_options)
                 except TypeError as err:
                     raise SystemExit(
-                        f"ebpo eval: --reward-option not accepted by reward {reward_name!r}: {err}"
+                        f"ebpo eval: error: --reward-option not accepted by reward {reward_name!r}: {err}"
                     ) from err
             cache = None
             if cache_dir is not None:
