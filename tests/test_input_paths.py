@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ebpo.cli import main
-from ebpo.data import loaders
+from ebpo.eval import benchmarks
 
 
 @pytest.fixture
@@ -16,7 +16,7 @@ def no_hub(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("slow work started before the paths were checked")
 
-    monkeypatch.setattr(loaders, "load_hub_benchmark", refuse)
+    monkeypatch.setattr(benchmarks, "load_hub_benchmark", refuse)
     import transformers
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
