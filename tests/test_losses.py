@@ -32,7 +32,9 @@ def _cfg(**overrides) -> PolicyLossConfig:
 
 def test_registry_lists_the_three_losses_and_rejects_unknown_names():
     assert list_policy_losses() == ["clip_cov", "kl_cov", "vanilla"]
-    with pytest.raises(ValueError, match=r"'ppo'.*clip_cov, kl_cov, vanilla$"):
+    with pytest.raises(
+        ValueError, match=r"'ppo'.*clip_cov, kl_cov, vanilla; a name of your own is registered by its plugin"
+    ):
         get_policy_loss("ppo")
 
 

@@ -28,9 +28,10 @@ VARIANT_TITLES = {
     EQUAL_RESPONSES: "R responses per step at every G (prompts per step = R / G: an equal sampling budget)",
 }
 
-RESULT_KEYS_IGNORED = ("out_dir", "name", "progress", "plot", "plugins", "report_to")
+RESULT_KEYS_IGNORED = ("out_dir", "name", "progress", "plot", "plugins", "report_to", "resume_overrides")
 """``run`` fields that do not change a run's result, left out of its key (``plugins``: where a method's
-estimator is defined, its name and options being keyed; ``report_to``: where the metrics are also sent)."""
+estimator is defined, its name and options being keyed; ``report_to``: where the metrics are also sent;
+``resume_overrides``: whether a resume may change settings, which a run's own resumes never do)."""
 
 KEYED_ONLY_OFF_DEFAULT = {
     ("rollout", "old_logp"): "recompute",

@@ -14,7 +14,7 @@ def test_registry_names_and_errors():
     assert ebpo.list_estimators() == ["dr_grpo", "ebpo", "grpo", "jspo", "reinforce_pp_baseline", "rloo"]
     with pytest.raises(
         ValueError,
-        match=r"'gpro'.*dr_grpo, ebpo, grpo, jspo, reinforce_pp_baseline, rloo$",
+        match=r"'gpro'.*dr_grpo, ebpo, grpo, jspo, reinforce_pp_baseline, rloo; a name of your own is registered by its plugin",
     ):
         ebpo.get_estimator("gpro")
     with pytest.raises(TypeError, match=r"\['shrink'\].*prior_scope"):
