@@ -136,14 +136,15 @@ def test_the_warning_names_what_this_config_lacks_under_verls_launcher():
         callback=True,
     )
     assert not any("custom_sampler" in gap for gap in with_buffer)
-    # an async mode hands the advantage off-policy groups
+    # in an async mode the groups' staleness reaches the estimator through our replay buffer only
     async_gaps = callback.launcher_gaps(
         verl_config(CALLBACK, "trainer.v1.trainer_mode=separate_async"), callback=True
     )
-    assert any(
-        "trainer.v1.trainer_mode=separate_async" in gap and "a mini-batch at a time" in gap
-        for gap in async_gaps
+    assert any("trainer.v1.trainer_mode=separate_async" in gap and "staleness" in gap for gap in async_gaps)
+    with_buffer = callback.launcher_gaps(
+        verl_config(CALLBACK, "trainer.v1.trainer_mode=colocate_async", *BUFFER), callback=True
     )
+    assert not any("staleness" in gap for gap in with_buffer)
     # verl's legacy trainer calls no checkpoint callback
     legacy = callback.launcher_gaps(verl_config("trainer.use_v1=false", CALLBACK), callback=True)
     assert any("legacy trainer calls no checkpoint callback" in gap for gap in legacy)
