@@ -21,6 +21,7 @@ if trl_conflict():
 
 from omegaconf import OmegaConf  # noqa: E402
 from verl.trainer.ppo.v1 import replay_buffer as verl_buffer  # noqa: E402
+from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync  # noqa: E402
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync  # noqa: E402
 from verl_helpers import LoopEBPO, loop_advantages, random_uneven_step, verl_config  # noqa: E402
 
@@ -28,7 +29,6 @@ import ebpo  # noqa: E402
 import ebpo.integrations.verl as ev  # noqa: E402
 from ebpo.integrations import ESTIMATOR_STATE_FILE  # noqa: E402
 from ebpo.integrations.verl import v1  # noqa: E402
-from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------------------
