@@ -259,6 +259,7 @@ def test_verls_custom_sampler_keys_build_our_buffer_with_the_trainers_settings(t
 
 
 @pytest.mark.slow  # reads a run of the session's end-to-end runs (conftest.py)
+@pytest.mark.timeout(1800)  # waits for its run, the fourth of its lane, as test_verl_e2e.py's tests do
 @needs_callback
 def test_verls_launcher_builds_our_callback_which_stops_a_resume_without_the_prior(e2e):
     # verl's real launcher on this CPU machine (run "launcher" of conftest.py): Hydra, Ray, verl's task runner

@@ -36,12 +36,18 @@ from ebpo.integrations.verl import v1  # noqa: E402
 # ----------------------------------------------------------------------------------------------------------
 def test_modes_that_run_are_accepted_and_separate_async_on_the_cpu_is_refused_by_name():
     for mode in ("sync", "colocate_async"):
-        assert v1.unsupported_mode(verl_config(f"trainer.v1.trainer_mode={mode}", "trainer.device=cpu")) is None
+        assert (
+            v1.unsupported_mode(verl_config(f"trainer.v1.trainer_mode={mode}", "trainer.device=cpu")) is None
+        )
     assert v1.unsupported_mode(verl_config("trainer.v1.trainer_mode=separate_async")) is None  # on GPUs
     line = v1.unsupported_mode(verl_config("trainer.v1.trainer_mode=separate_async", "trainer.device=cpu"))
     assert line is not None and "\n" not in line
-    assert "trainer.v1.trainer_mode=separate_async" in line and "trainer.v1.trainer_mode=colocate_async" in line
-    assert v1.trainer_class(verl_config("trainer.v1.trainer_mode=colocate_async")) is v1.EBPOTrainerColocateAsync
+    assert (
+        "trainer.v1.trainer_mode=separate_async" in line and "trainer.v1.trainer_mode=colocate_async" in line
+    )
+    assert (
+        v1.trainer_class(verl_config("trainer.v1.trainer_mode=colocate_async")) is v1.EBPOTrainerColocateAsync
+    )
     assert v1.trainer_class(verl_config()) is v1.EBPOTrainerSync
     with pytest.raises(ValueError, match="not one of verl's v1 modes"):
         v1.trainer_class(verl_config("trainer.v1.trainer_mode=fully_async"))
