@@ -41,7 +41,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -112,6 +112,27 @@ class SimulateConfig:
     theorem2_sigma2: float = field(
         default=0.04,
         metadata={"help": "Theorem 2: variance of a reward around its prompt's latent rate (within a group)"},
+    )
+    study: Literal["estimators", "staleness"] = field(
+        default="estimators",
+        metadata={
+            "help": "`estimators`: Theorem 2 and the estimators on the RLVR streams; `staleness`: EBPO's "
+            "prior_staleness options on groups sampled by older weights (docs/theory.md, section 6)"
+        },
+    )
+    staleness_lags: list[int] = field(
+        default_factory=lambda: [0, 2, 4, 8, 16],
+        metadata={"help": "staleness study: the L_max of each lag distribution Uniform{0..L_max}"},
+    )
+    staleness_drifts: list[float] = field(
+        default_factory=lambda: [2.0, 8.0],
+        metadata={
+            "help": "staleness study: rise of every latent logit over the run (per version: / (steps - 1))"
+        },
+    )
+    staleness_memories: list[str] = field(
+        default_factory=lambda: ["all", "10"],
+        metadata={"help": "staleness study: the prior_memory settings each option runs with"},
     )
     out_dir: str = field(
         default="runs/simulate", metadata={"help": "output folder for simulate.csv and simulate.png"}
@@ -647,6 +668,36 @@ DESCRIPTION = (
 )
 
 
+def _run_staleness(cfg: SimulateConfig) -> int:
+    """``--study staleness``: run it, print its tables, write ``staleness.csv``."""
+    from ebpo.simulate_staleness import StalenessSettings, format_staleness, run_staleness
+
+    start = time.perf_counter()
+    settings = StalenessSettings(
+        lags=list(cfg.staleness_lags),
+        drifts=list(cfg.staleness_drifts),
+        memories=[str(memory) for memory in cfg.staleness_memories],
+        seeds=list(cfg.seeds),
+        steps=cfg.steps,
+        warmup=cfg.warmup,
+        prompts_per_step=cfg.prompts_per_step,
+        group_size=cfg.group_size,
+        concentration=cfg.concentration,
+    )
+    rows = run_staleness(settings)
+    print(format_staleness(rows))
+    print(f"({time.perf_counter() - start:.1f} s)")
+    out_dir = Path(cfg.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text_atomic(out_dir / "staleness.csv", text.getvalue())
+    print(f"wrote {out_dir / 'staleness.csv'}")
+    return 0
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add ``ebpo simulate`` to the CLI: one flag per :class:`SimulateConfig` field."""
     from ebpo.dataclass_cli import add_command, dataclass_parser
@@ -665,6 +716,8 @@ def run(args: argparse.Namespace) -> int:
     from ebpo.dataclass_cli import from_args
 
     cfg = from_args(SimulateConfig, args)
+    if cfg.study == "staleness":
+        return _run_staleness(cfg)
     result = simulate(cfg)
     print(format_tables(result))
     out_dir = Path(cfg.out_dir)

@@ -5,6 +5,7 @@ EBPO (paper, Section 3.2 and Algorithm 1; docs/design.md §1) keeps two accumula
 ``tau2`` from them. Both classes here hold (count, mean, M2) in float64 (Python floats are IEEE doubles):
 
 - :class:`Welford`: every value ever seen has weight 1 (the paper's "all history").
+- :class:`WeightedWelford`: each value enters with a weight of its own (reliability weights), never aged.
 - :class:`EWWelford`: exponentially weighted moments (docs/design.md §2, ``prior_memory`` = a half-life in
   steps); the weight of old data halves every ``half_life`` calls to :meth:`EWWelford.step`.
 
@@ -29,7 +30,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["EWWelford", "Welford", "batch_moments"]
+__all__ = ["EWWelford", "WeightedWelford", "Welford", "batch_moments", "weighted_batch_moments"]
 
 
 def _as_float64_1d(values: Any) -> torch.Tensor:
@@ -81,6 +82,32 @@ def batch_moments(values: Any) -> tuple[int, float, float]:
         position = int(values_n.abs().argmax())
         raise _overflow_error(f"value at position {position} is {values_n[position].item():g}")
     return n, mean, m2
+
+
+def weighted_batch_moments(values: Any, weights: Any) -> tuple[float, float, float, float]:
+    """(W, W2, mean, M2) of a weighted batch in float64: W = sum w, W2 = sum w^2, mean = sum w x / W,
+    M2 = sum w (x - mean)^2 (shifted by the first value, as :func:`batch_moments`). ValueError for a
+    non-finite value, a weight that is negative or not finite, or lengths that differ; W = 0 gives zeros."""
+    values_n = _as_float64_1d(values)
+    weights_n = _as_float64_1d(weights)
+    if weights_n.numel() != values_n.numel():
+        raise ValueError(f"{weights_n.numel()} weights for {values_n.numel()} values; they must match")
+    if weights_n.numel() and not bool((torch.isfinite(weights_n) & (weights_n >= 0)).all()):
+        position = int((~(torch.isfinite(weights_n) & (weights_n >= 0))).nonzero()[0, 0])
+        raise ValueError(
+            f"weight at position {position} is {weights_n[position].item()}: weights must be finite and >= 0"
+        )
+    _check_finite_values(values_n)
+    weight = float(weights_n.sum())
+    if weight <= 0.0:
+        return 0.0, 0.0, 0.0, 0.0
+    shift = float(values_n[0])
+    mean = shift + float((weights_n * (values_n - shift)).sum()) / weight
+    m2 = float((weights_n * (values_n - mean) ** 2).sum())
+    if not (math.isfinite(mean) and math.isfinite(m2)):
+        position = int(values_n.abs().argmax())
+        raise _overflow_error(f"value at position {position} is {values_n[position].item():g}")
+    return weight, float((weights_n * weights_n).sum()), mean, m2
 
 
 def _chan_combine(
@@ -213,25 +240,17 @@ class Welford:
         return f"Welford(count={self.count}, mean={self._mean:.6g}, var={self.var:.6g})"
 
 
-class EWWelford:
-    """Exponentially weighted running mean and variance; old data's weight halves every ``half_life`` steps.
+class WeightedWelford:
+    """Running mean and variance of weighted values (reliability weights), weights never aged.
 
-    Each value enters with weight 1. :meth:`step` (called once per training step, *after* the step has
-    read the prior; EBPO's estimator calls it at the end of each ``__call__``) multiplies every existing
-    weight by ``d = 0.5 ** (1 / half_life)``: the weighted mean is unchanged, and the total weight W, the
-    weighted M2 and the sum of squared weights W2 become d * W, d * M2 and d^2 * W2.
-    Updates never decay, so several ``update`` calls within one step weigh alike.
-
-    ``var`` uses reliability weights, M2 / (W - W2 / W), which is the sample variance M2 / (n - 1) when all
-    weights are 1 (so an ``EWWelford`` that never steps equals :class:`Welford`); it is 0 when
-    W - W2 / W <= 0 (fewer than two effective values). ``count`` is the total weight W.
+    Each value enters with the weight it is given (1 by default). ``var`` uses reliability weights,
+    M2 / (W - W2 / W) with W the total weight and W2 the sum of squared weights, which is the sample
+    variance M2 / (n - 1) when all weights are 1 (so a ``WeightedWelford`` fed only weight 1 equals
+    :class:`Welford`); it is 0 when W - W2 / W <= 0 (fewer than two effective values). ``count`` is W.
+    EBPO's prior uses it for groups that enter with a weight (``prior_staleness="decay"``).
     """
 
-    def __init__(self, half_life: float) -> None:
-        if not (isinstance(half_life, int | float) and math.isfinite(half_life) and half_life > 0):
-            raise ValueError(f"EWWelford half_life must be a positive number of steps, got {half_life!r}")
-        self.half_life = float(half_life)
-        self.decay = 0.5 ** (1.0 / self.half_life)
+    def __init__(self) -> None:
         self.weight: float = 0.0
         self.weight_sq: float = 0.0
         self._mean: float = 0.0
@@ -239,7 +258,7 @@ class EWWelford:
 
     @property
     def count(self) -> float:
-        """Total weight W of the data (the plain count before any decay)."""
+        """Total weight W of the data (the plain count when every weight is 1)."""
         return self.weight
 
     @property
@@ -257,40 +276,49 @@ class EWWelford:
             return 0.0
         return max(self.m2, 0.0) / denom
 
-    def step(self) -> EWWelford:
-        """Age the data by one step: every weight times decay = 0.5 ** (1 / half_life)."""
-        self.weight *= self.decay
-        self.weight_sq *= self.decay * self.decay
-        self.m2 *= self.decay
+    def update(self, values: Any, weights: Any = None) -> WeightedWelford:
+        """Add a batch of values, each with weight 1 or with ``weights`` (same length, finite, >= 0).
+
+        Weighted batch moments: W_b = sum w, mean_b = sum w x / W_b, M2_b = sum w (x - mean_b)^2, then Chan's
+        combination with W in place of n. Values of weight 0 change nothing.
+        """
+        if weights is None:
+            n_b, mean_b, m2_b = batch_moments(values)
+            weight_b, weight_sq_b = float(n_b), float(n_b)
+        else:
+            weight_b, weight_sq_b, mean_b, m2_b = weighted_batch_moments(values, weights)
+        self.weight, self._mean, self.m2 = _chan_combine(
+            self.weight, self._mean, self.m2, weight_b, mean_b, m2_b
+        )
+        self.weight_sq += weight_sq_b
         return self
 
-    def update(self, values: Any) -> EWWelford:
-        """Add a batch of values, each with weight 1 (no decay here; see :meth:`step`)."""
-        n_b, mean_b, m2_b = batch_moments(values)
-        self.weight, self._mean, self.m2 = _chan_combine(self.weight, self._mean, self.m2, n_b, mean_b, m2_b)
-        self.weight_sq += n_b
-        return self
+    def _check_mergeable(self, other: Any) -> None:
+        if type(other) is not type(self):
+            raise TypeError(
+                f"{type(self).__name__}.merge needs a {type(self).__name__}, got {type(other).__name__}"
+            )
 
-    def merge(self, other: EWWelford) -> EWWelford:
-        """Weighted Chan combination with ``other`` (same half-life required)."""
-        if not isinstance(other, EWWelford):
-            raise TypeError(f"EWWelford.merge needs an EWWelford, got {type(other).__name__}")
-        if other.half_life != self.half_life:
-            raise ValueError(f"cannot merge EWWelford half_life={other.half_life} into {self.half_life}")
+    def merge(self, other: WeightedWelford) -> WeightedWelford:
+        """Weighted Chan combination with ``other`` (of the same class)."""
+        self._check_mergeable(other)
         self.weight, self._mean, self.m2 = _chan_combine(
             self.weight, self._mean, self.m2, other.weight, other._mean, other.m2
         )
         self.weight_sq += other.weight_sq
         return self
 
-    def all_reduce(self, group: Any = None) -> EWWelford:
+    def _empty_like(self) -> WeightedWelford:
+        return type(self)()
+
+    def all_reduce(self, group: Any = None) -> WeightedWelford:
         """As :meth:`Welford.all_reduce`, gathering (W, W2, mean, M2) and merging in rank order."""
         rows = _gather_rows([self.weight, self.weight_sq, self._mean, self.m2], group)
         if rows is None:
             return self
-        merged = EWWelford(self.half_life)
+        merged = self._empty_like()
         for weight, weight_sq, mean, m2 in rows:
-            part = EWWelford(self.half_life)
+            part = self._empty_like()
             part.weight, part.weight_sq, part._mean, part.m2 = weight, weight_sq, mean, m2
             merged.merge(part)
         self.weight, self.weight_sq, self._mean, self.m2 = (
@@ -302,13 +330,59 @@ class EWWelford:
         return self
 
     def state_dict(self) -> dict[str, float]:
-        return {
-            "half_life": self.half_life,
-            "weight": self.weight,
-            "weight_sq": self.weight_sq,
-            "mean": self._mean,
-            "m2": self.m2,
-        }
+        return {"weight": self.weight, "weight_sq": self.weight_sq, "mean": self._mean, "m2": self.m2}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        """Restore ``state_dict()``; ValueError (state unchanged) on a missing, non-finite or negative value."""
+        checked = _checked_state(state, ("weight", "weight_sq", "mean", "m2"), type(self).__name__)
+        self.weight = checked["weight"]
+        self.weight_sq = checked["weight_sq"]
+        self._mean = checked["mean"]
+        self.m2 = checked["m2"]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(weight={self.weight:.6g}, mean={self._mean:.6g})"
+
+
+class EWWelford(WeightedWelford):
+    """Exponentially weighted running mean and variance; old data's weight halves every ``half_life`` steps.
+
+    Each value enters with weight 1 (or the weight it is given). :meth:`step` (called once per training
+    step, *after* the step has read the prior; EBPO's estimator calls it at the end of each ``__call__``)
+    multiplies every existing weight by ``d = 0.5 ** (1 / half_life)``: the weighted mean is unchanged, and
+    the total weight W, the weighted M2 and the sum of squared weights W2 become d * W, d * M2 and d^2 * W2.
+    Updates never decay, so several ``update`` calls within one step weigh alike.
+
+    ``var`` uses reliability weights, M2 / (W - W2 / W), which is the sample variance M2 / (n - 1) when all
+    weights are 1 (so an ``EWWelford`` that never steps equals :class:`Welford`); it is 0 when
+    W - W2 / W <= 0 (fewer than two effective values). ``count`` is the total weight W.
+    """
+
+    def __init__(self, half_life: float) -> None:
+        if not (isinstance(half_life, int | float) and math.isfinite(half_life) and half_life > 0):
+            raise ValueError(f"EWWelford half_life must be a positive number of steps, got {half_life!r}")
+        super().__init__()
+        self.half_life = float(half_life)
+        self.decay = 0.5 ** (1.0 / self.half_life)
+
+    def step(self) -> EWWelford:
+        """Age the data by one step: every weight times decay = 0.5 ** (1 / half_life)."""
+        self.weight *= self.decay
+        self.weight_sq *= self.decay * self.decay
+        self.m2 *= self.decay
+        return self
+
+    def _check_mergeable(self, other: Any) -> None:
+        if not isinstance(other, EWWelford):
+            raise TypeError(f"EWWelford.merge needs an EWWelford, got {type(other).__name__}")
+        if other.half_life != self.half_life:
+            raise ValueError(f"cannot merge EWWelford half_life={other.half_life} into {self.half_life}")
+
+    def _empty_like(self) -> EWWelford:
+        return EWWelford(self.half_life)
+
+    def state_dict(self) -> dict[str, float]:
+        return {"half_life": self.half_life, **super().state_dict()}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
         """Restore ``state_dict()``; ValueError (state unchanged) on another half-life or a missing,
@@ -317,11 +391,7 @@ class EWWelford:
             raise ValueError(
                 f"checkpoint EWWelford half_life={state['half_life']} differs from this one's {self.half_life}"
             )
-        checked = _checked_state(state, ("weight", "weight_sq", "mean", "m2"), "EWWelford")
-        self.weight = checked["weight"]
-        self.weight_sq = checked["weight_sq"]
-        self._mean = checked["mean"]
-        self.m2 = checked["m2"]
+        super().load_state_dict(state)
 
     def __repr__(self) -> str:
         return f"EWWelford(half_life={self.half_life}, weight={self.weight:.6g}, mean={self._mean:.6g})"

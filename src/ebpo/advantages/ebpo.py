@@ -9,7 +9,10 @@ Welford accumulators, or exponentially weighted ones with a half-life) and saves
 
 Metrics added to the common ones (means over the batch's groups of each group's prior): ``ebpo/mu_glob``,
 ``ebpo/sigma2``, ``ebpo/tau2``, ``ebpo/shrinkage`` (mean S), ``ebpo/baseline_mean`` (mean V_eb),
-``ebpo/cluster_prior_frac`` (fraction of groups that used their cluster's own prior).
+``ebpo/cluster_prior_frac`` (fraction of groups that used their cluster's own prior); with per-sample lags
+(``lag=``, verl's asynchronous modes) ``ebpo/staleness_mean`` and ``ebpo/staleness_max`` (over the call's
+groups, a group's lag being its oldest response's), ``ebpo/stale_groups_left_out`` (``prior_staleness=max_lag``)
+and ``ebpo/stale_groups_down_weighted`` (``decay``: groups of lag > 0).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from ebpo.advantages.checks import Batch, OptionError, check_eps, group_ids, is_
 from ebpo.advantages.core import GroupStats, Normalize, ebpo_advantage, group_moments
 from ebpo.advantages.registry import register_estimator
 from ebpo.registry import check_choice
-from ebpo.welford import EWWelford, Welford
+from ebpo.welford import EWWelford, WeightedWelford, Welford
 
 __all__ = ["EBPO_CHOICES", "EBPOEstimator", "EBPOOptions"]
 
@@ -105,6 +108,31 @@ class EBPOOptions:
         default=1e-6,
         metadata={"help": "Added to the normalising standard deviation of EBPO's advantages; > 0."},
     )
+    prior_staleness: Literal["all", "max_lag", "decay"] = field(
+        default="all",
+        metadata={
+            "help": "How a stale group (sampled by weights `lag` versions older than the trainer's: verl's "
+            "asynchronous modes) enters the prior: `all` (every group alike, as in a synchronous run), "
+            "`max_lag` (only groups with lag <= `staleness_max_lag`) or `decay` (weight "
+            "0.5 ** (lag / `staleness_half_life`)). Groups without a lag count as lag 0. Every group still "
+            "gets its advantage from the prior; only what enters the prior changes (docs/theory.md, "
+            "section 6, measured the choice)."
+        },
+    )
+    staleness_max_lag: int = field(
+        default=8,
+        metadata={
+            "help": "With `prior_staleness=max_lag`: the largest lag (weight versions) of a group that enters "
+            "the prior; an integer >= 0 (verl's `max_off_policy_threshold` default is 8)."
+        },
+    )
+    staleness_half_life: float = field(
+        default=4.0,
+        metadata={
+            "help": "With `prior_staleness=decay`: the lag (weight versions) at which a group's weight in the "
+            "prior is halved; > 0."
+        },
+    )
 
     def __post_init__(self) -> None:
         self.check()
@@ -125,6 +153,16 @@ class EBPOOptions:
         if not is_real(self.tau2_floor) or not (math.isfinite(self.tau2_floor) and self.tau2_floor >= 0):
             raise OptionError("tau2_floor", f"tau2_floor must be >= 0 and finite, got {self.tau2_floor!r}")
         check_eps("ebpo", self.eps)
+        max_lag = self.staleness_max_lag
+        if not isinstance(max_lag, numbers.Integral) or isinstance(max_lag, bool) or max_lag < 0:
+            raise OptionError(
+                "staleness_max_lag", f"staleness_max_lag must be an integer >= 0, got {max_lag!r}"
+            )
+        half = self.staleness_half_life
+        if not is_real(half) or not (math.isfinite(half) and half > 0):
+            raise OptionError(
+                "staleness_half_life", f"staleness_half_life must be > 0 and finite, got {half!r}"
+            )
 
     @property
     def half_life(self) -> float | None:
@@ -167,9 +205,13 @@ class _Prior:
     them; otherwise they stay as they are (in the state all the same, so that checkpoints have one format).
     """
 
-    def __init__(self, half_life: float | None, *, pooled: bool = True, latent: bool = True) -> None:
-        def make() -> Welford | EWWelford:
-            return Welford() if half_life is None else EWWelford(half_life)
+    def __init__(
+        self, half_life: float | None, *, pooled: bool = True, latent: bool = True, weighted: bool = False
+    ) -> None:
+        def make() -> Welford | WeightedWelford:
+            if half_life is not None:
+                return EWWelford(half_life)
+            return WeightedWelford() if weighted else Welford()
 
         self.W_glob = make()
         self.W_means = make()
@@ -177,7 +219,7 @@ class _Prior:
         self.W_inv_size = make()
         self.pooled, self.latent = pooled, latent
 
-    def accumulators(self) -> dict[str, Welford | EWWelford]:
+    def accumulators(self) -> dict[str, Welford | WeightedWelford]:
         return {
             "W_glob": self.W_glob,
             "W_means": self.W_means,
@@ -185,14 +227,30 @@ class _Prior:
             "W_inv_size": self.W_inv_size,
         }
 
-    def update(self, rewards_N: torch.Tensor, stats: GroupStats) -> None:
-        """Algorithm 1, lines 4-6: every reward into W_glob, every group mean into W_means."""
-        self.W_glob.update(rewards_N)
-        self.W_means.update(stats.mean_M)
+    def update(
+        self,
+        rewards_N: torch.Tensor,
+        stats: GroupStats,
+        weight_N: torch.Tensor | None = None,
+        weight_M: torch.Tensor | None = None,
+    ) -> None:
+        """Algorithm 1, lines 4-6: every reward into W_glob, every group mean into W_means; with weights
+        (``prior_staleness="decay"``) each reward and group mean weighs its group's weight."""
+        if weight_M is None:
+            self.W_glob.update(rewards_N)
+            self.W_means.update(stats.mean_M)
+            if self.pooled:
+                self.W_within.update(stats.var_M[stats.count_M > 1])
+            if self.latent:
+                self.W_inv_size.update(1.0 / stats.count_M)
+            return
+        self.W_glob.update(rewards_N, weight_N)
+        self.W_means.update(stats.mean_M, weight_M)
         if self.pooled:
-            self.W_within.update(stats.var_M[stats.count_M > 1])
+            several_M = stats.count_M > 1
+            self.W_within.update(stats.var_M[several_M], weight_M[several_M])
         if self.latent:
-            self.W_inv_size.update(1.0 / stats.count_M)
+            self.W_inv_size.update(1.0 / stats.count_M, weight_M)
 
     def step(self) -> None:
         for acc in self.accumulators().values():
@@ -212,12 +270,19 @@ class _Prior:
 
 
 def _load_prior(
-    half_life: float | None, state: dict[str, Any], key: str, where: str, *, pooled: bool, latent: bool
+    half_life: float | None,
+    state: dict[str, Any],
+    key: str,
+    where: str,
+    *,
+    pooled: bool,
+    latent: bool,
+    weighted: bool = False,
 ) -> _Prior:
     """A fresh :class:`_Prior` holding ``state[key]``; ValueError naming ``where`` if it is missing or bad."""
     if key not in state:
         raise ValueError(f"EBPO checkpoint has no {where!r} entry (keys: {sorted(state)})")
-    prior = _Prior(half_life, pooled=pooled, latent=latent)
+    prior = _Prior(half_life, pooled=pooled, latent=latent, weighted=weighted)
     accumulators = prior.accumulators()
     missing = sorted(set(accumulators) - set(state[key]))
     if missing:
@@ -262,6 +327,11 @@ class EBPOEstimator(AdvantageEstimator):
         self.sigma2_mode = options.sigma2
         self.normalize = options.normalize
         self.eps = float(options.eps)
+        self.prior_staleness = options.prior_staleness
+        self.staleness_max_lag = int(options.staleness_max_lag)
+        self.staleness_half_life = float(options.staleness_half_life)
+        self._lag: Any = None  # the per-sample lags of the call in progress (``lag=``), else None
+        self._staleness_metrics: dict[str, float] = {}  # the staleness metrics of the last prior update
         self.prior = self._new_prior()
         self.cluster_priors: dict[Hashable, _Prior] = {}
 
@@ -273,7 +343,11 @@ class EBPOEstimator(AdvantageEstimator):
 
     def _prior_reads(self) -> dict[str, bool]:
         latent = self.tau2_mode == "latent"
-        return {"pooled": self.sigma2_mode == "pooled" or latent, "latent": latent}
+        return {
+            "pooled": self.sigma2_mode == "pooled" or latent,
+            "latent": latent,
+            "weighted": self.prior_staleness == "decay",
+        }
 
     def _read(self, prior: _Prior) -> tuple[float, float, float]:
         """Algorithm 1, lines 8-10: (mu_glob, sigma2, tau2) of one prior.
@@ -319,21 +393,78 @@ class EBPOEstimator(AdvantageEstimator):
         keys = [batch.cluster[i] for i in first_N.tolist()]
         return keys, low_M
 
+    def _staleness(self, batch: Batch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(groups that enter the prior (M,) bool, or None for all; their weights (M,), or None for 1) from
+        the call's per-sample lags, and the staleness metrics of the call.
+
+        A group's lag is the largest of its samples' (its oldest response). ``max_lag`` leaves out groups with
+        lag > ``staleness_max_lag``; ``decay`` weighs each group 0.5 ** (lag / ``staleness_half_life``)."""
+        self._staleness_metrics = {}
+        if self._lag is None:
+            return None, None
+        lag_N = torch.as_tensor(self._lag, dtype=torch.float64).reshape(-1).to(batch.rewards_N.device)
+        if lag_N.numel() != batch.rewards_N.numel():
+            raise ValueError(
+                f"lag has {lag_N.numel()} entries but rewards has {batch.rewards_N.numel()}; they must match"
+            )
+        bad_N = ~(torch.isfinite(lag_N) & (lag_N >= 0))
+        if bool(bad_N.any()):
+            position = int(bad_N.nonzero()[0, 0])
+            raise ValueError(
+                f"lag of sample {position} is {lag_N[position].item():g}: a lag is the trainer's weight version "
+                "minus the version that sampled the response, finite and >= 0"
+            )
+        lag_M = torch.zeros(batch.num_groups, dtype=torch.float64, device=lag_N.device)
+        lag_M = lag_M.scatter_reduce(0, batch.group_N, lag_N, reduce="amax", include_self=False)
+        keep_M: torch.Tensor | None = None
+        weight_M: torch.Tensor | None = None
+        left_out = down_weighted = 0.0
+        if self.prior_staleness == "max_lag":
+            keep_M = lag_M <= self.staleness_max_lag
+            left_out = float((~keep_M).sum())
+        elif self.prior_staleness == "decay":
+            weight_M = 0.5 ** (lag_M / self.staleness_half_life)  # the group's weight in the prior
+            down_weighted = float((lag_M > 0).sum())
+        self._staleness_metrics = {
+            "ebpo/staleness_mean": float(lag_M.mean()),
+            "ebpo/staleness_max": float(lag_M.max()),
+            "ebpo/stale_groups_left_out": left_out,
+            "ebpo/stale_groups_down_weighted": down_weighted,
+        }
+        return keep_M, weight_M
+
+    @staticmethod
+    def _fold(
+        prior: _Prior,
+        batch: Batch,
+        stats: GroupStats,
+        select_M: torch.Tensor | None,
+        weight_M: torch.Tensor | None,
+    ) -> None:
+        """Fold the groups ``select_M`` (None: all) of a batch into ``prior``, with weights ``weight_M``."""
+        rewards_N = batch.rewards_N
+        weight_N = None if weight_M is None else weight_M[batch.group_N]
+        if select_M is not None:
+            select_N = select_M[batch.group_N]
+            rewards_N = rewards_N[select_N]
+            stats = GroupStats(stats.count_M[select_M], stats.mean_M[select_M], stats.var_M[select_M])
+            weight_N = None if weight_N is None else weight_N[select_N]
+            weight_M = None if weight_M is None else weight_M[select_M]
+        prior.update(rewards_N, stats, weight_N, weight_M)
+
     def _update(self, batch: Batch, stats: GroupStats) -> tuple[list[Hashable], torch.Tensor] | None:
-        """Fold a batch into the global prior and, for cluster scope, its clusters' priors."""
-        self.prior.update(batch.rewards_N, stats)
+        """Fold a batch into the global prior and, for cluster scope, its clusters' priors (only the groups
+        ``prior_staleness`` lets in, with their weights)."""
+        keep_M, weight_M = self._staleness(batch)
+        self._fold(self.prior, batch, stats, keep_M, weight_M)
         if self.prior_scope != "cluster":
             return None
         keys, cluster_M = self._group_clusters(batch)
-        cluster_N = cluster_M[batch.group_N]
         for k, key in enumerate(keys):  # loop over the few clusters present, each update vectorised
             prior = self.cluster_priors.get(key) or self.cluster_priors.setdefault(key, self._new_prior())
             in_cluster_M = cluster_M == k
-            prior.update(
-                batch.rewards_N[cluster_N == k],
-                GroupStats(
-                    stats.count_M[in_cluster_M], stats.mean_M[in_cluster_M], stats.var_M[in_cluster_M]
-                ),
+            self._fold(
+                prior, batch, stats, in_cluster_M if keep_M is None else in_cluster_M & keep_M, weight_M
             )
         return keys, cluster_M
 
@@ -344,17 +475,30 @@ class EBPOEstimator(AdvantageEstimator):
 
     # -- contract ----------------------------------------------------------------------------------
 
-    def observe(self, rewards: Any, index: Any, cluster: Any = None) -> None:
-        """Fold a batch into the prior without computing advantages (no ageing: see class doc)."""
+    def __call__(self, rewards: Any, index: Any, cluster: Any = None, *, lag: Any = None) -> torch.Tensor:
+        """As :meth:`AdvantageEstimator.__call__`; ``lag``: N per-sample lags (the trainer's weight version
+        minus the version that sampled the response), read by ``prior_staleness``; None: every group lag 0."""
+        self._lag = lag
+        try:
+            return super().__call__(rewards, index, cluster)
+        finally:
+            self._lag = None
+
+    def observe(self, rewards: Any, index: Any, cluster: Any = None, *, lag: Any = None) -> None:
+        """Fold a batch into the prior without computing advantages (no ageing: see class doc); ``lag`` as in
+        :meth:`__call__`."""
         batch = prepare(rewards, index, cluster)
         if batch.rewards_N.numel() == 0:
             return
         saved = self.state_dict()
+        self._lag = lag
         try:
             self._update(batch, group_moments(batch.rewards_N, batch.group_N, batch.num_groups))
         except Exception:
             self.load_state_dict(saved)
             raise
+        finally:
+            self._lag = None
 
     def _advantages(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor | float]]:
         stats = batch.stats
@@ -397,6 +541,7 @@ class EBPOEstimator(AdvantageEstimator):
         names = ("ebpo/mu_glob", "ebpo/sigma2", "ebpo/tau2", "ebpo/shrinkage", "ebpo/baseline_mean")
         extra: dict[str, torch.Tensor | float] = dict(zip(names, means, strict=True))
         extra["ebpo/cluster_prior_frac"] = cluster_prior_frac
+        extra.update(self._staleness_metrics)
         return adv_N, extra
 
     def prior_stats(self, cluster: Hashable | None = None) -> dict[str, float]:
@@ -447,6 +592,9 @@ class EBPOEstimator(AdvantageEstimator):
             "sigma2": self.sigma2_mode,
             "normalize": self.normalize,
             "eps": self.eps,
+            "prior_staleness": self.prior_staleness,
+            "staleness_max_lag": self.staleness_max_lag,
+            "staleness_half_life": self.staleness_half_life,
         }
 
     def __repr__(self) -> str:

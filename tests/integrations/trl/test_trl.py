@@ -619,6 +619,9 @@ def test_the_paper_command_builds_the_paper_settings(example, tmp_path, monkeypa
         "sigma2": "total",
         "normalize": "batch",
         "eps": 1e-6,
+        "prior_staleness": "all",  # every group alike (docs/theory.md, section 6)
+        "staleness_max_lag": 8,
+        "staleness_half_life": 4.0,
     }
     assert config.bf16
     # docs/integrations.md gives the same command

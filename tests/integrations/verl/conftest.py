@@ -14,6 +14,8 @@ rollout, FSDP2 on gloo), then its own; the legacy runs train the shipped S2 inst
 | 2 | ``v1_b`` | v1 | ``v1_a``'s command again for 2 steps (reproducible) |
 | 2 | ``v1_c`` | v1 | a resume of ``v1_b`` at step 2, to step 4 (= ``v1_a``'s steps 3-4) |
 | 2 | ``v1r_a``, ``v1r_b`` | v1 | 2 ranks, ``algorithm.filter_groups`` (DAPO), ``DifficultySampler``, ``prior_scope=cluster``, a resume at step 2 |
+| 1 | ``async_a`` | v1 ``colocate_async`` | 1 rank, 4 steps on a small batch (8 x 8), checkpoints every 2: staleness, partial rollout, prior = replay |
+| 2 | ``async_b``, ``async_c`` | v1 ``colocate_async`` | ``async_a``'s command on 2 ranks, stopped at step 2, then ``resume_mode=auto`` to step 4 |
 
 A run costs about 100 s of CPU before its first step (a dozen processes, each importing verl): a property
 is tested in a run that exists for another where the two do not hide each other's faults.
@@ -35,6 +37,8 @@ from helpers.plugins import MY_ESTIMATORS, STATEFUL_ESTIMATOR
 HERE = Path(__file__).resolve().parent
 #: responses per prompt in the 2-rank runs, and the positional reward's group size
 RANKS_N = 4
+#: responses per prompt in the colocate_async runs
+ASYNC_N = 8
 
 
 LEGACY_DATASET = "chain_sum"
@@ -167,6 +171,18 @@ def e2e_lanes(root: Path, plugin_pkg: Path) -> Lanes:
         "+ray_kwargs.ray_init.include_dashboard=False",
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
     ]
+    # colocate_async on a small batch (4 prompts a mini-batch: 2 updates a step), 4 steps; async_b stops at
+    # step 2, async_c resumes it
+    async_runs = (
+        "trainer.v1.trainer_mode=colocate_async",
+        "data.train_batch_size=8",
+        f"actor_rollout_ref.rollout.n={ASYNC_N}",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32",
+        *every_2,
+    )
+    two_ranks = ("trainer.n_gpus_per_node=2", f"trainer.default_local_dir={qs / 'ckpt_async_b'}")
     lanes = [
         [
             (
@@ -188,6 +204,13 @@ def e2e_lanes(root: Path, plugin_pkg: Path) -> Lanes:
                 else []
             ),
             *([("launcher", launcher, verls_launcher)] if launcher_testable() else []),
+            (
+                "async_a",
+                qs,
+                entry_point(
+                    qs, "async_a", 4, *async_runs, f"trainer.default_local_dir={qs / 'ckpt_async_a'}"
+                ),
+            ),
         ],
         [
             (
@@ -212,6 +235,12 @@ def e2e_lanes(root: Path, plugin_pkg: Path) -> Lanes:
                 "v1r_b",
                 curriculum,
                 entry_point(curriculum, "v1r_b", 4, *curriculum_runs, "trainer.resume_mode=auto"),
+            ),
+            ("async_b", qs, entry_point(qs, "async_b", 2, *async_runs, *two_ranks)),
+            (
+                "async_c",
+                qs,
+                entry_point(qs, "async_c", 4, *async_runs, *two_ranks, "trainer.resume_mode=auto"),
             ),
         ],
     ]

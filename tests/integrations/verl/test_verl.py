@@ -1274,6 +1274,62 @@ def test_cpu_rollout_draws_depend_on_seed_weights_prompt_and_draw_not_on_arrival
     assert request_seed(3, 1, {"t": 1}, [5, 6], 0) == request_seed(3, 1, {"t": 1}, [5, 6], 0)
 
 
+def test_cpu_rollout_server_aborts_and_resumes_as_partial_rollout_needs(tmp_path):
+    # verl's colocate_async calls abort_all_requests when the trainer has its batch, and resume_generation after
+    # the weight update. A request being decoded then returns "aborted" with the first half of its response
+    # (the CPU decodes a batch in one call: half of it counts as generated before the abort), a queued request
+    # "aborted" with no tokens, and a request sent between the two waits for resume_generation. The decode is
+    # held on an event here so the abort lands while it runs
+    import asyncio
+    import threading
+
+    from ebpo.integrations.verl.cpu.rollout import CPURolloutServer
+    from ebpo.models.tiny import build_tiny_model
+
+    path = build_tiny_model(tmp_path / "m", seed=1)
+    server = CPURolloutServer(str(path), response_length=6, seed=3)
+    greedy = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+    other = {**greedy, "top_p": 0.5}  # other settings: decoded in a batch of their own, after the first
+    prompt = [5, 6, 7]
+
+    async def full():
+        return await server.generate("full", prompt_ids=prompt, sampling_params=greedy)
+
+    whole = asyncio.run(full())
+    assert whole.stop_reason == "completed" and len(whole.token_ids) >= 2
+    decoding, release = threading.Event(), threading.Event()
+    sample = server._sample
+
+    def held(*args):
+        decoding.set()
+        release.wait(timeout=60)
+        return sample(*args)
+
+    server._sample = held
+
+    async def scenario():
+        first = asyncio.create_task(server.generate("a", prompt_ids=prompt, sampling_params=greedy))
+        while not decoding.is_set():
+            await asyncio.sleep(0.01)
+        queued = asyncio.create_task(server.generate("b", prompt_ids=prompt, sampling_params=other))
+        await asyncio.sleep(0.01)
+        await server.abort_all_requests()
+        late = asyncio.create_task(server.generate("c", prompt_ids=prompt, sampling_params=greedy))
+        waiting_b = (await queued).token_ids
+        release.set()
+        cut = await first
+        await asyncio.sleep(0.2)
+        assert not late.done()  # held until resume_generation
+        await server.resume_generation()
+        return cut, waiting_b, await late
+
+    cut, queued_tokens, late = asyncio.run(scenario())
+    assert cut.stop_reason == "aborted" and cut.token_ids == whole.token_ids[: len(whole.token_ids) // 2]
+    assert queued_tokens == []
+    assert late.stop_reason == "completed" and len(late.token_ids) >= 1
+    assert server.info()["aborted_requests"] == 2
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_saturated_rows_matches_a_loop(seed):
     from ebpo.integrations.verl.estimators import saturated_rows

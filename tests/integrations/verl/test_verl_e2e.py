@@ -337,6 +337,107 @@ def test_v1_dapo_cleared_groups_reach_the_cluster_prior_once_across_a_resume(e2e
 
 
 # ----------------------------------------------------------------------------------------------------------
+# v1 colocate_async: 1 rank, and 2 ranks stopped at step 2 and resumed
+# ----------------------------------------------------------------------------------------------------------
+ASYNC_N = 8  # responses per prompt in the colocate_async runs (conftest.py)
+ASYNC_PROMPTS = 8
+STALENESS_WORST = "training/off_policy/trajectory_staleness_worst"
+STALENESS_NEWEST = "training/off_policy/trajectory_staleness"
+
+
+def assert_staleness_logged(metrics: dict[int, dict[str, float]]) -> None:
+    """``ebpo/staleness_*`` every step, equal to verl's own count of the versions behind a response's oldest
+    token: the mean over groups = verl's mean over rows (every group has ``ASYNC_N`` rows)."""
+    for step, values in metrics.items():
+        assert {"ebpo/staleness_mean", "ebpo/staleness_max", "ebpo/mu_glob", "ebpo/shrinkage"} <= set(
+            values
+        ), step
+        assert values["ebpo/staleness_mean"] == pytest.approx(values[f"{STALENESS_WORST}/mean"], abs=1e-9), (
+            step
+        )
+        assert values["ebpo/staleness_max"] == values[f"{STALENESS_WORST}/max"], step
+
+
+def async_replay(*folders: Path, last: int = 4) -> tuple[dict, int]:
+    """The core estimator fed steps 1..``last`` dumped in ``folders`` (a group's rows together: verl dumps them
+    in key order): its prior and the number of rewards; asserts every step's groups are new ones."""
+    rows = {}
+    for folder in folders:
+        rows |= dumped_rows(folder)
+    steps = list(range(1, last + 1))
+    uids = [uid for s in steps for uid in {row["uid"].rsplit("_", 2)[0] for row in rows[s]}]
+    assert len(uids) == len(set(uids)) == ASYNC_PROMPTS * len(steps), "a group trained twice, or one missing"
+    rewards = [torch.tensor([row["score"] for row in rows[s]]) for s in steps]
+    return replay([([], r, None) for r in rewards], ASYNC_N), sum(len(r) for r in rewards)
+
+
+def test_colocate_async_on_one_rank_logs_staleness_and_its_prior_is_a_replay(e2e):
+    # trainer.v1.trainer_mode=colocate_async on 1 rank, 4 steps of 8 prompts x 8: verl's async trainer (the
+    # rollout runs ahead: a warm-up batch is generated before step 1, so later steps train groups sampled by
+    # older weights); ebpo/staleness_* every step, as verl counts it; the prior saved at steps 2 and 4 holds
+    # exactly the rewards of the groups trained so far (our async buffer handed out each group once)
+    e2e.succeeded("async_a")
+    qs = e2e.root_of("async_a")
+    metrics = step_metrics(qs / "async_a.metrics.jsonl")
+    assert sorted(metrics) == [1, 2, 3, 4]
+    assert_staleness_logged(metrics)
+    assert max(values["ebpo/staleness_max"] for values in metrics.values()) >= 1, "no stale group: not async"
+    for step in (2, 4):
+        folder = qs / "ckpt_async_a" / f"global_step_{step}"
+        assert (folder / ESTIMATOR_STATE_FILE).is_file() and (folder / "transfer_queue").is_dir()
+        expected, count = async_replay(qs / "async_a-rollouts", last=step)
+        prior = saved_prior(qs, step, "ckpt_async_a")
+        assert_prior_equal(prior, expected)
+        assert int(prior["W_glob"]["count"]) == count == step * ASYNC_PROMPTS * ASYNC_N
+    lags = [values["ebpo/staleness_mean"] for _, values in sorted(metrics.items())]
+    rewards = [values["critic/score/mean"] for _, values in sorted(metrics.items())]
+    print(f"\n[verl colocate_async] staleness {lags}, reward {rewards}; {timing('async_a')}")
+
+
+def test_colocate_async_on_two_ranks_resumes_with_each_group_in_the_prior_once(e2e):
+    # async_b: async_a's command on 2 ranks, stopped at step 2 (its last: checkpoint, TransferQueue saved with
+    # the groups finished but not trained and the prompts still pending); async_c: resume_mode=auto, steps 3-4.
+    # The prior saved at step 4 = the core estimator fed every group trained in steps 1-4, each once (a group
+    # restored or reissued after the resume enters the prior when it is trained, not before the stop): the
+    # prior a run that never stopped holds after training those groups
+    e2e.succeeded("async_b", "async_c")
+    qs = e2e.root_of("async_b")
+    _, log_c = e2e.result("async_c")
+    assert "setting global step to 2" in log_c
+    shards = sorted(
+        p.name for p in (qs / "ckpt_async_b" / "global_step_4" / "actor").glob("model_world_size_*")
+    )
+    assert shards == ["model_world_size_2_rank_0.pt", "model_world_size_2_rank_1.pt"]
+    metrics = step_metrics(qs / "async_b.metrics.jsonl") | step_metrics(qs / "async_c.metrics.jsonl")
+    assert sorted(metrics) == [1, 2, 3, 4]
+    assert_staleness_logged(metrics)
+    # groups fetched at step 2, finished or pending at the stop, came back with TransferQueue (the pending ones
+    # reissued) and were trained after the resume
+    restored = re.search(r"Restored (\d+) training prompt groups from TransferQueue", log_c)
+    assert restored and int(restored.group(1)) > 0, "TransferQueue restored nothing"
+    after = {
+        row["uid"].rsplit("_", 2)[0] for rows in dumped_rows(qs / "async_c-rollouts").values() for row in rows
+    }
+    assert any(uid.startswith("s00000002-") for uid in after), sorted(after)
+    expected, count = async_replay(qs / "async_b-rollouts", qs / "async_c-rollouts")
+    resumed = saved_prior(qs, 4, "ckpt_async_b")
+    assert_prior_equal(resumed, expected)
+    assert int(resumed["W_glob"]["count"]) == count == 4 * ASYNC_PROMPTS * ASYNC_N
+    # against async_a, which never stopped (1 rank; an async run's responses depend on timing, so the two
+    # differ by sampling): the same number of rewards and groups, and global means within 0.15 (the
+    # difference of two means of 256 rewards in [0, 1] has std <= 0.044: 3.4 std)
+    e2e.succeeded("async_a")
+    never_stopped = saved_prior(qs, 4, "ckpt_async_a")
+    for key in ("W_glob", "W_means"):
+        assert int(resumed[key]["count"]) == int(never_stopped[key]["count"]), key
+    gap = abs(float(resumed["W_glob"]["mean"]) - float(never_stopped["W_glob"]["mean"]))
+    assert gap <= 0.15, gap
+    print(
+        f"\n[verl colocate_async 2 ranks, resumed] mu_glob gap to async_a {gap:.4f}; {timing('async_b', 'async_c')}"
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------
 # the legacy trainer on 2 ranks: filter_groups, balance_batch, a resume
 # ----------------------------------------------------------------------------------------------------------
 def unreordered(rows: list[dict]) -> list[dict]:

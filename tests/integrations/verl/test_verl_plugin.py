@@ -136,14 +136,15 @@ def test_the_warning_names_what_this_config_lacks_under_verls_launcher():
         callback=True,
     )
     assert not any("custom_sampler" in gap for gap in with_buffer)
-    # an async mode hands the advantage off-policy groups
+    # in an async mode the groups' staleness reaches the estimator through our replay buffer only
     async_gaps = callback.launcher_gaps(
         verl_config(CALLBACK, "trainer.v1.trainer_mode=separate_async"), callback=True
     )
-    assert any(
-        "trainer.v1.trainer_mode=separate_async" in gap and "a mini-batch at a time" in gap
-        for gap in async_gaps
+    assert any("trainer.v1.trainer_mode=separate_async" in gap and "staleness" in gap for gap in async_gaps)
+    with_buffer = callback.launcher_gaps(
+        verl_config(CALLBACK, "trainer.v1.trainer_mode=colocate_async", *BUFFER), callback=True
     )
+    assert not any("staleness" in gap for gap in with_buffer)
     # verl's legacy trainer calls no checkpoint callback
     legacy = callback.launcher_gaps(verl_config("trainer.use_v1=false", CALLBACK), callback=True)
     assert any("legacy trainer calls no checkpoint callback" in gap for gap in legacy)
@@ -258,6 +259,7 @@ def test_verls_custom_sampler_keys_build_our_buffer_with_the_trainers_settings(t
 
 
 @pytest.mark.slow  # reads a run of the session's end-to-end runs (conftest.py)
+@pytest.mark.timeout(1800)  # waits for its run, the fourth of its lane, as test_verl_e2e.py's tests do
 @needs_callback
 def test_verls_launcher_builds_our_callback_which_stops_a_resume_without_the_prior(e2e):
     # verl's real launcher on this CPU machine (run "launcher" of conftest.py): Hydra, Ray, verl's task runner

@@ -21,6 +21,7 @@ if trl_conflict():
 
 from omegaconf import OmegaConf  # noqa: E402
 from verl.trainer.ppo.v1 import replay_buffer as verl_buffer  # noqa: E402
+from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync  # noqa: E402
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync  # noqa: E402
 from verl_helpers import LoopEBPO, loop_advantages, random_uneven_step, verl_config  # noqa: E402
 
@@ -31,29 +32,52 @@ from ebpo.integrations.verl import v1  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------------------
-# async modes: refused with one line naming the mode and the supported one
+# modes: sync and colocate_async everywhere, separate_async not on the CPU (verl needs a GPU checkpoint engine)
 # ----------------------------------------------------------------------------------------------------------
-def test_async_modes_are_refused_by_name():
-    assert v1.unsupported_mode(verl_config()) is None  # verl's default: sync
-    for mode in ("colocate_async", "separate_async"):
-        line = v1.unsupported_mode(verl_config(f"trainer.v1.trainer_mode={mode}"))
-        assert line is not None and "\n" not in line
-        assert f"trainer.v1.trainer_mode={mode}" in line and "trainer.v1.trainer_mode=sync" in line
-    assert "per mini-batch" in v1.unsupported_mode(verl_config("trainer.v1.trainer_mode=separate_async"))
-    with pytest.raises(ValueError, match="trainer_mode=colocate_async"):
-        v1.EBPOReplayBuffer(
-            trainer_mode="colocate_async",
-            trainer_config={},
-            max_off_policy_threshold=8,
-            max_off_policy_strategy="drop",
-            sampler_kwargs={},
+def test_modes_that_run_are_accepted_and_separate_async_on_the_cpu_is_refused_by_name():
+    for mode in ("sync", "colocate_async"):
+        assert (
+            v1.unsupported_mode(verl_config(f"trainer.v1.trainer_mode={mode}", "trainer.device=cpu")) is None
         )
+    assert v1.unsupported_mode(verl_config("trainer.v1.trainer_mode=separate_async")) is None  # on GPUs
+    line = v1.unsupported_mode(verl_config("trainer.v1.trainer_mode=separate_async", "trainer.device=cpu"))
+    assert line is not None and "\n" not in line
+    assert (
+        "trainer.v1.trainer_mode=separate_async" in line and "trainer.v1.trainer_mode=colocate_async" in line
+    )
+    assert (
+        v1.trainer_class(verl_config("trainer.v1.trainer_mode=colocate_async")) is v1.EBPOTrainerColocateAsync
+    )
+    assert v1.trainer_class(verl_config()) is v1.EBPOTrainerSync
+    with pytest.raises(ValueError, match="not one of verl's v1 modes"):
+        v1.trainer_class(verl_config("trainer.v1.trainer_mode=fully_async"))
 
 
-def test_entry_point_refuses_an_async_mode_before_ray_starts(tmp_path):
+def test_the_buffer_named_in_an_async_mode_is_the_async_one():
+    # verl's launcher builds the class it is named (EBPOReplayBuffer) in every mode
+    buffer = v1.EBPOReplayBuffer(
+        trainer_mode="colocate_async",
+        trainer_config={},
+        max_off_policy_threshold=8,
+        max_off_policy_strategy="drop",
+        sampler_kwargs={"ebpo": {"estimator": "ebpo", "estimator_options": {}, "train_batch_size": 2}},
+    )
+    assert type(buffer) is v1.EBPOReplayBufferAsync
+    assert isinstance(buffer, ReplayBufferAsync) and buffer.max_off_policy_threshold == 8
+
+
+def test_a_group_lag_counts_from_its_oldest_response():
+    # step 5 trains version 4; group a: responses from versions 4 and 2 (partial rollout: 2..4) -> lag 2
+    tags = [{"min_global_steps": 4}, {"min_global_steps": 2}, {"min_global_steps": 4}]
+    assert v1.group_lags(5, ["a", "a", "b"], tags) == {"a": 2, "b": 0}
+    assert v1.group_lags(5, ["a"], [{"status": "success"}]) is None  # a rollout that records no version
+
+
+def test_entry_point_refuses_separate_async_on_the_cpu_before_ray_starts(tmp_path):
     # the whole command: one line on stderr, exit status 1, no Ray (it would print "Started a local Ray")
+    overrides = ["trainer.v1.trainer_mode=separate_async", "trainer.device=cpu"]
     result = subprocess.run(
-        [sys.executable, "-m", "ebpo.integrations.verl", "trainer.v1.trainer_mode=colocate_async"],
+        [sys.executable, "-m", "ebpo.integrations.verl", *overrides],
         capture_output=True,
         text=True,
         cwd=tmp_path,
@@ -61,10 +85,7 @@ def test_entry_point_refuses_an_async_mode_before_ray_starts(tmp_path):
     )
     assert result.returncode == 1
     lines = [line for line in result.stderr.splitlines() if "trainer_mode" in line]
-    assert lines == [
-        "ebpo.integrations.verl: "
-        + v1.unsupported_mode(verl_config("trainer.v1.trainer_mode=colocate_async"))
-    ]
+    assert lines == ["ebpo.integrations.verl: " + v1.unsupported_mode(verl_config(*overrides))]
     assert "Ray" not in result.stdout + result.stderr.replace(lines[0], "")
 
 

@@ -17,7 +17,7 @@ Modules, one concern each:
 | :mod:`.samplers` | :class:`TopicSampler`, :class:`DifficultySampler` for ``data.sampler`` |
 | :mod:`.data` | our records -> verl's parquet rows |
 | :mod:`.rewards` | ``compute_score`` for ``reward.custom_reward_function`` over ``ebpo.rewards`` |
-| :mod:`.v1` | verl's v1 trainer (the default): :class:`EBPOTrainerSync`, :class:`EBPOReplayBuffer` |
+| :mod:`.v1` | verl's v1 trainer (the default): :class:`EBPOTrainerSync`, :class:`EBPOTrainerColocateAsync`, :class:`EBPOTrainerSeparateAsync`, :class:`EBPOReplayBuffer` (:class:`EBPOReplayBufferAsync` in the async modes) |
 | :mod:`.trainer` | :class:`EBPORayPPOTrainer` (verl's legacy ``RayPPOTrainer`` subclass, ``trainer.use_v1=false``) |
 | :mod:`.filtering` | the legacy trainer's actor batch of a step with filtered groups (the driver's half) |
 | :mod:`.worker` | our actor worker: each mini-batch normalised by the rows it trains (the workers' half) |
@@ -64,7 +64,10 @@ _LAZY = {
     # trainers (import verl's Ray trainers)
     "EBPORayPPOTrainer": "trainer",
     "EBPOTrainerSync": "v1",
+    "EBPOTrainerColocateAsync": "v1",
+    "EBPOTrainerSeparateAsync": "v1",
     "EBPOReplayBuffer": "v1",
+    "EBPOReplayBufferAsync": "v1",
 }
 
 __all__ = ["ESTIMATOR_STATE_FILE", "REGISTERED", *_LAZY]

@@ -111,13 +111,10 @@ def launcher_gaps(config: Any, *, callback: bool) -> list[str]:
         if options.get("prior_scope") == "cluster":
             gaps.append(f"cluster keys (algorithm.{name}.prior_scope=cluster stops at the first step)")
     mode = str(_get(config, "trainer.v1.trainer_mode", "sync"))
-    if v1 and mode != "sync":
-        gaps.append(
-            f"whole batches of one policy (trainer.v1.trainer_mode={mode} hands the advantage off-policy groups"
-            f"{', a mini-batch at a time' if mode == 'separate_async' else ''}; our launcher refuses it)"
-        )
+    custom = to_plain(_get(config, "trainer.v1.sampler.custom_sampler", {})) or {}
+    if v1 and mode != "sync" and custom.get("name") != "EBPOReplayBuffer":
+        gaps.append(f"each group's staleness (trainer.v1.trainer_mode={mode}): add {BUFFER_KEYS}")
     if v1 and bool(_get(config, "algorithm.filter_groups.enable", False)):
-        custom = to_plain(_get(config, "trainer.v1.sampler.custom_sampler", {})) or {}
         if custom.get("name") != "EBPOReplayBuffer":
             gaps.append(f"the groups algorithm.filter_groups evicts in the prior: add {BUFFER_KEYS}")
     return gaps

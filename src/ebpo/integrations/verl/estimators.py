@@ -212,12 +212,15 @@ class EstimatorHolder:
         self._pending_state: dict[str, Any] = {}
         self._pending_source: dict[str, str] = {}  # the file each pending state came from
         self._clusters: dict[Any, Any] = {}
+        self._lags: dict[Any, int] = {}
         self.filtered_uids: set[Any] = set()
         self.managed = False
         #: False where the trainer filters groups itself before the advantage (verl's v1 replay buffer)
         self.filter_in_estimator = True
         #: set once the warning about verl's own launcher was printed in this process
         self.warned = False
+        #: ``ebpo/staleness_*`` of the last advantage call (:meth:`lag_metrics`)
+        self.last_lag_metrics: dict[str, float] = {}
 
     def get(self, name: str, options: Mapping[str, Any] | None = None) -> Any:
         options = dict(options or {})
@@ -271,6 +274,40 @@ class EstimatorHolder:
     def forget_clusters(self) -> None:
         self._clusters.clear()
 
+    # uid -> lag (verl's asynchronous modes) ---------------------------------------------------------------
+    def note_lags(self, lags: Mapping[Any, int]) -> None:
+        """Remember each group's lag in weight versions by uid (our replay buffer, when it hands out a batch)."""
+        self._lags.update(lags)
+
+    def lags_for(self, index: Sequence[Any], known: Sequence[bool] | None = None) -> list[int] | None:
+        """Lag of each row ``index`` (uids), or None unless every uid's lag is known. Rows where ``known`` is
+        False (padding, rejected rows: never given to the estimator) may be unknown: 0 there."""
+        if not self._lags:
+            return None
+        out = []
+        for row, uid in enumerate(index):
+            if uid in self._lags:
+                out.append(self._lags[uid])
+            elif known is not None and not known[row]:
+                out.append(0)
+            else:
+                return None
+        return out
+
+    def forget_lags(self) -> None:
+        self._lags.clear()
+
+    def lag_metrics(self, index: Sequence[Any]) -> dict[str, float]:
+        """``ebpo/staleness_mean`` and ``ebpo/staleness_max`` over the groups of ``index`` (empty without lags)."""
+        lags = self.lags_for(index)
+        if not lags:
+            return {}
+        by_group = dict(zip(index, lags))
+        return {
+            "ebpo/staleness_mean": float(np.mean(list(by_group.values()))),
+            "ebpo/staleness_max": float(max(by_group.values())),
+        }
+
     # checkpointing and metrics ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """``{name: {"options": ..., "state": est.state_dict()}}`` for every built estimator."""
@@ -295,8 +332,9 @@ class EstimatorHolder:
                     self._pending_source[name] = source
 
     def metrics(self) -> dict[str, float]:
-        """``est.metrics()`` of every built estimator, merged (the names are already namespaced)."""
-        out: dict[str, float] = {}
+        """The last call's staleness metrics (any estimator, when lags were recorded), then ``est.metrics()`` of
+        every built estimator, merged (the names are already namespaced)."""
+        out: dict[str, float] = dict(self.last_lag_metrics)
         for est in self._estimators.values():
             out.update({k: float(v) for k, v in est.metrics().items()})
         return out
@@ -313,17 +351,31 @@ def observe_groups(
     config: Any = None,
     cluster: Sequence[Any] | None = None,
     holder: EstimatorHolder | None = None,
+    lag: Sequence[Any] | None = None,
 ) -> None:
     """Fold groups that will not be trained on into estimator ``name``'s prior (``est.observe``).
 
     For group filters of your own (a custom verl replay buffer, a recipe's dynamic sampling): call it with
     the sequence rewards and uids of the groups you drop, in the process that computes advantages, so the
     prior sees every sampled group as in the reference trainer. ``config`` is verl's algorithm config (its
-    ``<name>`` section gives the options, which must match the training ones).
+    ``<name>`` section gives the options, which must match the training ones). ``lag``: each row's lag in
+    weight versions, for an estimator that reads it (EBPO's ``prior_staleness``).
     """
     owner = holder if holder is not None else HOLDER
     options, _ = estimator_options(config, name)
-    owner.get(name, options).observe(torch.as_tensor(rewards, dtype=torch.float64), list(index), cluster)
+    est = owner.get(name, options)
+    rewards_t = torch.as_tensor(rewards, dtype=torch.float64)
+    if lag is not None and _reads_lag(est):
+        est.observe(rewards_t, list(index), cluster, lag=list(lag))
+    else:
+        est.observe(rewards_t, list(index), cluster)
+
+
+def _reads_lag(est: Any) -> bool:
+    """Whether the estimator takes ``lag=`` (EBPO and its subclasses: ``prior_staleness``)."""
+    from ebpo.advantages import EBPOEstimator
+
+    return isinstance(est, EBPOEstimator)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -364,6 +416,14 @@ def make_verl_estimator(
                     f"column named by "
                     f"algorithm.{name}.cluster_key (default {DEFAULT_CLUSTER_KEY!r})"
                 )
+            lag_B = owner.lags_for(uids, keep_B.tolist()) if _reads_lag(est) else None
+            owner.last_lag_metrics = owner.lag_metrics(
+                [uid for uid, keep in zip(uids, keep_B.tolist()) if keep]
+            )
+
+            def lag_kwargs(rows: list[int]) -> dict[str, Any]:
+                return {} if lag_B is None else {"lag": [lag_B[i] for i in rows]}
+
             owner.filtered_uids = set()
             if owner.filter_in_estimator and filter_groups_enabled(config):
                 drop_B = saturated_rows(rewards_B, uids, keep_B)
@@ -373,6 +433,7 @@ def make_verl_estimator(
                         rewards_B[drop_B],
                         [uids[i] for i in rows],
                         None if cluster_B is None else [cluster_B[i] for i in rows],
+                        **lag_kwargs(rows),
                     )
                     owner.filtered_uids = {uids[i] for i in rows}
                     keep_B = keep_B & ~drop_B
@@ -383,6 +444,7 @@ def make_verl_estimator(
                     rewards_B[keep_B],
                     [uids[i] for i in rows],
                     cluster=None if cluster_B is None else [cluster_B[i] for i in rows],
+                    **lag_kwargs(rows),
                 ).float()
             owner.forget_clusters()
             adv_BT = adv_B.to(device=token_level_rewards.device, dtype=token_level_rewards.dtype)

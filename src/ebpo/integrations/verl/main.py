@@ -8,9 +8,10 @@
 
 Takes the same Hydra overrides as ``python -m verl.trainer.main_ppo`` (verl's ``ppo_trainer.yaml``), and
 ``actor_rollout_ref.model.path`` may name a built-in model as every ebpo command does (``builtin:gym``). By default
-(``trainer.use_v1=true``, verl's own default) it runs verl's v1 trainer in ``trainer.v1.trainer_mode=sync``
-(:class:`ebpo.integrations.verl.v1.EBPOTrainerSync`, replay buffer
-:class:`~ebpo.integrations.verl.v1.EBPOReplayBuffer`); the async modes are refused before Ray starts. With
+(``trainer.use_v1=true``, verl's own default) it runs verl's v1 trainer in its ``trainer.v1.trainer_mode``
+(:func:`ebpo.integrations.verl.v1.trainer_class`: ``EBPOTrainerSync`` for ``sync``, ``EBPOTrainerColocateAsync``,
+``EBPOTrainerSeparateAsync``; replay buffer :class:`~ebpo.integrations.verl.v1.EBPOReplayBuffer`); a mode that
+cannot run here (``separate_async`` on the CPU) is refused before Ray starts. With
 ``trainer.use_v1=false`` it runs verl's legacy synchronous trainer (``RayPPOTrainer``) as
 :class:`EBPORayPPOTrainer`. Both add: the EBPO estimator state in every checkpoint, the estimator's metrics in
 the logs, ``+data.sampler.class_path`` / ``class_name`` honoured (``ebpo.integrations.verl.TopicSampler`` /
@@ -125,7 +126,8 @@ def _task_runner_v1_class():
     """Task runner of verl's v1 trainer (verl's ``TaskRunnerV1.run``, composed with our trainer class)."""
 
     class EBPOTaskRunnerV1:
-        """Runs :class:`~ebpo.integrations.verl.v1.EBPOTrainerSync` with verl's TransferQueue agent loop."""
+        """Runs our trainer of ``trainer.v1.trainer_mode`` (:func:`~ebpo.integrations.verl.v1.trainer_class`) with
+        verl's TransferQueue agent loop."""
 
         def run(self, config: Any) -> None:
             import transfer_queue as tq
@@ -137,7 +139,7 @@ def _task_runner_v1_class():
             from verl.utils.logging_utils import configure_verl_logging
 
             from ebpo.integrations.verl import REGISTERED
-            from ebpo.integrations.verl.v1 import EBPOTrainerSync
+            from ebpo.integrations.verl.v1 import trainer_class
 
             configure_verl_logging()
             print(
@@ -154,7 +156,7 @@ def _task_runner_v1_class():
             trainer = None
             succeeded = False
             try:
-                trainer = EBPOTrainerSync(config=config)
+                trainer = trainer_class(config)(config=config)
                 trainer.init()
                 manager_fqn = config.actor_rollout_ref.rollout.get("agent", {}).get(
                     "agent_loop_manager_class"
@@ -184,7 +186,7 @@ def _task_runner_v1_class():
 
 
 def _configure_v1(config: Any) -> None:
-    """Refuse the async modes (one line, before Ray starts) and route the replay buffer to ours."""
+    """Refuse a mode that cannot run here (one line, before Ray starts) and route the replay buffer to ours."""
     from omegaconf import open_dict
 
     from ebpo.integrations.verl.v1 import replay_buffer_settings, unsupported_mode

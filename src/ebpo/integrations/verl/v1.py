@@ -1,4 +1,5 @@
-"""EBPO on verl's v1 trainer (``trainer.use_v1=true``, verl 0.9's default) in ``trainer.v1.trainer_mode=sync``.
+"""EBPO on verl's v1 trainer (``trainer.use_v1=true``, verl 0.9's default), in ``trainer.v1.trainer_mode`` ``sync``,
+``colocate_async`` or ``separate_async``.
 
 What ``python -m ebpo.integrations.verl`` runs by default. verl's v1 trainer (``verl/trainer/ppo/v1/``) keeps
 its data in TransferQueue and samples training groups from a replay buffer; its extension points are the
@@ -12,7 +13,15 @@ piece by piece:
   trained on (evicted, or surplus of a refill), its rewards go to the estimator's prior (``observe_groups``),
   once: a cleared group is gone from TransferQueue. The training batch then holds only kept groups, at full
   size (rows removed and refilled, none masked).
-- :class:`EBPOTrainerSync`, a subclass of verl's ``PPOTrainerSync`` for what has no extension point:
+- :class:`EBPOReplayBufferAsync`: the same over verl's ``ReplayBufferAsync`` (the async modes); verl's launcher
+  names ``EBPOReplayBuffer`` in every mode and gets this one when the mode is async. Both record each sampled
+  group's lag for the estimator (:meth:`EBPOReplayBuffer.note_lags`): the trainer's weight version
+  (``global_steps - 1`` during step ``global_steps``: the weights updated at the end of the previous step)
+  minus the oldest version among the group's responses (the ``min_global_steps`` tag verl's agent loop
+  writes; partial rollout mixes versions within a response). verl 0.9 forwards no per-sample metadata to a
+  registered estimator, so the lags reach it through :data:`~ebpo.integrations.verl.estimators.HOLDER`, by uid.
+- :class:`EBPOTrainerSync`, :class:`EBPOTrainerColocateAsync` and :class:`EBPOTrainerSeparateAsync`,
+  subclasses of verl's trainer of each mode (:func:`trainer_class`), for what has no extension point:
 
   * ``_save_checkpoint``: ``global_step_N/ebpo_estimator.pt`` (and a clustered sampler's cursor,
     ``ebpo_sampler.pt``) written *before* verl's save. verl writes ``latest_checkpointed_iteration.txt``
@@ -29,7 +38,8 @@ piece by piece:
     ignores them).
   * ``_init_resource_pool_mgr``: the CPU mode's worker and resource pool (``trainer.device=cpu``).
 
-Async modes (``colocate_async``, ``separate_async``) are refused at start (:func:`unsupported_mode`).
+``separate_async`` needs a GPU checkpoint engine (verl asserts ``checkpoint_engine.backend`` is not ``naive``:
+nccl, nixl, mooncake...), so with ``trainer.device=cpu`` it is refused at start (:func:`unsupported_mode`).
 """
 
 from __future__ import annotations
@@ -41,7 +51,9 @@ from typing import Any
 
 import transfer_queue as tq
 from transfer_queue import KVBatchMeta
-from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
+from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
+from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from ebpo.integrations.verl.checkpoint import (
@@ -64,33 +76,56 @@ from ebpo.persist import Journal
 
 __all__ = [
     "SUPPORTED_MODE",
+    "SUPPORTED_MODES",
     "EBPOReplayBuffer",
+    "EBPOReplayBufferAsync",
+    "EBPOTrainerColocateAsync",
+    "EBPOTrainerSeparateAsync",
     "EBPOTrainerSync",
+    "group_lags",
     "prompt_uid",
     "replay_buffer_settings",
+    "trainer_class",
     "unsupported_mode",
 ]
 
 SUPPORTED_MODE = "sync"
+#: verl's v1 modes ebpo runs in
+SUPPORTED_MODES = ("sync", "colocate_async", "separate_async")
 
 
 def unsupported_mode(config: Any) -> str | None:
-    """One line refusing ``trainer.v1.trainer_mode`` unless it is ``sync`` (None when it is).
+    """One line refusing a ``trainer.v1.trainer_mode`` ebpo cannot run (None when it can).
 
-    In the async modes the advantage is computed on batches whose groups were sampled by up to
-    ``max_off_policy_threshold`` older policies, partly regenerated after an abort (a group's members from
-    different weights), and ``separate_async`` computes it per mini-batch (``parameter_sync_step`` calls per
-    step), so the prior would step, and batch normalisation run, on a fraction of the batch. None of that is
-    what the estimator was validated on, and none of it runs on the CPU here: refused, not half supported.
+    ``separate_async`` on the CPU (``trainer.device=cpu``) is refused: verl's ``PPOTrainerSeparateAsync``
+    asserts a checkpoint engine other than ``naive`` (nccl, nixl, mooncake: each moves weights between GPUs).
+    An unknown mode is refused naming the ones there are.
     """
     mode = str(config.trainer.v1.get("trainer_mode", SUPPORTED_MODE))
-    if mode == SUPPORTED_MODE:
-        return None
-    return (
-        f"trainer.v1.trainer_mode={mode} is not supported with ebpo's estimators (advantages on off-policy, "
-        f"partially regenerated groups{', per mini-batch' if mode == 'separate_async' else ''}); use "
-        f"trainer.v1.trainer_mode={SUPPORTED_MODE}"
-    )
+    if mode not in SUPPORTED_MODES:
+        return f"trainer.v1.trainer_mode={mode} is not one of verl's v1 modes {list(SUPPORTED_MODES)}"
+    if mode == "separate_async" and str(config.trainer.get("device", "")) == "cpu":
+        return (
+            "trainer.v1.trainer_mode=separate_async needs a GPU checkpoint engine (verl asserts "
+            "actor_rollout_ref.rollout.checkpoint_engine.backend is nccl/nixl/mooncake, not naive), so it cannot "
+            "run with trainer.device=cpu; use trainer.v1.trainer_mode=colocate_async on the CPU"
+        )
+    return None
+
+
+def group_lags(global_steps: int, uids: Iterable[str], tags: Iterable[Any]) -> dict[str, int] | None:
+    """Each group's lag during step ``global_steps``: the weight version the step trains (``global_steps - 1``,
+    the weights updated at the end of the previous step) minus the oldest ``min_global_steps`` tag among the
+    group's rows (a response generated across versions counts from its first). None when a row has no
+    such tag (a rollout that does not record its weights' version)."""
+    current = int(global_steps) - 1
+    oldest: dict[str, int] = {}
+    for uid, tag in zip(uids, tags):
+        version = tag.get("min_global_steps") if isinstance(tag, dict) else None
+        if version is None:
+            return None
+        oldest[uid] = min(oldest.get(uid, int(version)), int(version))
+    return {uid: max(current - version, 0) for uid, version in oldest.items()}
 
 
 def prompt_uid(global_steps: int, fetch: int, row: int) -> str:
@@ -165,11 +200,16 @@ class EBPOReplayBuffer(ReplayBuffer):
     or, under verl's own launcher, from the config of the trainer that builds it (the owner of ``refill_fn``).
     """
 
+    def __new__(cls, *args: Any, trainer_mode: str = SUPPORTED_MODE, **kwargs: Any) -> EBPOReplayBuffer:
+        # verl's launcher builds the class it is named; in an async mode that name gives the async buffer
+        if cls is EBPOReplayBuffer and trainer_mode != SUPPORTED_MODE:
+            cls = EBPOReplayBufferAsync
+        return super().__new__(cls)
+
     def __init__(self, *, trainer_mode: str, sampler_kwargs: Any = None, **kwargs: Any) -> None:
-        if trainer_mode != SUPPORTED_MODE:
+        if trainer_mode not in SUPPORTED_MODES:
             raise ValueError(
-                f"EBPOReplayBuffer: trainer.v1.trainer_mode={trainer_mode} is not supported; use "
-                f"trainer.v1.trainer_mode={SUPPORTED_MODE}"
+                f"EBPOReplayBuffer: trainer.v1.trainer_mode={trainer_mode} is not one of {list(SUPPORTED_MODES)}"
             )
         extra = dict(to_plain(sampler_kwargs) or {})
         settings = dict(extra.pop("ebpo", None) or {})
@@ -200,6 +240,7 @@ class EBPOReplayBuffer(ReplayBuffer):
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int):
         self._observed, self._observed_rows = [], {}
+        self._global_steps = int(global_steps)
         batch, metrics = super().sample(
             global_steps=global_steps, partition_id=partition_id, batch_size=batch_size
         )
@@ -232,11 +273,19 @@ class EBPOReplayBuffer(ReplayBuffer):
             return (uid, int(session) if draw is None else int(draw), int(index))
 
         order = sorted(range(len(batch.keys)), key=place)
+        if partition_id != "val":
+            self.note_lags(batch.keys, batch.tags)
         return KVBatchMeta(
             partition_id=batch.partition_id,
             keys=[batch.keys[i] for i in order],
             tags=[batch.tags[i] for i in order],
         )
+
+    def note_lags(self, keys: list[str], tags: list[Any]) -> None:
+        """Record the lag of each group among the rows ``keys`` (:func:`group_lags`) for the advantage call."""
+        lags = group_lags(getattr(self, "_global_steps", 1), [key.split("_")[0] for key in keys], tags)
+        if lags is not None:
+            HOLDER.note_lags(lags)
 
     def _clear_groups(self, partition_id: str, uids: set[str]) -> None:
         if partition_id != "val" and self.estimator in REGISTERED:
@@ -256,12 +305,16 @@ class EBPOReplayBuffer(ReplayBuffer):
         data = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=fields)
         rewards = [float(value.sum().item()) for value in data["rm_scores"]]
         index = [key.split("_")[0] for key in keys]
+        lags = group_lags(
+            getattr(self, "_global_steps", 1), index, [self.partitions[partition_id][key] for key in keys]
+        )
         observe_groups(
             rewards,
             index,
             name=self.estimator,
             config={self.estimator: self.estimator_options},
             cluster=HOLDER.clusters_for(index),
+            lag=None if lags is None else [lags[uid] for uid in index],
         )
         by_uid: dict[str, list[float]] = {}
         for uid, reward in zip(index, rewards):
@@ -282,10 +335,22 @@ class EBPOReplayBuffer(ReplayBuffer):
         )
 
 
-class EBPOTrainerSync(PPOTrainerSync):
-    """verl's v1 ``PPOTrainerSync`` with EBPO's state checkpointed, clusters recorded, metrics logged, the
-    ``data.sampler`` option and the CPU mode (see the module docstring: each override has no verl extension
-    point that could do it)."""
+class EBPOReplayBufferAsync(EBPOReplayBuffer, ReplayBufferAsync):
+    """:class:`EBPOReplayBuffer` over verl's ``ReplayBufferAsync`` (``colocate_async``, ``separate_async``): the
+    groups it evicts (stale beyond ``max_off_policy_threshold`` under ``drop``, DAPO-filtered) reach the prior
+    once with their lags; failed groups do not; surplus groups stay in the buffer for a later step, as verl's."""
+
+
+class _EBPOTrainer:
+    """What our trainers add to verl's trainer of each v1 mode: EBPO's state checkpointed, clusters recorded,
+    metrics logged, the ``data.sampler`` option and the CPU mode (see the module docstring: each override has
+    no verl extension point that could do it). Mixed in before verl's class."""
+
+    config: Any
+    global_steps: int
+    train_dataset: Any
+    role_worker_mapping: Any
+    steps_per_epoch: int
 
     # set by verl's PPOTrainer (declared for type checkers, where verl is not installed)
     train_dataloader: Any
@@ -300,7 +365,7 @@ class EBPOTrainerSync(PPOTrainerSync):
         refuse_rejection_after_advantage(config.algorithm)
         # before verl's __init__ builds the checkpoint callback and the replay buffer: ours do nothing then
         HOLDER.managed = True
-        super().__init__(config)
+        super().__init__(config)  # type: ignore[call-arg]
         if config.actor_rollout_ref.rollout.get("multi_turn", {}).get("enable", False):
             print(
                 "[ebpo] WARNING: actor_rollout_ref.rollout.multi_turn.enable=True: multi-turn agent loops are not "
@@ -317,7 +382,7 @@ class EBPOTrainerSync(PPOTrainerSync):
 
     # -- data ------------------------------------------------------------------------------------------
     def _init_dataloader(self) -> None:
-        super()._init_dataloader()
+        super()._init_dataloader()  # type: ignore[misc]
         sampler_cfg = self.config.data.get("sampler", None)
         if sampler_cfg is None or not sampler_cfg.get("class_path", None):
             return
@@ -344,7 +409,7 @@ class EBPOTrainerSync(PPOTrainerSync):
     def _fetch_one_gen_batch(self):
         from verl.utils import tensordict_utils as tu
 
-        batch = super()._fetch_one_gen_batch()
+        batch = super()._fetch_one_gen_batch()  # type: ignore[misc]
         step, fetches = self._fetches
         fetch = fetches if step == self.global_steps else 0
         self._fetches = (self.global_steps, fetch + 1)
@@ -369,7 +434,7 @@ class EBPOTrainerSync(PPOTrainerSync):
 
     # -- workers (CPU mode) ----------------------------------------------------------------------------
     def _init_resource_pool_mgr(self) -> None:
-        super()._init_resource_pool_mgr()
+        super()._init_resource_pool_mgr()  # type: ignore[misc]
         if not self._cpu_mode():
             return
         import ray
@@ -387,8 +452,9 @@ class EBPOTrainerSync(PPOTrainerSync):
 
     # -- advantage metrics -----------------------------------------------------------------------------
     def _compute_advantage(self, batch, metrics: dict):
-        batch = super()._compute_advantage(batch, metrics)
+        batch = super()._compute_advantage(batch, metrics)  # type: ignore[misc]
         metrics.update(HOLDER.metrics())
+        HOLDER.forget_lags()
         return batch
 
     # -- checkpoints -----------------------------------------------------------------------------------
@@ -397,10 +463,10 @@ class EBPOTrainerSync(PPOTrainerSync):
         os.makedirs(folder, exist_ok=True)
         save_estimator_state(folder)
         save_sampler_state(folder, getattr(self.train_dataloader, "sampler", None))
-        super()._save_checkpoint()
+        super()._save_checkpoint()  # type: ignore[misc]
 
     def _load_checkpoint(self) -> None:
-        super()._load_checkpoint()
+        super()._load_checkpoint()  # type: ignore[misc]
         folder = resolve_resume_folder(self.config.trainer)
         if folder is None:
             return
@@ -409,3 +475,35 @@ class EBPOTrainerSync(PPOTrainerSync):
         steps_per_epoch = self.steps_per_epoch
         if steps_per_epoch and self.global_steps % steps_per_epoch == 0:
             load_sampler_state(folder, getattr(self.train_dataloader, "sampler", None))
+
+
+class EBPOTrainerSync(_EBPOTrainer, PPOTrainerSync):
+    """verl's v1 ``PPOTrainerSync`` with ebpo's additions (:class:`_EBPOTrainer`)."""
+
+
+class EBPOTrainerColocateAsync(_EBPOTrainer, PPOTrainerColocateAsync):
+    """verl's ``PPOTrainerColocateAsync`` with ebpo's additions: one advantage call, and one prior update, per
+    global step, on groups sampled up to ``max_off_policy_threshold`` versions back (their lags reach the
+    estimator through the replay buffer)."""
+
+
+class EBPOTrainerSeparateAsync(_EBPOTrainer, PPOTrainerSeparateAsync):
+    """verl's ``PPOTrainerSeparateAsync`` with ebpo's additions: verl computes the advantage once per
+    mini-batch (``parameter_sync_step`` calls per global step, ``train_batch_size / parameter_sync_step`` groups
+    each), so the prior updates, and ages under a ``prior_memory`` half-life, once per mini-batch."""
+
+
+_TRAINERS: dict[str, type] = {
+    "sync": EBPOTrainerSync,
+    "colocate_async": EBPOTrainerColocateAsync,
+    "separate_async": EBPOTrainerSeparateAsync,
+}
+
+
+def trainer_class(config: Any) -> type:
+    """Our trainer for ``trainer.v1.trainer_mode``; ValueError (one line) for a mode :func:`unsupported_mode`
+    refuses."""
+    message = unsupported_mode(config)
+    if message is not None:
+        raise ValueError(message)
+    return _TRAINERS[str(config.trainer.v1.get("trainer_mode", SUPPORTED_MODE))]

@@ -21,7 +21,16 @@ So every step samples with the weights the actor has after the previous update: 
 verl's colocated vLLM. The returned ``TokenOutput.extra_fields["global_steps"]`` records which weights
 produced each sample.
 
-Reproducible: a response depends on the run's seed, the weights' version (the trainer's ``global_steps``), the
+Partial rollout (verl's ``colocate_async``): ``abort_all_requests`` answers every request not yet delivered with
+``stop_reason="aborted"`` and the tokens generated so far, and holds new requests until ``resume_generation``,
+as verl's vLLM server does; verl's ``FullyAsyncLLMServerClient`` then sends prompt + those tokens again, which
+the new weights continue, and tags the response with the versions it spans (``min_global_steps``,
+``max_global_steps``). A queued request has no tokens yet. A batch being decoded runs to its end (the CPU
+decodes a batch in one call), so its requests are cut where the abort would have found them: the first half of
+each response (whole tokens, rounded down) counts as generated before the abort. Which requests an abort finds
+depends on timing, so an async run is not reproducible, as with verl's own servers.
+
+Reproducible (``sync``): a response depends on the run's seed, the weights' version (the trainer's ``global_steps``), the
 prompt, the sampling settings and its draw ``k`` (the k-th request with that prompt and those settings for
 this version), never on when it arrived or which requests shared its batch: each request is sampled from a
 generator seeded from those five (:func:`request_seed`; ``ebpo.generation.sample(generators=...)`` draws each
@@ -102,6 +111,9 @@ class CPURolloutServer:
         self.weight_updates = 0
         self._pending: list[tuple[list[int], dict[str, Any], int, asyncio.Future]] = []
         self._batcher: asyncio.Task | None = None
+        self._aborts = 0  # abort_all_requests calls so far: a batch started before one is cut
+        self._running: asyncio.Event | None = None  # cleared between an abort and resume_generation
+        self.aborted_requests = 0
 
     # -- weights -----------------------------------------------------------------------------------------
     def update_weights(self, state: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
@@ -125,7 +137,11 @@ class CPURolloutServer:
         return float(sum(p.double().sum() for p in self.model.parameters()))
 
     def info(self) -> dict[str, Any]:
-        return {"global_steps": self.global_steps, "weight_updates": self.weight_updates}
+        return {
+            "global_steps": self.global_steps,
+            "weight_updates": self.weight_updates,
+            "aborted_requests": self.aborted_requests,
+        }
 
     # -- generation --------------------------------------------------------------------------------------
     @staticmethod
@@ -154,6 +170,7 @@ class CPURolloutServer:
             if unused.get(key) is not None:
                 raise ValueError(f"rollout.name={ROLLOUT_NAME} is text-only; got {key}")
         settings = self._settings(sampling_params, self.response_length)
+        await self._gate().wait()  # between an abort and resume_generation, requests wait
         prompt = [int(t) for t in prompt_ids]
         identity = (tuple(sorted(settings.items())), tuple(prompt))
         draw = self._draws.get(identity, 0)
@@ -163,11 +180,11 @@ class CPURolloutServer:
         self._pending.append((prompt, settings, seed, future))
         if self._batcher is None or self._batcher.done():
             self._batcher = asyncio.create_task(self._run_batches())
-        token_ids, log_probs = await future
+        token_ids, log_probs, aborted = await future
         return TokenOutput(
             token_ids=token_ids,
             log_probs=log_probs if settings["logprobs"] else None,
-            stop_reason="completed",
+            stop_reason="aborted" if aborted else "completed",
             num_preempted=0,
             extra_fields={"global_steps": self.global_steps, "ebpo_draw": draw},
         )
@@ -180,6 +197,7 @@ class CPURolloutServer:
             for item in batch:
                 groups.setdefault(tuple(sorted(item[1].items())), []).append(item)
             for key, items in groups.items():
+                aborts = self._aborts
                 try:
                     results = await asyncio.get_running_loop().run_in_executor(
                         None,
@@ -192,8 +210,22 @@ class CPURolloutServer:
                     for _, _, _, future in items:
                         future.set_exception(error)
                     continue
-                for (_, _, _, future), result in zip(items, results):
-                    future.set_result(result)
+                cut = self._aborts != aborts  # an abort came while this batch decoded
+                for (_, _, _, future), (token_ids, log_probs) in zip(items, results):
+                    if future.done():
+                        continue
+                    if cut:
+                        half = len(token_ids) // 2
+                        self.aborted_requests += 1
+                        future.set_result((token_ids[:half], log_probs[:half], True))
+                    else:
+                        future.set_result((token_ids, log_probs, False))
+
+    def _gate(self) -> asyncio.Event:
+        if self._running is None:
+            self._running = asyncio.Event()
+            self._running.set()
+        return self._running
 
     def _sample(
         self, prompts: list[list[int]], settings: dict[str, Any], seeds: list[int]
@@ -221,7 +253,7 @@ class CPURolloutServer:
             )
         return out
 
-    # -- verl's server control calls: nothing to free or resume on the CPU ----------------------------------
+    # -- verl's server control calls: nothing to free on the CPU; abort and resume for partial rollout ------
     async def wake_up(self) -> None:
         return None
 
@@ -238,10 +270,18 @@ class CPURolloutServer:
         return None
 
     async def abort_all_requests(self, reject_request: bool = False) -> None:
-        return None
+        """Partial rollout: every request not yet answered returns ``aborted`` with its tokens so far (module
+        docstring); new requests wait for :meth:`resume_generation`."""
+        self._gate().clear()
+        self._aborts += 1
+        queued, self._pending = self._pending, []
+        for _, _, _, future in queued:  # not started: no tokens yet
+            if not future.done():
+                self.aborted_requests += 1
+                future.set_result(([], [], True))
 
     async def resume_generation(self) -> None:
-        return None
+        self._gate().set()
 
     async def start_profile(self, **kwargs: Any) -> None:
         return None
