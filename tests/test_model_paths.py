@@ -1,5 +1,5 @@
 """Every path ``ebpo train`` prints is accepted by the command a user runs next: ``ebpo eval`` and
-``ebpo train model.path=`` take a run directory, a checkpoint or a model directory (``ebpo.persist.find_model``)
+``ebpo train model.path=`` take a run directory, a checkpoint or a model directory (``ebpo.models.paths.find_model``)
 and say which model they picked; a directory holding no model is one line saying what was expected. The built-in
 models have one name on every command (``builtin:<recipe>``, ``ebpo.models.base_model.resolve_model``)."""
 
@@ -13,7 +13,7 @@ import torch
 
 from ebpo.cli import main
 from ebpo.errors import ConfigError
-from ebpo.persist import find_model
+from ebpo.models.paths import find_model
 from helpers.trainer import tiny_overrides
 
 EVAL = ["eval", "--benchmarks", "arith", "--limit", "2", "--n", "1", "--ks", "1", "--maj-ks", "1", "--quiet"]

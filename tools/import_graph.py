@@ -33,7 +33,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "persist",
         "tables",
         "stats",
-    ),  # persist: atomic writes, journals, run directories
+    ),  # persist: atomic writes, journals, manifests, locks
+    ("run_directory",),  # one training run's folder, built on persist: the trackers, models and trainer read it
     ("plugins",),  # a user's code, imported before any name is looked up
     ("dataclass_cli",),  # settings from YAML, overrides and flags; every command's start (plugins first)
     ("advantages", "losses"),  # the algorithm's math: estimators and policy losses

@@ -309,7 +309,7 @@ def _load_policy(cfg: DiagnoseConfig, device: torch.device) -> tuple[Any, Any]:
     # a built-in model by name, a model, a checkpoint or a run directory, as ebpo eval takes it (a checkpoint
     # checked against its manifest)
     from ebpo.models.base_model import builtin_hint, resolve_model
-    from ebpo.persist import RunDirectory
+    from ebpo.run_directory import RunDirectory
     from ebpo.trainer.checkpoint import verify_checkpoint
 
     try:

@@ -180,7 +180,7 @@ def _resolve_model(name: str, quiet: bool) -> Path:
     except ConfigError as err:
         raise ConfigError(f"{err} ({builtin_hint()})") from None
     if found.checkpoint is not None:
-        from ebpo.persist import RunDirectory
+        from ebpo.run_directory import RunDirectory
         from ebpo.trainer.checkpoint import verify_checkpoint
 
         verify_checkpoint(found.checkpoint, under=RunDirectory.MODEL, use="ebpo eval")
@@ -204,7 +204,8 @@ def _task_made_for(name: str) -> tuple[str, dict[str, Any]] | None:
             task, options = recipe.task, dict(recipe.task_options)
         else:
             from ebpo.dataclass_cli import read_yaml
-            from ebpo.persist import RunDirectory, find_model
+            from ebpo.models.paths import find_model
+            from ebpo.run_directory import RunDirectory
 
             checkpoint = find_model(Path(name).expanduser()).checkpoint
             if checkpoint is None or checkpoint.parent.name != RunDirectory.CHECKPOINTS:

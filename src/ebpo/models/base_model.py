@@ -36,8 +36,9 @@ from typing import Any
 
 from ebpo.errors import ConfigError
 from ebpo.models import gym_recipe
+from ebpo.models.paths import FoundModel, find_model
 from ebpo.models.recipe import FORMAT_VERSION, BaseModelConfig
-from ebpo.persist import FoundModel, find_model, replace_dir
+from ebpo.persist import replace_dir
 from ebpo.registry import Registry
 
 BUILD_INFO = "build_info.json"
@@ -540,7 +541,7 @@ def resolve_model(name: str | os.PathLike[str] | None, *, progress: bool = False
 
     - None, ``builtin`` or ``builtin:<recipe>``: that recipe's default base model (:func:`builtin_recipe`), the
       shipped directory (built into the cache if it is not current: ``progress`` prints the build);
-    - anything else: a model, checkpoint or run directory (``ebpo.persist.find_model``).
+    - anything else: a model, checkpoint or run directory (``ebpo.models.paths.find_model``).
 
     A name it cannot read is one ``ConfigError``."""
     recipe = builtin_recipe(name)

@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     if note:
         print(note, flush=True)
     if cfg.model.path is not None and builtin_recipe(cfg.model.path) is None:
-        from ebpo.persist import find_model
+        from ebpo.models.paths import find_model
 
         note = find_model(cfg.model.path).note  # which model of a run or checkpoint directory trains
         if note:

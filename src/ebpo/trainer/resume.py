@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ebpo.errors import ConfigError
-from ebpo.persist import Journal, RunDirectory
+from ebpo.persist import Journal
+from ebpo.run_directory import RunDirectory
 
 if TYPE_CHECKING:
     import torch

@@ -25,7 +25,7 @@ loop: ``setup.py`` (prompts, policy, estimator and loss, optimizer), ``rollout.p
 batch), ``ebpo.logprobs`` (every log-prob pass, and why its fast paths are exact), ``checkpoint.py``,
 ``interrupt.py`` (Ctrl-C and SIGTERM), ``clock.py`` (the step's wall time), ``ebpo.trackers`` (``metrics.jsonl``
 and the trackers), ``validation.py``,
-``report.py``, ``plots.py``, and the run directory, an ``ebpo.persist.RunDirectory``.
+``report.py``, ``plots.py``, and the run directory, an ``ebpo.run_directory.RunDirectory``.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ from tqdm.auto import tqdm
 from ebpo.data.dynamic import Group
 from ebpo.logprobs import LogprobOptions, OldLogprobs, logprobs, step_kl
 from ebpo.losses import agg_loss, kl_penalty, masked_mean
-from ebpo.persist import RunDirectory
 from ebpo.plugins import load_plugins
+from ebpo.run_directory import RunDirectory
 from ebpo.trackers import MetricsLogger, Status
 from ebpo.trainer import checkpoint as ckpt
 from ebpo.trainer import resume
