@@ -46,7 +46,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("generation",),  # sampling from a model
     ("logprobs",),  # token log-probs of sampled responses: the reference and its fast paths
     ("eval",),  # metrics and the evaluation harness
-    ("models",),  # the arith base model: recipe, SFT, build, its grid (measured with eval's metrics)
+    ("models",),  # the base models: recipes, SFT, build, names, their grid (measured with eval's metrics)
     ("annotate", "simulate"),  # dataset annotation; the estimators' Monte Carlo study
     ("trackers",),  # metrics.jsonl and the experiment trackers, for the trainer and ebpo diagnose
     ("trainer",),  # the reference trainer

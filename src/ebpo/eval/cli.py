@@ -41,7 +41,7 @@ def _reward_option(text: str) -> tuple[str, Any]:
 
 def default_cache_dir() -> Path:
     """``$EBPO_CACHE/eval`` or ``~/.cache/ebpo/eval``: beside the base models, under one cache root."""
-    from ebpo.models.base_model import cache_root
+    from ebpo.models.build import cache_root
 
     return cache_root() / "eval"
 
@@ -169,11 +169,11 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _resolve_model(name: str, quiet: bool) -> Path:
-    """The model directory MODEL names (``ebpo.models.base_model.resolve_model``: a built-in model by name, a
+    """The model directory MODEL names (``ebpo.models.names.resolve_model``: a built-in model by name, a
     model, a checkpoint or a run directory, the choice said on stderr); a checkpoint's model files are checked
     against its manifest before anything loads them."""
     from ebpo.errors import ConfigError
-    from ebpo.models.base_model import builtin_hint, resolve_model
+    from ebpo.models.names import builtin_hint, resolve_model
 
     try:
         found = resolve_model(name, progress=not quiet)
@@ -196,7 +196,7 @@ def _task_made_for(name: str) -> tuple[str, dict[str, Any]] | None:
     name that names no model is left to :func:`_resolve_model` to report."""
     from ebpo.errors import ConfigError
     from ebpo.eval.harness import get_benchmark
-    from ebpo.models.base_model import builtin_recipe
+    from ebpo.models.names import builtin_recipe
 
     try:
         recipe = builtin_recipe(name)

@@ -1,26 +1,18 @@
-"""The base models, their recipes, the shipped weights, the cache: the ``arith`` model S1 that ``ebpo train``
-starts from, and the gym model S2 (``ebpo.models.gym_recipe``), each a :class:`Recipe` of :data:`RECIPES`.
+"""The build machinery every base-model recipe shares (``ebpo.models.recipes``: ``arith`` = S1, ``gym`` = S2):
+a build that trains on one thread into a staging directory, the shipped build of a recipe's default config as
+package data, the cache, the prefix hash the guard tests retrain, and ``check_base_model``'s full rebuild.
 
-Everything below is the same machinery for every recipe: a config dataclass with a ``key()``, a build that
-trains on one thread into a staging directory, the shipped build of the default config as package data, the
-cache, the prefix hash the guard tests retrain and ``check_base_model``'s full rebuild. The text below
-describes S1; S2's differences are in ``ebpo.models.gym_recipe`` and docs/base_model.md.
+The default config of each recipe is built once and shipped with the package (``ebpo/models/arith_base/``,
+``ebpo/models/gym_base/``, a few MB): :func:`build_base_model` returns that directory when its recorded recipe
+key equals the current recipe's key, so nothing is trained at run time. Any other config is built into the cache
+``$EBPO_CACHE/base_models/<recipe>-<key>`` (default ``~/.cache/ebpo``) and reused from there. A build always runs
+on one torch thread: the weights depend on the thread count. :func:`check_base_model` (``ebpo base-model
+--check``) rebuilds a recipe's default config and compares every tensor with the shipped one.
 
-A small Llama (``ebpo.models.tiny``: character tokenizer, tied embeddings) fine-tuned from random weights
-on the arith ``sft`` split by a noisy teacher (``ebpo.models.sft``): it learns to compute the answers but
-to write them down right only part of the time, so its majority answer is right far more often than one
-sample. RL then has headroom that carries over to problems it never saw: it sharpens what the model knows.
-
-The default recipe (``BaseModelConfig()``) is built once and shipped with the package
-(``ebpo/models/arith_base/``, a few MB): ``build_base_model()`` returns that directory when its recorded
-recipe key equals the current recipe's key, so nothing is trained at run time. Any other recipe is built
-into the cache ``$EBPO_CACHE/base_models/arith-<key>`` (default ``~/.cache/ebpo``) and reused from there.
-A build always runs on one torch thread: the weights depend on the thread count. ``check_base_model()``
-(``ebpo base-model --check``) rebuilds the default recipe and compares every tensor with the shipped one.
-
-The recipe key hashes the config, :data:`FORMAT_VERSION`, and what the generator and the teacher produce
-on a fixed sample (:func:`data_fingerprint`): a change to the problem generator or the teacher that
-changes the training data changes the key; an edit that does not (a comment, a refactor) does not.
+The recipe key (``config.key()``) hashes the config, the recipe's format version and what its generator and
+teacher produce on a fixed sample: a change that changes the training data changes the key; an edit that does
+not (a comment, a refactor) does not. What each recipe builds: docs/base_model.md (S1), docs/gym_base_model.md
+(S2).
 """
 
 from __future__ import annotations
@@ -29,74 +21,14 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
-from ebpo.errors import ConfigError
-from ebpo.models import gym_recipe
-from ebpo.models.paths import FoundModel, find_model
-from ebpo.models.recipe import FORMAT_VERSION, BaseModelConfig
+from ebpo.models.recipes import RECIPES, default_config, recipe_of
 from ebpo.persist import replace_dir
-from ebpo.registry import Registry
 
 BUILD_INFO = "build_info.json"
-SHIPPED_DIR = Path(__file__).resolve().parent / "arith_base"
-"""The built default recipe, shipped as package data (rebuilt with ``ebpo base-model --out`` on it)."""
-GYM_SHIPPED_DIR = Path(__file__).resolve().parent / "gym_base"
-"""S2, the gym recipe's default build, shipped as package data."""
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """A kind of base model: its config class (whose ``key()`` names a build) and how it is built and measured.
-
-    Attributes:
-        name: the registry name, also the cache directory's prefix (``<name>-<key>``).
-        config_cls: the recipe's dataclass; its default instance is the shipped model.
-        shipped_dir: where the default build ships in the package.
-        new_model: ``config -> (model, tokenizer)``, seeded, before training.
-        train: ``(model, tokenizer, config, *, progress, stop_after) -> losses``.
-        grid: ``(model, tokenizer, config, *, split) -> grid`` (``ebpo.models.grid``), the build's measurement.
-        format_version: recorded in ``build_info.json``.
-        what: how progress lines name it.
-        task: the task (``ebpo.tasks``) the model answers: what ``ebpo eval builtin:<name>``, ``ebpo diagnose
-            --model builtin:<name>`` and the TRL example draw problems from when not told otherwise.
-        task_options: that task's generator settings (``data.task_options``).
-    """
-
-    name: str
-    config_cls: type
-    shipped_dir: Path
-    new_model: Callable[[Any], tuple[Any, Any]]
-    train: Callable[..., list[float]]
-    grid: Callable[..., dict[str, Any]]
-    format_version: int
-    what: str
-    task: str = "arith"
-    task_options: Mapping[str, Any] = field(default_factory=dict)
-
-
-RECIPES: Registry[Recipe] = Registry("base-model recipe")
-
-
-def recipe_of(config: Any) -> Recipe:
-    """The recipe whose config class ``config`` is an instance of."""
-    for name in RECIPES.names():
-        recipe = RECIPES.get(name)
-        if type(config) is recipe.config_cls:
-            return recipe
-    raise TypeError(
-        f"no base-model recipe takes a {type(config).__name__}; recipes: {', '.join(RECIPES.names())}"
-    )
-
-
-def default_config(recipe: str = "arith") -> Any:
-    """The default config (the shipped model) of the recipe named ``recipe``."""
-    return RECIPES.get(recipe).config_cls()
-
-
 PREFIX_STEPS = 25
 """The build records a hash of the weights after this many SFT steps: the guard test retrains that prefix."""
 BUILD_THREADS = 1
@@ -122,7 +54,7 @@ def cache_root() -> Path:
 
 def base_model_path(config: Any = None, cache_dir: str | Path | None = None) -> Path:
     """Where the cached build of ``config`` lives (built or not): ``<cache>/base_models/<recipe>-<key>``."""
-    config = config or BaseModelConfig()
+    config = config or default_config()
     root = Path(cache_dir).expanduser() if cache_dir is not None else cache_root()
     return root / "base_models" / f"{recipe_of(config).name}-{config.key()}"
 
@@ -144,7 +76,7 @@ def load_build_info(path: str | Path) -> dict[str, Any]:
 
 def shipped_model_path(config: Any = None) -> Path | None:
     """The shipped model directory if it holds a build of ``config`` (default recipe), else ``None``."""
-    config = config or BaseModelConfig()
+    config = config or default_config()
     shipped = recipe_of(config).shipped_dir
     if not is_built(shipped):
         return None
@@ -153,32 +85,10 @@ def shipped_model_path(config: Any = None) -> Path | None:
 
 def default_base_model_path() -> Path:
     """Path of the default base model: the shipped one when current, else its cache location."""
-    return shipped_model_path() or base_model_path(BaseModelConfig())
+    return shipped_model_path() or base_model_path(default_config())
 
 
 # --- build --------------------------------------------------------------------------------------------
-
-
-def _new_model(config: BaseModelConfig):
-    """The randomly initialised model (seeded) and the character tokenizer."""
-    import torch
-    from transformers import LlamaForCausalLM
-
-    from ebpo.models.tiny import build_char_tokenizer, tiny_config
-
-    tokenizer = build_char_tokenizer()
-    torch.manual_seed(config.seed)
-    model_config = tiny_config(
-        len(tokenizer),
-        hidden_size=config.hidden_size,
-        num_layers=config.num_layers,
-        num_heads=config.num_heads,
-        max_positions=256,
-    )
-    model = LlamaForCausalLM(model_config)
-    for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
-        setattr(model.generation_config, name, getattr(tokenizer, name))
-    return model, tokenizer
 
 
 class _OneThread:
@@ -205,7 +115,7 @@ def platform_info() -> dict[str, str]:
 
 def train_prefix_sha256(config: Any = None, steps: int = PREFIX_STEPS) -> str:
     """Hash of the weights after the first ``steps`` SFT steps of ``config``'s build (same schedule)."""
-    config = config or BaseModelConfig()
+    config = config or default_config()
     recipe = recipe_of(config)
     with _OneThread():
         model, tokenizer = recipe.new_model(config)
@@ -240,7 +150,7 @@ def portable_prefix_sha256(config: Any, steps: int | None = None) -> tuple[str |
         "config": asdict(config),
         "steps": PREFIX_STEPS if steps is None else steps,
     }
-    result, capability = run_portable("ebpo.models.base_model:_portable_prefix_child", request)
+    result, capability = run_portable("ebpo.models.build:_portable_prefix_child", request)
     return (result["sha256"] if result else None), capability
 
 
@@ -325,7 +235,7 @@ def build_base_model(
     (a build to ship: ``ebpo base-model --out``) also the prefix hash in portable mode, which
     ``check_base_model`` and the guard tests compare on any CPU.
     """
-    config = config or BaseModelConfig()
+    config = config or default_config()
     if not force and out_dir is None:
         shipped = shipped_model_path(config)
         if shipped is not None:
@@ -363,26 +273,6 @@ def measure_grid(model, tokenizer, config: Any, *, split: str, progress: bool) -
     return grid
 
 
-def _grid_of(evaluate: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
-    """A recipe's grid from its ``evaluate_grid`` (``ebpo.models.grid``'s, or the gym recipe's), read with the
-    recipe's grid settings."""
-
-    def grid(model, tokenizer, config: Any, *, split: str, progress: bool = False) -> dict[str, Any]:
-        return evaluate(
-            model,
-            tokenizer,
-            split=split,
-            per_cell=config.eval_per_cell,
-            samples=config.eval_samples,
-            temperature=config.eval_temperature,
-            seed=config.seed,
-            max_new_tokens=config.max_new_tokens,
-            progress=progress,
-        )
-
-    return grid
-
-
 def check_base_model(config: Any = None, *, progress: bool = True) -> tuple[list[str], list[str]]:
     """Rebuild ``config`` (default recipe) in full and compare it with the shipped build, tensor by tensor.
 
@@ -395,7 +285,7 @@ def check_base_model(config: Any = None, *, progress: bool = True) -> tuple[list
     import torch
     from safetensors.torch import load_file
 
-    config = config or BaseModelConfig()
+    config = config or default_config()
     shipped = recipe_of(config).shipped_dir
     problems: list[str] = []
     notes: list[str] = []
@@ -455,102 +345,3 @@ def check_base_model(config: Any = None, *, progress: bool = True) -> tuple[list
             "nothing here can tell a changed recipe from float rounding"
         )
     return problems, notes
-
-
-def _arith_evaluate_grid(*args: Any, **kwargs: Any) -> dict[str, Any]:
-    from ebpo.models.grid import evaluate_grid
-
-    return evaluate_grid(*args, **kwargs)
-
-
-def _arith_train(
-    model, tokenizer, config: BaseModelConfig, *, progress: bool = True, stop_after: int | None = None
-):
-    from ebpo.models import sft
-
-    return sft.train_sft(model, tokenizer, config, progress=progress, stop_after=stop_after)
-
-
-RECIPES.register(
-    "arith",
-    Recipe(
-        name="arith",
-        config_cls=BaseModelConfig,
-        shipped_dir=SHIPPED_DIR,
-        new_model=lambda config: _new_model(config),  # looked up when called (tests replace it)
-        train=_arith_train,
-        grid=_grid_of(_arith_evaluate_grid),
-        format_version=FORMAT_VERSION,
-        what="arith base model",
-    ),
-)
-RECIPES.register(
-    "gym",
-    Recipe(
-        name="gym",
-        config_cls=gym_recipe.GymBaseModelConfig,
-        shipped_dir=GYM_SHIPPED_DIR,
-        new_model=gym_recipe.new_model,
-        train=gym_recipe.train,
-        grid=_grid_of(gym_recipe.evaluate_grid),
-        format_version=gym_recipe.FORMAT_VERSION,
-        what="gym base model S2",
-        task=gym_recipe.TASK,
-        task_options=gym_recipe.MIXTURE,
-    ),
-)
-
-
-# --- the built-in models by name ----------------------------------------------------------------------------
-
-BUILTIN = "builtin"
-"""How every command names a built-in base model: ``builtin:<recipe>`` (``builtin:gym`` is S2), and ``builtin``
-alone (like a null ``model.path``) the ``arith`` recipe's, S1."""
-DEFAULT_RECIPE = "arith"
-
-
-def builtin_names() -> list[str]:
-    """Every name a built-in model answers to: ``builtin`` and ``builtin:<recipe>`` for each recipe."""
-    return [BUILTIN, *(f"{BUILTIN}:{name}" for name in RECIPES.names())]
-
-
-def builtin_recipe(name: str | os.PathLike[str] | None) -> Recipe | None:
-    """The recipe of the built-in model ``name`` names (None and ``builtin``: ``arith``; ``builtin:<recipe>``),
-    or None when ``name`` is not such a name (a path). An unknown recipe is one ``ConfigError`` listing the
-    valid names."""
-    if name is None:
-        return RECIPES.get(DEFAULT_RECIPE)
-    text = os.fspath(name)
-    if text == BUILTIN:
-        return RECIPES.get(DEFAULT_RECIPE)
-    prefix, sep, recipe = text.partition(":")
-    if prefix != BUILTIN or not sep:
-        return None
-    if recipe not in RECIPES:
-        raise ConfigError(
-            f"unknown built-in model {text!r}; valid choices: {', '.join(builtin_names())} "
-            f"({BUILTIN} = {BUILTIN}:{DEFAULT_RECIPE})"
-        )
-    return RECIPES.get(recipe)
-
-
-def resolve_model(name: str | os.PathLike[str] | None, *, progress: bool = False) -> FoundModel:
-    """The model a user means by ``name``, the one reading for every command that takes a model (``ebpo train
-    model.path``, ``ebpo eval MODEL``, ``ebpo diagnose --model``, the TRL example's ``--model``, the verl
-    launcher's ``actor_rollout_ref.model.path``):
-
-    - None, ``builtin`` or ``builtin:<recipe>``: that recipe's default base model (:func:`builtin_recipe`), the
-      shipped directory (built into the cache if it is not current: ``progress`` prints the build);
-    - anything else: a model, checkpoint or run directory (``ebpo.models.paths.find_model``).
-
-    A name it cannot read is one ``ConfigError``."""
-    recipe = builtin_recipe(name)
-    if recipe is not None:
-        return FoundModel(build_base_model(recipe.config_cls(), progress=progress), None, "")
-    assert name is not None
-    return find_model(Path(os.fspath(name)).expanduser())
-
-
-def builtin_hint() -> str:
-    """What to add to a message about a model path: the names of the built-in models."""
-    return f"or {BUILTIN}:<recipe> for a built-in model: {', '.join(builtin_names()[1:])}"

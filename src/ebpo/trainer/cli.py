@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         print("ebpo train: interrupted before the first step; nothing to resume", file=sys.stderr)
         return 130
     print(f"run directory: {trainer.run_dir}", flush=True)
-    from ebpo.models.base_model import builtin_recipe
+    from ebpo.models.names import builtin_recipe
 
     note = task_note(cfg)
     if note:
@@ -175,7 +175,7 @@ def task_note(cfg: Any) -> str | None:
     for (S2, ``builtin:gym``, on ``arith``: most likely a forgotten ``--config gym``), naming the preset that trains
     it on its own task; None otherwise (a data file, or the family it was made for, whatever its options)."""
     from ebpo.dataclass_cli import read_yaml
-    from ebpo.models.base_model import builtin_recipe
+    from ebpo.models.names import builtin_recipe
     from ebpo.trainer.config_files import PRESETS_DIR
 
     recipe = builtin_recipe(cfg.model.path)
