@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -17,6 +18,11 @@ REPO = Path(__file__).resolve().parents[1]
 # clone that CI provides (or under $EBPO_SHARED); a clone without it skips the tests that read them.
 SHARED = Path(os.environ.get("EBPO_SHARED", REPO.parent / "shared"))
 BENCHMARK_DIR = SHARED / "data" / "benchmarks"
+
+# The suite runs as in an activated environment (README: `source .venv/bin/activate`): the PATH finds this
+# environment's `ebpo` first, so the commands a message prints read `ebpo ...` (dataclass_cli.command_prefix;
+# its other forms have a test of their own), and a test's child processes find the same commands.
+os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
 
 # Tiny models gain nothing from intra-op threads, and a shared machine loses a lot to them.
 torch.set_num_threads(1)

@@ -155,7 +155,7 @@ def test_cli_difficulty_errors_and_ctrl_c_are_one_line(arith_jsonl, tmp_path, mo
     argv = ["annotate", "difficulty", "--model", "unused", "--output", str(out), "--no-progress"]
     assert main(argv + ["--input", str(tmp_path / "none.jsonl")]) == 2
     assert capsys.readouterr().err.strip() == (
-        f"ebpo annotate difficulty: --input {tmp_path / 'none.jsonl'}: no such file"
+        f"ebpo annotate difficulty: error: --input {tmp_path / 'none.jsonl'}: no such file"
     )
 
     def interrupted(input_path, output_path, cfg, **kw):  # two prompts finished, then Ctrl-C

@@ -51,7 +51,7 @@ def test_normalize_label():
 
 def test_registry_and_agreement():
     assert list_topic_backends() == ["embedding", "judge", "keyword"]
-    with pytest.raises(ValueError, match="'llm'.*embedding, judge, keyword$"):
+    with pytest.raises(ValueError, match="'llm'.*embedding, judge, keyword; .*--plugins"):
         get_topic_backend("llm")
     # 3 of 4 right; the miss is Geometry predicted as Algebra
     a, g = "Algebra & Number Theory", "Geometry & Trigonometry"
@@ -469,18 +469,20 @@ def test_cli_topic_errors_are_one_line(tmp_path, monkeypatch, capsys):
     src.write_text(json.dumps({"problem": "p", "answer": "1"}) + "\n")
     assert main(_topic_argv(src, tmp_path / "o.jsonl", None)) == 2
     assert capsys.readouterr().err.strip() == (
-        "ebpo annotate topic: judge backend: no endpoint; pass --base-url or set OPENAI_BASE_URL"
+        "ebpo annotate topic: error: judge backend: no endpoint; pass --base-url or set OPENAI_BASE_URL"
     )
     assert main(_topic_argv(tmp_path / "missing.jsonl", tmp_path / "o.jsonl", "http://127.0.0.1:9")) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"ebpo annotate topic: --input {tmp_path / 'missing.jsonl'}: no such file"
+    assert err == f"ebpo annotate topic: error: --input {tmp_path / 'missing.jsonl'}: no such file"
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(b'{"problem": "ok", "answer": "1"}\n{"problem": "caf\xe9", "answer": "1"}\n')
     for schema in ([], ["--schema", "shared"]):
         argv = ["annotate", "topic", "--input", str(bad), "--output", str(tmp_path / "o.jsonl"), *schema]
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
-        assert err.startswith(f"ebpo annotate topic: {bad}, line 2: not valid UTF-8") and "\n" not in err
+        assert (
+            err.startswith(f"ebpo annotate topic: error: {bad}, line 2: not valid UTF-8") and "\n" not in err
+        )
 
 
 def test_judge_url_without_a_host_is_one_line(tmp_path, capsys):
@@ -492,7 +494,7 @@ def test_judge_url_without_a_host_is_one_line(tmp_path, capsys):
     src.write_text(json.dumps({"problem": "p", "answer": "1"}) + "\n")
     assert main(_topic_argv(src, tmp_path / "o.jsonl", "http:///v1")) == 2
     assert capsys.readouterr().err.strip() == (
-        "ebpo annotate topic: judge backend: --base-url 'http:///v1' is not an http(s) URL with a host, "
+        "ebpo annotate topic: error: judge backend: --base-url 'http:///v1' is not an http(s) URL with a host, "
         "e.g. https://api.openai.com/v1"
     )
     assert not (tmp_path / "o.jsonl").exists()

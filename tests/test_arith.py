@@ -40,7 +40,7 @@ def test_registry_returns_arith_and_lists_valid_names_on_error():
     ]
     assert "arith" in list_tasks()
     with pytest.raises(
-        ValueError, match=r"'arithm'; valid choices: arith, gym:<dataset>\[,<dataset>\.\.\.\]$"
+        ValueError, match=r"'arithm'; valid choices: arith, gym:<dataset>\[,<dataset>\.\.\.\]; .*--plugins"
     ):
         get_task("arithm")
 

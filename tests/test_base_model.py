@@ -621,6 +621,8 @@ def test_cli_grid_samples_and_temperature_change_the_measurement_not_the_recipe(
         bm.base_model_path(built, tmp_path).name
     ]
     assert main(argv + ["--grid", "test", "--grid-samples", "0"]) == 2
-    assert capsys.readouterr().err.strip() == "ebpo base-model: --grid-samples must be >= 1, got 0"
+    assert capsys.readouterr().err.strip() == "ebpo base-model: error: --grid-samples must be >= 1, got 0"
     assert main(argv + ["--grid", "test", "--grid-temperature", "0"]) == 2
-    assert capsys.readouterr().err.strip() == "ebpo base-model: --grid-temperature must be > 0, got 0.0"
+    assert (
+        capsys.readouterr().err.strip() == "ebpo base-model: error: --grid-temperature must be > 0, got 0.0"
+    )

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -63,3 +65,57 @@ def test_a_broken_pipe_elsewhere_is_not_taken_for_a_closed_stdout(monkeypatch):
     monkeypatch.setattr(cli, "build_parser", Parser)
     with pytest.raises(BrokenPipeError, match="a worker's pipe"):
         cli.main(["fake"])
+
+
+def test_ctrl_c_while_the_command_imports_is_one_line(monkeypatch, capsys):
+    # the interrupt lands inside the command's first heavy import (torch), before it could catch anything
+    def interrupted_import(args):
+        raise KeyboardInterrupt
+
+    class Parser:
+        def parse_args(self, argv):
+            return argparse.Namespace(command="train", func=interrupted_import)
+
+    monkeypatch.setattr(cli, "build_parser", Parser)
+    assert cli.main(["train"]) == 130
+    assert capsys.readouterr().err.splitlines() == ["ebpo train: interrupted (Ctrl-C)"]
+
+
+@pytest.mark.parametrize("after_s", [0.2, 0.8])
+def test_ctrl_c_in_the_first_second_of_ebpo_train_is_one_line(tmp_path, after_s):
+    # the console script's own code (pyproject's [project.scripts]); SIGINT as a terminal sends it, while
+    # the command imports torch and transformers
+    code = "import sys; from ebpo.cli import main; sys.exit(main())"
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, "train", "--run-dir", str(tmp_path / "run"), "run.steps=1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a background job ignores it
+    )
+    time.sleep(after_s)
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 130, err
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1 and err.startswith("ebpo train: interrupted"), err
+
+
+def test_the_printed_command_is_the_form_that_runs_from_this_shell(tmp_path, monkeypatch):
+    from ebpo.dataclass_cli import command_prefix
+
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "ebpo").write_text("#!/bin/sh\n")
+    (bin_dir / "ebpo").chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(bin_dir / "python"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", str(bin_dir))  # activated: the PATH finds this environment's ebpo
+    assert command_prefix() == "ebpo"
+    monkeypatch.setenv("PATH", "/nowhere")  # not activated: its path, relative to where the user stands
+    assert command_prefix() == "venv/bin/ebpo"
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # outside it: the whole path
+    assert command_prefix() == str(bin_dir / "ebpo")
+    (bin_dir / "ebpo").unlink()  # no console script (run from a source tree): the module form
+    assert command_prefix() == f"{bin_dir / 'python'} -m ebpo.cli"

@@ -159,7 +159,7 @@ def test_eval_flags_parse_as_before():
 
 def test_eval_k_below_one_is_one_line(tmp_path, capsys):
     assert main(["eval", "--ks", "1,0", "--out-dir", str(tmp_path), "--no-cache"]) == 2
-    assert capsys.readouterr().err == "ebpo eval: --ks: every k must be >= 1, got 1,0\n"
+    assert capsys.readouterr().err == "ebpo eval: error: --ks: every k must be >= 1, got 1,0\n"
 
 
 def test_a_bad_value_is_a_usage_error_naming_the_flag(capsys):
@@ -233,7 +233,8 @@ def test_build_checks_every_key_and_value_and_names_it():
     assert built == Outer(count=2, inner=Inner(mode="b", rate=1.0, names=["x"]))
     assert isinstance(built.inner.rate, float)  # an int widens to a float field
     with pytest.raises(
-        ValueError, match=r"^unknown config key 'inner.speed'; valid keys: inner.mode, inner.rate"
+        ValueError,
+        match=r"^unknown config key 'inner.speed' \(valid keys: inner.mode, inner.rate, inner.names\)$",
     ):
         dataclass_cli.build(Outer, {"inner": {"speed": 1}})
     with pytest.raises(ConfigError, match=r"^unknown inner.mode 'c'; valid choices: a, b$"):
@@ -331,7 +332,11 @@ def test_a_command_reads_its_options_from_a_yaml_file_and_its_flags_win(tmp_path
     )
     # a key or value at fault: one usage error naming the file and the key
     for text, message in (
-        ("stpes: 3\n", "unknown key 'stpes'; valid keys: concentration"),
+        ("stpes: 3\n", "unknown key 'stpes' (did you mean 'steps'?)"),
+        (
+            "stpes: 3\nzeal: 1\n",
+            "2 unknown keys: 'stpes' (did you mean 'steps'?); 'zeal' (valid keys: concentration",
+        ),
         ("steps: x\n", "steps must be an integer, got 'x'"),
     ):
         options.write_text(text)

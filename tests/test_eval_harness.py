@@ -8,6 +8,8 @@ import builtins
 import errno
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -16,6 +18,7 @@ from ebpo import persist
 from ebpo.data.records import Record
 from ebpo.eval import cli as eval_cli
 from ebpo.eval.harness import SamplingConfig, cache_file, evaluate, get_benchmark, problem_seed
+from ebpo.registry import PLUGINS_HINT
 
 PAPER_SETS = ["aime24", "aime25", "amc23", "math500", "olympiadbench"]
 
@@ -359,7 +362,7 @@ def test_bad_input_errors():
         )
     with pytest.raises(
         ValueError,
-        match=r"'aime2024'.*aime24, aime25, amc23, arith, gym:<dataset>\[,<dataset>\.\.\.\], math500, olympiadbench$",
+        match=r"'aime2024'.*aime24, aime25, amc23, arith, gym:<dataset>\[,<dataset>\.\.\.\], math500, olympiadbench; .*--plugins",
     ):
         get_benchmark("aime2024")
     with pytest.raises(ValueError, match="top_p"):
@@ -458,7 +461,7 @@ def test_cli_a_full_cache_disk_is_one_line_and_keeps_what_is_cached(tmp_path, mo
     err = capsys.readouterr().err.strip().splitlines()
     (cache,) = (tmp_path / "cache").rglob("arith-*.jsonl")
     assert err == [
-        f"ebpo eval: cannot write {cache}: no space left on device; the problems finished so far are cached "
+        f"ebpo eval: error: cannot write {cache}: no space left on device; the problems finished so far are cached "
         f"under {tmp_path / 'cache'}: run the same command again to resume once you free some space"
     ]
     assert len(cache.read_text().splitlines()) == 4  # the two chunks before
@@ -480,12 +483,12 @@ def test_cli_unknown_benchmark_is_one_line_naming_the_flag(tmp_path, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [
-        "ebpo eval: --benchmarks: unknown benchmark 'aime2024'; valid choices: aime24, aime25, amc23, arith, "
+        "ebpo eval: error: --benchmarks: unknown benchmark 'aime2024'; valid choices: aime24, aime25, amc23, arith, "
         "gym:<dataset>[,<dataset>...], "
-        "math500, olympiadbench"
+        f"math500, olympiadbench; {PLUGINS_HINT}"
     ]
     assert main(["eval", "builtin", "--limit", "-1", "--out-dir", str(tmp_path)]) == 2
-    assert capsys.readouterr().err.strip() == "ebpo eval: --limit must be >= 0, got -1"
+    assert capsys.readouterr().err.strip() == "ebpo eval: error: --limit must be >= 0, got -1"
 
 
 def test_cli_missing_benchmark_file_is_one_line(tmp_path, monkeypatch, capsys):
@@ -496,7 +499,7 @@ def test_cli_missing_benchmark_file_is_one_line(tmp_path, monkeypatch, capsys):
     assert eval_cli.run(args, generate_fns={"scripted": arith_scripted}) == 2
     err = capsys.readouterr().err.strip()
     assert err == (
-        f"ebpo eval: benchmark aime24: {tmp_path / 'aime24.jsonl'} not found; --data-dir (or $EBPO_DATA_DIR) "
+        f"ebpo eval: error: benchmark aime24: {tmp_path / 'aime24.jsonl'} not found; --data-dir (or $EBPO_DATA_DIR) "
         f"must name a folder holding aime24.jsonl, or leave both unset to load math-ai/aime24 from the "
         f"Hugging Face hub"
     )
@@ -519,7 +522,7 @@ def test_cli_unreachable_hub_is_one_line_naming_benchmark_dataset_and_flag(tmp_p
     assert proc.returncode == 2, proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(
-        "ebpo eval: benchmark amc23: cannot load math-ai/amc23 (split test, revision 80815d37005f) from the "
+        "ebpo eval: error: benchmark amc23: cannot load math-ai/amc23 (split test, revision 80815d37005f) from the "
         "Hugging Face hub ("
     )
     assert line.endswith(
@@ -610,6 +613,19 @@ def test_corrupt_cache_line_names_file_and_line(tmp_path, capsys):
     cache.write_bytes(b"\n".join([lines[0], b"\xff\xfe garbage", *lines[1:]]))
     assert eval_cli.run(args, generate_fns={"scripted": arith_scripted}) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"ebpo eval: {cache}, line 2: not a cached problem") and err.endswith(
+    assert err.startswith(f"ebpo eval: error: {cache}, line 2: not a cached problem") and err.endswith(
         "delete the file to redo"
     )
+
+
+def test_quiet_silences_the_loading_bars_of_transformers_too(tmp_path):
+    # a real model load in a process of its own (the bars are process-wide switches): under --quiet stderr
+    # holds only the line naming the files written, no "Loading weights" bar
+    argv = ["eval", "builtin:arith", "--benchmarks", "arith", "--limit", "2", "--n", "2", "--ks", "1"]
+    argv += ["--maj-ks", "2", "--no-cache", "--out-dir", str(tmp_path / "out"), "--quiet"]
+    code = "import sys; from ebpo.cli import main; sys.exit(main())"
+    proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "out"
+    assert proc.stderr == f"wrote {out / 'results.md'}, results.csv, results.json\n", proc.stderr
+    assert "| builtin:arith |" in proc.stdout

@@ -170,7 +170,7 @@ def test_unknown_names_and_settings_are_one_line_listing_the_valid_ones():
         "gym:chain_summ": r"^unknown gym dataset 'chain_summ'; valid choices: .*\bchain_sum\b.*\bspell_backward\b",
         "gym:": r"^gym task '': name datasets as gym:<dataset>",
         "gym:gcd,gcd": r"named twice",
-        "gymm:gcd": r"^unknown task 'gymm:gcd'; valid choices: arith, gym:<dataset>\[,<dataset>\.\.\.\]$",
+        "gymm:gcd": r"^unknown task 'gymm:gcd'; valid choices: arith, gym:<dataset>\[,<dataset>\.\.\.\]; .*--plugins",
         "gym:composite": r"not supported",
     }
     for name, message in cases.items():

@@ -186,7 +186,7 @@ def test_cli_builds_and_reports_the_gym_recipe(tmp_path, capsys):
     assert printed.startswith(str(tmp_path / "base_models" / "gym-"))
     assert main(["base-model", "--recipe", "gm"]) == 2
     assert (
-        "ebpo base-model: unknown base-model recipe 'gm'; valid choices: arith, gym"
+        "ebpo base-model: error: unknown base-model recipe 'gm'; valid choices: arith, gym"
         in capsys.readouterr().err
     )
     assert main(["base-model", "--recipe", "gym", "--teacher-accuracy", "0.5", "--quiet"]) == 2

@@ -319,6 +319,30 @@ def test_jsonl_bad_row_names_file_line_and_field(tmp_path):
     assert result.num_skipped == 1 and result.skipped[0].position == "line 3"
 
 
+@pytest.mark.parametrize("ending", ["\n", "\r\n"])
+def test_invalid_json_names_the_column_of_the_fault_in_its_line(tmp_path, ending):
+    # 44 characters, cut short after a comma: the next key is missing at column 45, where the line ends (not
+    # "line 2, column 1" of the text after the line break)
+    cut = '{"problem": "What is 2 + 2?", "answer": "4",'
+    assert len(cut) == 44
+    # a missing comma: the second key starts at column 30 (after 28 characters and a space), where a "," was due
+    joined = '{"problem": "What is 2 + 2?" "answer": "4"}'
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(f"{cut}{ending}{joined}{ending}".encode())
+    result = load_jsonl(path, skip_invalid=True)
+    assert [str(e) for e in result.skipped] == [
+        f"{path}, line 1: invalid JSON (Expecting property name enclosed in double quotes at column 45)",
+        f"{path}, line 2: invalid JSON (Expecting ',' delimiter at column 30)",
+    ]
+    from ebpo.annotate import read_rows  # ebpo annotate's reader says the same
+
+    with pytest.raises(ValueError) as err:
+        read_rows(path)
+    assert str(err.value) == (
+        f"{path}, line 1: not valid JSON (Expecting property name enclosed in double quotes at column 45)"
+    )
+
+
 def test_jsonl_invalid_json_and_wrong_types(tmp_path):
     path = _write_lines(tmp_path / "x.jsonl", ['{"problem": "a", "answer": "1"}', "{not json", "[1, 2]"])
     with pytest.raises(RowError, match=r"x\.jsonl, line 2:"):

@@ -100,7 +100,7 @@ def test_ebpo_eval_of_a_directory_without_a_model_is_one_line(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main([*EVAL, "--no-cache", "--out-dir", str(tmp_path / "o"), str(tmp_path / "empty")]) == 2
     assert capsys.readouterr().err.strip() == (
-        f"ebpo eval: {tmp_path / 'empty'} holds no model: expected a model directory (config.json and "
+        f"ebpo eval: error: {tmp_path / 'empty'} holds no model: expected a model directory (config.json and "
         "weights), a checkpoint (model/ inside) or a run directory (checkpoints/best or checkpoints/last) "
         "(or builtin:<recipe> for a built-in model: builtin:arith, builtin:gym)"
     )
@@ -143,7 +143,7 @@ def test_ebpo_diagnose_model_takes_the_same_paths(printed, tmp_path, capsys, mon
     (tmp_path / "empty").mkdir()
     assert main(["diagnose", "--model", str(tmp_path / "empty")]) == 2
     assert capsys.readouterr().err.strip() == (
-        f"ebpo diagnose: --model: {tmp_path / 'empty'} holds no model: expected a model directory (config.json "
+        f"ebpo diagnose: error: --model: {tmp_path / 'empty'} holds no model: expected a model directory (config.json "
         "and weights), a checkpoint (model/ inside) or a run directory (checkpoints/best or checkpoints/last) "
         "(or builtin:<recipe> for a built-in model: builtin:arith, builtin:gym)"
     )
@@ -181,9 +181,9 @@ def test_builtin_names_resolve_to_the_shipped_models():
         (["train", "model.path=builtin:nope"], f"ebpo train: error: model.path: {UNKNOWN}"),
         (
             [*EVAL, "--no-cache", "builtin:nope"],
-            f"ebpo eval: {UNKNOWN} (or builtin:<recipe> for a built-in model: builtin:arith, builtin:gym)",
+            f"ebpo eval: error: {UNKNOWN} (or builtin:<recipe> for a built-in model: builtin:arith, builtin:gym)",
         ),
-        (["diagnose", "--model", "builtin:nope"], f"ebpo diagnose: --model: {UNKNOWN}"),
+        (["diagnose", "--model", "builtin:nope"], f"ebpo diagnose: error: --model: {UNKNOWN}"),
     ],
     ids=["train", "eval", "diagnose"],
 )
@@ -219,3 +219,21 @@ def test_ebpo_diagnose_of_builtin_gym_draws_from_its_mixture_by_default():
     assert with_model_task(DiagnoseConfig(model="some/dir")).task == "arith"
     given = with_model_task(DiagnoseConfig(model="builtin:gym", task="gym:gcd", task_options="{gcd: {}}"))
     assert (given.task, given.task_options) == ("gym:gcd", "{gcd: {}}")
+
+
+def test_the_summary_says_which_checkpoint_eval_scores_and_the_last_when_it_differs(tmp_path):
+    from ebpo.trainer.cli import checkpoint_lines
+    from ebpo.trainer.report import TrainResult
+
+    run = tmp_path / "gym-demo"
+    # the gym preset's shape: maj@8 peaks at step 50, the table's after column is step 150
+    result = TrainResult(run, step=150, eval_after={"eval/maj@8": 0.483}, best_step=50, best_score=0.4896)
+    assert checkpoint_lines(result, 8) == [
+        f"best checkpoint: step 50 (the highest validation maj@8, 0.490; what `ebpo eval {run}` scores) in "
+        f"{run}/checkpoints/best",
+        f"last checkpoint: step 150 (maj@8 0.483, the table's after column) in {run}/checkpoints/last",
+    ]
+    result.best_step = 150  # the best is the final step: one line
+    assert len(checkpoint_lines(result, 8)) == 1
+    result.best_step = None  # no validation ran: nothing to say
+    assert checkpoint_lines(result, 8) == []

@@ -11,12 +11,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 import ebpo
 from ebpo.cli import SUBCOMMANDS, main
 from ebpo.plugins import ENV_VAR, PluginError, load_plugins
 from ebpo.rewards import list_rewards
-from ebpo.testing import check_estimator
+from ebpo.testing import EstimatorCheckFailed, check_estimator
 from helpers.plugins import FILE_ESTIMATOR, MY_ESTIMATORS, PKG_ESTIMATOR, STATEFUL_ESTIMATOR
 
 pytestmark = pytest.mark.usefixtures("plugin_sandbox")
@@ -65,6 +66,27 @@ def test_the_example_of_docs_extending_is_the_fixture_and_its_check_is_what_the_
     module = sys.modules["my_estimators"]
     for printed in (check_estimator(FILE_ESTIMATOR), check_estimator(module.MedianBaseline, q=0.25)):
         assert f"\n{printed}\n" in page
+
+
+def test_the_stateful_example_of_docs_extending_runs_and_passes_check_estimator():
+    page = (Path(__file__).resolve().parents[1] / "docs" / "extending.md").read_text()
+    block = page.split("A stateful one,")[1].split("```python\n")[1].split("```")[0]
+    assert block.split("\n\n\n", 1)[1] in MY_ESTIMATORS.read_text()  # the fixture holds the same class
+    assert STATEFUL_ESTIMATOR not in ebpo.list_estimators()  # the sandbox: registered by nothing yet
+    namespace: dict = {}
+    exec(compile(block, "docs/extending.md", "exec"), namespace)  # the page's code, as printed
+    example = namespace["RunningMeanBaseline"]
+    assert check_estimator(example).ok
+    # the same class with an observe that folds its rewards in unchecked: the property the page names fails
+    unchecked = type("Unchecked", (example,), {"observe": _observe_unchecked})
+    with pytest.raises(
+        EstimatorCheckFailed, match=r"1 fail\nFAILED non_finite_refused .*observe accepted it"
+    ):
+        check_estimator(unchecked)
+
+
+def _observe_unchecked(self, rewards, index, cluster=None):
+    self._fold(torch.as_tensor(rewards, dtype=torch.float64))
 
 
 def _dist_info(root, name: str, entry: str) -> None:

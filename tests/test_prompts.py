@@ -207,5 +207,6 @@ def test_chat_template_on_without_a_template_is_one_line(tiny_model_dir, tmp_pat
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert (
-        err.startswith("ebpo eval: --chat-template=on, but the tokenizer of") and "--chat-template=off" in err
+        err.startswith("ebpo eval: error: --chat-template=on, but the tokenizer of")
+        and "--chat-template=off" in err
     )

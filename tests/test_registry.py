@@ -12,7 +12,7 @@ from ebpo import losses, rewards
 from ebpo.advantages import EBPO_CHOICES, GroupStats, ebpo_advantage
 from ebpo.annotate import topic
 from ebpo.data import loaders, samplers
-from ebpo.registry import Registry, check_choice, unknown_choice
+from ebpo.registry import PLUGINS_HINT, Registry, check_choice, unknown_choice
 
 # -- the class --------------------------------------------------------------------------------------------
 
@@ -48,13 +48,21 @@ def test_unknown_name_has_exactly_the_one_wording():
     losses.register("kl_cov", 3)
     with pytest.raises(ValueError) as error:
         losses.get("ppo")
-    assert str(error.value) == "unknown policy loss 'ppo'; valid choices: clip_cov, kl_cov, vanilla"
+    assert (
+        str(error.value)
+        == f"unknown policy loss 'ppo'; valid choices: clip_cov, kl_cov, vanilla; {PLUGINS_HINT}"
+    )
     with pytest.raises(ValueError) as error:
         losses.get(None)  # type: ignore[arg-type]  # a name from a config can be anything
-    assert str(error.value) == "unknown policy loss None; valid choices: clip_cov, kl_cov, vanilla"
+    assert (
+        str(error.value)
+        == f"unknown policy loss None; valid choices: clip_cov, kl_cov, vanilla; {PLUGINS_HINT}"
+    )
     with pytest.raises(ValueError) as error:
         Registry("reward").get("math")
-    assert str(error.value) == "unknown reward 'math'; valid choices: "  # empty: says so, lists nothing
+    assert (
+        str(error.value) == f"unknown reward 'math'; valid choices: ; {PLUGINS_HINT}"
+    )  # empty: lists nothing
 
 
 def test_duplicate_registration_raises_and_keeps_the_first_entry():
@@ -86,7 +94,7 @@ def test_contains_and_unregister():
     assert "keyword" not in backends and backends.names() == []
     backends.register("keyword", 2)  # the name is free again
     assert backends.get("keyword") == 2
-    with pytest.raises(ValueError, match=r"topic backend 'judge'.*\bkeyword$"):
+    with pytest.raises(ValueError, match=rf"topic backend 'judge'.*\bkeyword; {re.escape(PLUGINS_HINT)}$"):
         backends.unregister("judge")
 
 
@@ -124,7 +132,7 @@ def test_every_registry_rejects_an_unknown_name_with_the_one_wording(which):
     names = list_names()
     assert names == sorted(names) and len(names) >= 2
     # the whole wording is what this test holds: every registry words the error alike (docs/design.md)
-    expected = f"unknown {kind} 'no_such_name'; valid choices: {', '.join(names)}"
+    expected = f"unknown {kind} 'no_such_name'; valid choices: {', '.join(names)}; {PLUGINS_HINT}"
     with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
         get("no_such_name")
 
@@ -197,10 +205,23 @@ def test_a_family_builds_entries_from_the_name_after_its_prefix():
     assert tasks.names() == ["arith"] and tasks.names(families=True) == ["arith", "gym:<dataset>"]
     with pytest.raises(ValueError) as error:
         tasks.get("gymm:gcd")
-    assert str(error.value) == "unknown task 'gymm:gcd'; valid choices: arith, gym:<dataset>"
+    assert str(error.value) == f"unknown task 'gymm:gcd'; valid choices: arith, gym:<dataset>; {PLUGINS_HINT}"
     with pytest.raises(ValueError, match="^task 'arith' takes no options, got mod$"):
         tasks.get("arith", mod=1)
     with pytest.raises(ValueError, match="task family 'gym' is already registered"):
         tasks.register_family("gym", lambda argument: (argument,), pattern="<x>")
     with pytest.raises(ValueError, match="without ':'"):
         tasks.register_family("a:b", lambda argument: (argument,), pattern="<x>")
+
+
+def test_an_unknown_name_of_a_registry_says_how_a_name_of_ones_own_is_registered():
+    table: Registry[int] = Registry("widget")
+    table.register("a", 1)
+    with pytest.raises(ValueError) as err:
+        table.get("median_baseline")
+    assert str(err.value) == f"unknown widget 'median_baseline'; valid choices: a; {PLUGINS_HINT}"
+    assert "--plugins" in PLUGINS_HINT
+    with pytest.raises(
+        ValueError, match=r"^unknown mode 'x'; valid choices: a, b$"
+    ):  # a fixed set: no plugin adds one
+        check_choice("mode", "x", ["b", "a"])

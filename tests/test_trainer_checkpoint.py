@@ -159,7 +159,7 @@ def test_ebpo_eval_checks_the_checkpoint_and_names_the_intact_one(halfway, capsy
     args += ["--no-cache", "--out-dir", "out", "--quiet"]
     assert main([*args, "run/checkpoints/best"]) == 2
     assert _one_line(capsys, "ebpo eval") == (
-        "ebpo eval: run/checkpoints/best/model/model.safetensors is damaged: 260232 bytes where "
+        "ebpo eval: error: run/checkpoints/best/model/model.safetensors is damaged: 260232 bytes where "
         "run/checkpoints/best/manifest.json says 520464; the newest intact checkpoint is run/checkpoints/last "
         "(step 2): `ebpo eval run/checkpoints/last`"
     )

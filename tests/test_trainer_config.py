@@ -16,7 +16,7 @@ from ebpo.advantages import EBPOOptions
 from ebpo.errors import ConfigError
 from ebpo.losses import PolicyLossOptions
 from ebpo.trainer import setup
-from ebpo.trainer.config import AlgorithmConfig, TrainConfig, describe
+from ebpo.trainer.config import AlgorithmConfig, RunConfig, TrainConfig, describe
 from ebpo.trainer.config_files import PRESETS_DIR, load_config, save_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,12 +80,23 @@ def test_parse_override_values_are_yaml():
 def test_unknown_key_names_the_valid_keys():
     with pytest.raises(ConfigError) as err:
         load_config(None, ["rollout.temprature=0.8"])
-    message = str(err.value)
-    assert "rollout.temprature" in message and "rollout.temperature" in message and "rollout.top_p" in message
+    assert str(err.value) == "unknown config key 'rollout.temprature' (did you mean 'rollout.temperature'?)"
     with pytest.raises(ConfigError, match="valid keys: model, data, rollout, algorithm, optim, run"):
         dataclass_cli.build(TrainConfig, {"trainer": {}})
     with pytest.raises(ConfigError, match=r"'algorithm.ebpo.prior_scop'.*algorithm.ebpo.prior_scope"):
         load_config(None, ["algorithm.ebpo.prior_scop=cluster"])
+
+
+def test_every_unknown_key_is_in_one_message_with_the_nearest_key_of_any_section():
+    # three typos, one run: each with the key meant, a key of another section found by its name, and a key
+    # nothing is close to with its section's keys
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["algorithm.group_size=4", "optim.weight_decy=0", "run.stepz=3", "run.colour=red"])
+    assert str(err.value) == (
+        "4 unknown config keys: 'algorithm.group_size' (did you mean 'data.group_size'?); "
+        "'optim.weight_decy' (did you mean 'optim.weight_decay'?); 'run.stepz' (did you mean 'run.steps'?); "
+        f"'run.colour' (valid keys: {', '.join('run.' + f.name for f in dataclasses.fields(RunConfig))})"
+    )
 
 
 def test_unknown_key_in_yaml_names_the_file(tmp_path):

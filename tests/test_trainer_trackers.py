@@ -251,19 +251,34 @@ def test_a_tracker_that_cannot_start_is_one_line(tmp_path, monkeypatch, offline)
     )
 
 
+def test_wandbs_files_go_to_the_run_directory_without_wandb_dir(tmp_path, monkeypatch, offline):
+    monkeypatch.delenv("WANDB_DIR")
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    logger = MetricsLogger(tmp_path / "run", ["wandb"], config={"run": {"steps": 1}})
+    logger.log(0, {"eval/pass@1": 0.25})
+    logger.close()
+    assert list((tmp_path / "cwd").iterdir()) == []  # not ./wandb
+    assert len(list((tmp_path / "run" / "wandb").glob("offline-run-*"))) == 1
+
+
 def test_mlflows_default_store_takes_a_run(tmp_path, monkeypatch, offline):
-    # what `pip install 'ebpo[mlflow]'` adds to mlflow-skinny: MLflow's default store, sqlite:///mlflow.db in
-    # the working directory (the other tests use its file store, which needs nothing more)
+    # what `pip install 'ebpo[mlflow]'` adds to mlflow-skinny: a SQLite store, ours without MLFLOW_TRACKING_URI
+    # in the run's own folder, its artifacts beside it: nothing lands in the working directory (the other tests
+    # use the file store, which needs nothing more)
     for module in ("sqlalchemy", "alembic"):
         pytest.importorskip(module, reason=f"needs the mlflow extra's {module} (pip install 'ebpo[mlflow]')")
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
-    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
     check_trackers(["mlflow"])
     logger = MetricsLogger(tmp_path / "run", ["mlflow"], config={"run": {"steps": 2}})
     logger.log(0, {"eval/pass@1": 0.25})
     logger.log(1, {"reward/mean": 0.5, "eval/pass@1": 0.375})
     logger.close()
     saved = saved_runs(tmp_path / "run")["mlflow"]
-    assert saved["tracking_uri"] == f"sqlite:///{tmp_path}/mlflow.db"
+    assert saved["tracking_uri"] == f"sqlite:///{tmp_path}/run/mlflow.db"
+    assert list((tmp_path / "cwd").iterdir()) == []
+    assert (tmp_path / "run" / "mlflow.db").is_file()
     expected = {0: {"eval/pass_at_1": 0.25}, 1: {"reward/mean": 0.5, "eval/pass_at_1": 0.375}}
     assert mlflow_history(saved["tracking_uri"], saved["run_id"]) == expected

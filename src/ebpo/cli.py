@@ -40,13 +40,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if getattr(args, "func", None) is None:
-        parser.print_help()
-        return 0 if args.command is None else 2
+    """Run ``ebpo`` with ``argv`` (default: the process's arguments) and return its exit code.
+
+    Ctrl-C at any moment, while a command imports torch as much as during its work, ends the process with
+    one line and exit code 130; a command that keeps something on Ctrl-C (``ebpo train``'s checkpoint)
+    catches it first and says what it kept."""
+    words = sys.argv[1:] if argv is None else argv
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if getattr(args, "func", None) is None:
+            parser.print_help()
+            return 0 if args.command is None else 2
         return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        command = f"ebpo {words[0]}" if words and words[0] in SUBCOMMANDS else "ebpo"
+        print(f"{command}: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         if not _stdout_closed():
             raise

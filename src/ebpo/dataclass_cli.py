@@ -9,9 +9,9 @@ dataclasses from what a user types, for every command:
 - **YAML and dotted overrides** (``ebpo train --config grpo rollout.temperature=0.8``): :func:`read_yaml` (a
   key repeated in one mapping is an error), :func:`parse_override` (``a.b=0.8``; the value is YAML: ``true``,
   ``null``, ``[1, 2]``, ``{k: v}``), :func:`merge` (mappings, then overrides, the later winning, keys renamed
-  from earlier spellings first) and :func:`build` (the mapping becomes an instance). :func:`build` and
-  :func:`check` (the same checks on an instance changed by hand) refuse an unknown key listing its section's
-  keys, and a value of the wrong type, outside its ``Literal`` or its bounds, not finite or empty, naming its
+  from earlier spellings first) and :func:`build` (the mapping becomes an instance). :func:`build` refuses
+  unknown keys, all of them in one message, each with the valid key nearest to it in any section
+  (:func:`nearest_key`); it and :func:`check` (the same checks on an instance changed by hand) refuse a value of the wrong type, outside its ``Literal`` or its bounds, not finite or empty, naming its
   dotted key; a ``__post_init__`` error becomes one :class:`~ebpo.errors.ConfigError` naming the section. A
   ``Literal`` with the choices ``on`` and ``off`` reads YAML's ``true`` / ``false`` as them (YAML 1.1 reads the
   words ``on`` and ``off`` as booleans).
@@ -372,19 +372,76 @@ def build(cls: type, values: Any, prefix: str = "") -> Any:
         raise ConfigError(f"{prefix.rstrip('.') or 'the config'} must be a mapping of keys, got {values!r}")
     hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = unknown_keys(cls, values, prefix)
+    if unknown:
+        raise ConfigError(unknown_keys_message(unknown))
     kwargs = {}
     for key, value in values.items():
         full = f"{prefix}{key}"
-        if key not in fields:
-            raise ConfigError(
-                f"unknown config key {full!r}; valid keys: {', '.join(prefix + name for name in fields)}"
-            )
         tp = hints[key]
         kwargs[key] = build(tp, value, f"{full}.") if is_section(tp) else _leaf(value, tp, fields[key], full)
     try:
         return cls(**kwargs)
     except (ValueError, TypeError) as err:
         raise _post_init_error(err, prefix) from None
+
+
+def _keys(cls: type, prefix: str = "") -> Iterator[str]:
+    """Every dotted key of the dataclass ``cls``, sections included (``algorithm``, ``algorithm.ebpo``)."""
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.init:
+            yield f"{prefix}{f.name}"
+            if is_section(hints[f.name]):
+                yield from _keys(hints[f.name], f"{prefix}{f.name}.")
+
+
+def nearest_key(key: str, valid: Sequence[str]) -> str | None:
+    """The valid dotted key ``key`` most likely meant, searched across sections: the one with the same last
+    part (``algorithm.group_size`` -> ``data.group_size``), else the one whose last part is closest
+    (``difflib``, ratio 0.75 or more; ``rollout.temprature`` -> ``rollout.temperature``), one in ``key``'s
+    own section winning a tie; None when none is close."""
+    import difflib
+
+    section, _, name = key.rpartition(".")
+    best: tuple[float, bool, str] | None = None
+    for candidate in valid:
+        other_section, _, other = candidate.rpartition(".")
+        score = 1.0 if other == name else difflib.SequenceMatcher(None, name, other).ratio()
+        ranked = (score, other_section == section, candidate)
+        if score >= 0.75 and (best is None or ranked[:2] > best[:2]):
+            best = ranked
+    return None if best is None else best[2]
+
+
+def unknown_keys(cls: type, values: Any, prefix: str = "", root: type | None = None) -> list[str]:
+    """A line for each key of the nested mapping ``values`` that the dataclass ``cls`` does not have, at any
+    depth: the dotted key and the valid key nearest to it (:func:`nearest_key`, searched over every key of
+    ``root``, default ``cls``), or, when none is close, the valid keys of its section."""
+    root = cls if root is None else root
+    if not isinstance(values, dict):
+        return []
+    hints = _hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    found = []
+    for key, value in values.items():
+        full = f"{prefix}{key}"
+        if key not in fields:
+            near = nearest_key(full, list(_keys(root)))
+            hint = (
+                f"did you mean {near!r}?" if near else f"valid keys: {', '.join(prefix + n for n in fields)}"
+            )
+            found.append(f"{full!r} ({hint})")
+        elif is_section(hints[key]):
+            found.extend(unknown_keys(hints[key], value, f"{full}.", root))
+    return found
+
+
+def unknown_keys_message(found: Sequence[str]) -> str:
+    """:func:`unknown_keys`'s lines as one message, every unknown key in it."""
+    if len(found) == 1:
+        return f"unknown config key {found[0]}"
+    return f"{len(found)} unknown config keys: {'; '.join(found)}"
 
 
 def check(obj: Any, prefix: str = "") -> Any:
@@ -552,11 +609,19 @@ def _with_config_file(
             return super().parse_known_args(words, namespace)
 
         def file_defaults(self, path: str) -> dict[str, Any]:
-            values = {}
-            for key, value in read_yaml(path).items():
+            values, read = {}, read_yaml(path)
+            unknown = []
+            for key in read:
                 name = str(key).replace("-", "_")
                 if name not in fields:
-                    raise ConfigError(f"{path}: unknown key {key!r}; valid keys: {', '.join(sorted(fields))}")
+                    near = nearest_key(name, sorted(fields))
+                    hint = f"did you mean {near!r}?" if near else f"valid keys: {', '.join(sorted(fields))}"
+                    unknown.append(f"{key!r} ({hint})")
+            if unknown:
+                many = f"{len(unknown)} unknown keys: " if len(unknown) > 1 else "unknown key "
+                raise ConfigError(f"{path}: {many}{'; '.join(unknown)}")
+            for key, value in read.items():
+                name = str(key).replace("-", "_")
                 try:
                     values[name] = _leaf(value, hints[name], fields[name], name)
                 except ConfigError as err:
@@ -617,6 +682,28 @@ def add_command(
         return _start(command.prog, build, run, args.words)
 
     command.set_defaults(func=start)
+
+
+def command_prefix() -> str:
+    """How to run this installation's ``ebpo`` again from the shell the user is in, for the commands a message
+    prints (``continue with `ebpo train --resume ...```): ``ebpo`` when the ``PATH`` finds this installation's
+    command (an activated virtual environment), else that command's path (``.venv/bin/ebpo``, relative to
+    the working directory when inside it), else ``python -m ebpo.cli`` with this interpreter."""
+    import os
+    import shlex
+    import shutil
+
+    here = Path(sys.executable).parent / "ebpo"
+    found = shutil.which("ebpo")
+    if here.is_file():
+        if found is not None and Path(found).resolve() == here.resolve():
+            return "ebpo"
+        try:
+            shown = os.path.relpath(here) if here.absolute().is_relative_to(Path.cwd()) else str(here)
+        except ValueError:  # another drive (Windows)
+            shown = str(here)
+        return shlex.quote(shown)
+    return f"{shlex.quote(sys.executable)} -m ebpo.cli"
 
 
 def _plugins_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -22,7 +22,8 @@ make_gym_task, pattern="<dataset>[,<dataset>...]")`` makes ``TASKS.get("gym:chai
 ``make_gym_task("chain_sum,gcd")`` (with any keyword options ``get`` was given), and lists ``gym:<dataset>[,...]``
 among the valid choices; the family's factory raises ``ValueError`` for an argument it does not take. An unknown name, here and for every fixed set of option values
 (:func:`check_choice`, e.g. EBPO's ``normalize``), raises ``ValueError`` worded
-``unknown <kind> 'x'; valid choices: a, b, c`` with the choices sorted.
+``unknown <kind> 'x'; valid choices: a, b, c`` with the choices sorted; a registry's adds how a name of one's
+own is registered (``--plugins``).
 
 Where each registry lives (the public functions around them keep their names): advantage estimators in
 ``ebpo.advantages.registry``, policy losses in ``ebpo.losses``, rewards in ``ebpo.rewards``, loader schemas in
@@ -57,9 +58,19 @@ class AlreadyRegistered(ValueError):
         self.kind, self.name = kind, name
 
 
-def unknown_choice(kind: str, value: object, choices: Iterable[str]) -> ValueError:
-    """The one error for an unknown name: ``unknown <kind> 'x'; valid choices: a, b, c`` (choices sorted)."""
-    return ValueError(f"unknown {kind} {value!r}; valid choices: {', '.join(sorted(choices))}")
+PLUGINS_HINT = (
+    "a name of your own is registered by its plugin: add --plugins FILE.py|MODULE (docs/extending.md)"
+)
+"""What an unknown name of a registry a plugin can extend adds: how that name gets registered."""
+
+
+def unknown_choice(
+    kind: str, value: object, choices: Iterable[str], *, extensible: bool = False
+) -> ValueError:
+    """The one error for an unknown name: ``unknown <kind> 'x'; valid choices: a, b, c`` (choices sorted), and
+    for a registry that plugins extend (``extensible``) :data:`PLUGINS_HINT` after it."""
+    hint = f"; {PLUGINS_HINT}" if extensible else ""
+    return ValueError(f"unknown {kind} {value!r}; valid choices: {', '.join(sorted(choices))}{hint}")
 
 
 def check_choice(kind: str, value: object, choices: Iterable[str]) -> None:
@@ -130,7 +141,7 @@ class Registry(Generic[T]):
             factory, _ = self._families[family]
             return factory(name[len(family) + 1 :], **options)
         if name not in self:
-            raise unknown_choice(self.kind, name, self.names(families=True))
+            raise unknown_choice(self.kind, name, self.names(families=True), extensible=True)
         if options:
             raise ValueError(f"{self.kind} {name!r} takes no options, got {', '.join(sorted(options))}")
         return self._entries[name]

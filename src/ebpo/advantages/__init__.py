@@ -17,6 +17,8 @@ The package, one concern a module:
 - :mod:`~ebpo.advantages.core`: the group maths, pure functions of tensors with their shapes and formulas
   (``grpo_advantage``, ``rloo_advantage``, ``jspo_advantage``, ``shrinkage_baseline``, ``ebpo_advantage``...);
 - :mod:`~ebpo.advantages.checks`: what the estimators accept and return, and the group ids (``group_ids``);
+  ``prepare(rewards, index, cluster)`` makes ``__call__``'s checks of a batch and returns the ``Batch``: a
+  stateful estimator's ``observe`` calls it before folding the batch into its state;
 - :mod:`~ebpo.advantages.base`: ``AdvantageEstimator``, the call contract and the metrics every estimator logs;
 - :mod:`~ebpo.advantages.registry`: ``register_estimator`` / ``get_estimator`` / ``list_estimators``;
 - :mod:`~ebpo.advantages.baselines`: ``grpo``, ``dr_grpo``, ``rloo``, ``reinforce_pp_baseline``, ``jspo``;
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 from ebpo.advantages import baselines  # noqa: F401  (importing it registers the baselines)
 from ebpo.advantages.base import ZERO_ADV_TOL, AdvantageEstimator  # noqa: F401  (ZERO_ADV_TOL: plumbing, below)
-from ebpo.advantages.checks import Batch, OptionError, group_ids  # noqa: F401  (Batch, OptionError: below)
+from ebpo.advantages.checks import Batch, OptionError, group_ids, prepare  # noqa: F401  (Batch, OptionError: below)
 from ebpo.advantages.core import (
     GroupStats,
     batch_normalize,
@@ -64,6 +66,7 @@ __all__ = [
     "grpo_advantage",
     "jspo_advantage",
     "list_estimators",
+    "prepare",
     "register_estimator",
     "reinforce_pp_baseline_advantage",
     "rloo_advantage",

@@ -61,9 +61,11 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
                     f"{err.start + 1}); re-save the file as UTF-8"
                 ) from None
             try:
-                row = json.loads(line)
+                row = json.loads(line.rstrip("\r\n"))  # a row cut short: an error at its own end
             except json.JSONDecodeError as err:
-                raise ValueError(f"{path}, line {line_no}: not valid JSON ({err.msg})") from err
+                raise ValueError(
+                    f"{path}, line {line_no}: not valid JSON ({err.msg} at column {err.colno})"
+                ) from None
             if not isinstance(row, dict):
                 raise ValueError(f"{path}, line {line_no}: expected a JSON object, got {type(row).__name__}")
             rows.append(row)

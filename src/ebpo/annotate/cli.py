@@ -132,6 +132,18 @@ def _check_paths(args: argparse.Namespace) -> None:
         raise FileNotFoundError(f"--input {args.input}: no such file")
     if args.input and args.output and Path(args.output).resolve() == Path(args.input).resolve():
         raise ValueError(f"--output {args.output} would overwrite the input; pick a new file")
+    model = getattr(args, "model", None)
+    if model and not Path(model).expanduser().exists() and not _hub_name(model):
+        raise FileNotFoundError(
+            f"--model {model} does not exist; give a model directory or a Hugging Face hub name (org/name)"
+        )
+
+
+def _hub_name(name: str) -> bool:
+    """Whether ``name`` can be a Hugging Face hub repository (``name`` or ``org/name``), not only a local path."""
+    import re
+
+    return re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name) is not None and not name.startswith((".", "-"))
 
 
 def run_difficulty(args: argparse.Namespace) -> int:
@@ -152,7 +164,7 @@ def run_difficulty(args: argparse.Namespace) -> int:
         )
         return 130
     except (ValueError, OSError, ImportError) as err:  # messages name the flag, file or row and the fix
-        print(f"ebpo annotate difficulty: {_one_line(err)}", file=sys.stderr)
+        print(f"ebpo annotate difficulty: error: {_one_line(err)}", file=sys.stderr)
         return 2
 
 
@@ -215,7 +227,7 @@ def run_topic(args: argparse.Namespace) -> int:
         print(f"ebpo annotate topic: interrupted; {kept}", file=sys.stderr)
         return 130
     except (ValueError, OSError, ImportError) as err:  # messages name the flag, file or row and the fix
-        print(f"ebpo annotate topic: {_one_line(err)}", file=sys.stderr)
+        print(f"ebpo annotate topic: error: {_one_line(err)}", file=sys.stderr)
         return 2
 
 

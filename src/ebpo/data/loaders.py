@@ -176,7 +176,9 @@ def _numbered_jsonl(path: Path) -> Iterator[tuple[str, int, Any]]:
             where = f"line {line_no}"
             row: Any
             try:
-                row = json.loads(raw.decode("utf-8"))
+                # without its line break: a row cut short is then an error at its own end, not at
+                # "line 2, column 1" of the text after it
+                row = json.loads(raw.decode("utf-8").rstrip("\r\n"))
             except UnicodeDecodeError as err:
                 row = RowError(
                     f"not valid UTF-8 (byte 0x{raw[err.start]:02x} at byte {err.start + 1}); re-save the "

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = from_args(DiagnoseConfig, args)
         result = diagnose(cfg)
     except ConfigError as err:
-        print(f"ebpo diagnose: {err}", file=sys.stderr)
+        print(f"ebpo diagnose: error: {err}", file=sys.stderr)
         return 2
     out_dir = Path(cfg.out_dir)
     table, summary = write_outputs(result, out_dir)

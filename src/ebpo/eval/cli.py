@@ -375,10 +375,13 @@ def run(args: argparse.Namespace, *, generate_fns: dict[str, Any] | None = None)
         print(f"ebpo eval: interrupted; {kept}", file=sys.stderr)
         return 130
     except WriteError as err:  # the cache or the results: what was finished stays cached
-        print(f"ebpo eval: cannot write {err.path}: {err.reason}; {kept} once you {err.fix}", file=sys.stderr)
+        print(
+            f"ebpo eval: error: cannot write {err.path}: {err.reason}; {kept} once you {err.fix}",
+            file=sys.stderr,
+        )
         return 1
     except (ValueError, OSError) as err:  # our messages name the flag, file or line and the fix
-        print(f"ebpo eval: {err}", file=sys.stderr)
+        print(f"ebpo eval: error: {err}", file=sys.stderr)
         return 2
 
 
@@ -422,6 +425,16 @@ def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[st
     from ebpo.tasks import task_options
 
     models = list(args.models) or [BUILTIN]
+    if args.quiet:  # transformers' and the hub's own bars too (loading weights, downloads)
+        from huggingface_hub.utils import disable_progress_bars
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        disable_progress_bars()
+    if args.data_dir is not None and not Path(args.data_dir).expanduser().is_dir():
+        raise ValueError(
+            f"--data-dir {args.data_dir} does not exist; give the folder holding <benchmark>.jsonl"
+        )
     settings_given = task_options(args.task_options, "--task-options")
     if args.benchmarks:
         benchmarks = split_benchmarks(args.benchmarks)
@@ -477,6 +490,9 @@ def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[st
         "skipped_metrics": skipped,
         "data_dir": _data_dir_setting(args.data_dir),
     }
+    # every model is found before any set loads (a hub download takes a while, and retries when offline); a
+    # run or checkpoint directory says here which checkpoint it scores
+    paths = {name: _resolve_model(name, args.quiet) for name in models if name not in generate_fns}
     records_by_bench = {spec.name: spec.load(data_dir=args.data_dir) for spec in specs}
     reward_options = dict(args.reward_option or [])
     rewards: dict[str, Any] = {}  # one reward object (and worker pool) per name
@@ -490,7 +506,7 @@ def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[st
         if scripted is None:
             from transformers import AutoTokenizer
 
-            path = _resolve_model(name, args.quiet)
+            path = paths[name]
             try:
                 tokenizer = AutoTokenizer.from_pretrained(path)
             except Exception as err:  # noqa: BLE001 - a damaged or missing tokenizer file: one line
@@ -523,7 +539,7 @@ def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[st
                     rewards[reward_name] = get_reward(reward_name, **reward_options)
                 except TypeError as err:
                     raise SystemExit(
-                        f"ebpo eval: --reward-option not accepted by reward {reward_name!r}: {err}"
+                        f"ebpo eval: error: --reward-option not accepted by reward {reward_name!r}: {err}"
                     ) from err
             cache = None
             if cache_dir is not None:

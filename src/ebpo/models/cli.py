@@ -115,14 +115,17 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = from_args(RECIPES.get(args.recipe).config_cls, args)
     except ValueError as err:  # a recipe that cannot be built: one line naming the field
-        print(f"ebpo base-model: {err}", file=sys.stderr)
+        print(f"ebpo base-model: error: {err}", file=sys.stderr)
         return 2
     if args.grid_samples is not None and args.grid_samples < 1:
-        print(f"ebpo base-model: --grid-samples must be >= 1, got {args.grid_samples}", file=sys.stderr)
+        print(
+            f"ebpo base-model: error: --grid-samples must be >= 1, got {args.grid_samples}", file=sys.stderr
+        )
         return 2
     if args.grid_temperature is not None and not args.grid_temperature > 0:
         print(
-            f"ebpo base-model: --grid-temperature must be > 0, got {args.grid_temperature}", file=sys.stderr
+            f"ebpo base-model: error: --grid-temperature must be > 0, got {args.grid_temperature}",
+            file=sys.stderr,
         )
         return 2
     if args.check:

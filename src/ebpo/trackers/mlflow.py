@@ -77,12 +77,11 @@ class MLflowTracker(Tracker):
 
     @classmethod
     def open(cls, start: TrackerStart) -> MLflowTracker:
-        import mlflow
         import yaml
         from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
 
-        uri = mlflow.get_tracking_uri()
+        uri, artifacts = mlflow_store(start.directory)
         saved = start.saved or {}
         try:
             client = MlflowClient(uri)
@@ -95,7 +94,7 @@ class MLflowTracker(Tracker):
             if run is not None:
                 client.update_run(run.info.run_id, status="RUNNING")
             else:
-                run = client.create_run(_experiment_id(client), run_name=start.name)
+                run = client.create_run(_experiment_id(client, artifacts), run_name=start.name)
             params = {k: v for k, v in _flat_params(start.config).items() if k not in run.data.params}
             tracker = cls(client, run, uri, continued=run.info.run_id == saved.get("run_id"))
             _log_batches(client, run.info.run_id, params=_params(params))
@@ -113,7 +112,13 @@ class MLflowTracker(Tracker):
 
     def describe(self) -> str:
         new = "continued" if self.continued else "new"
-        return f"mlflow: run {self.run_id} ({new}), experiment {self.experiment_id} in {self.uri}"
+        ui = (
+            "" if importable("flask") else " (the UI needs `pip install mlflow`; ebpo[mlflow] has the client)"
+        )
+        return (
+            f"mlflow: run {self.run_id} ({new}), experiment {self.experiment_id} in {self.uri}; watch it with "
+            f"`mlflow ui --backend-store-uri {self.uri}`{ui}"
+        )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.log_history([{"step": step, **metrics}])
@@ -144,9 +149,21 @@ class MLflowTracker(Tracker):
         self.client.set_terminated(self.run_id, status=status.upper())
 
 
-def _experiment_id(client: Any) -> str:
+def mlflow_store(directory: Path) -> tuple[str, str | None]:
+    """The tracking store a run logs to and, for a store of ours, where its artifacts go: the store
+    ``MLFLOW_TRACKING_URI`` names (a server, or a database shared by runs) with MLflow's own artifact place;
+    without it a SQLite database in the run's own folder, ``<directory>/mlflow.db``, its artifacts in
+    ``<directory>/mlruns`` (MLflow's defaults, ``./mlflow.db`` and ``./mlruns``, would land in the working
+    directory)."""
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"], None
+    folder = Path(directory).resolve()
+    return f"sqlite:///{folder / 'mlflow.db'}", (folder / "mlruns").as_uri()
+
+
+def _experiment_id(client: Any, artifacts: str | None = None) -> str:
     """``MLFLOW_EXPERIMENT_ID``, else the experiment named ``MLFLOW_EXPERIMENT_NAME`` (default ``ebpo``),
-    created if missing."""
+    created if missing (its artifacts in ``artifacts``, or MLflow's default place when None)."""
     from mlflow.exceptions import MlflowException
 
     if os.environ.get("MLFLOW_EXPERIMENT_ID"):
@@ -156,7 +173,7 @@ def _experiment_id(client: Any) -> str:
     if experiment is not None:
         return experiment.experiment_id
     try:
-        return client.create_experiment(name)
+        return client.create_experiment(name, artifact_location=artifacts)
     except MlflowException:  # another process created it meanwhile
         experiment = client.get_experiment_by_name(name)
         if experiment is None:

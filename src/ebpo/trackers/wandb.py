@@ -21,7 +21,8 @@ class WandbTracker(Tracker):
     """A Weights & Biases run (``wandb.init``), named after the run directory, in project ``WANDB_PROJECT``
     (default ``ebpo``): the metrics at their step, the options as its config, the summary in its summary,
     the figure as an image and other files saved with the run. wandb's own settings apply: ``WANDB_MODE=offline``
-    logs to ``WANDB_DIR`` (default ``./wandb``) for ``wandb sync`` to upload later."""
+    logs to ``WANDB_DIR`` (default: ``wandb/`` in the run's own folder, not ``./wandb``) for ``wandb sync`` to
+    upload later."""
 
     name = "wandb"
     module = "wandb"
@@ -43,6 +44,9 @@ class WandbTracker(Tracker):
                 id=run_id,
                 resume="allow" if run_id else None,
                 config=None if run_id else start.config,
+                dir=_unless_set(
+                    "WANDB_DIR", str(start.directory)
+                ),  # its files in the run's folder, not ./wandb
                 reinit="create_new",  # the trainer's own run, beside any run of the caller's
             )
             if run_id:  # a resume may change options (run.steps=200)

@@ -156,11 +156,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         print()
         print_eval_table(result.eval_before, result.eval_after)
-        if result.best_step is not None:
-            print(
-                f"best checkpoint: step {result.best_step} (maj@{cfg.run.eval_k} {result.best_score:.3f}) "
-                f"in {result.run_dir / 'checkpoints' / 'best'}"
-            )
+        for line in checkpoint_lines(result, cfg.run.eval_k):
+            print(line)
         if cfg.run.plot:
             print(f"plot: {result.run_dir / 'training.png'}")
         print(f"run directory: {result.run_dir}")
@@ -168,6 +165,29 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nebpo train: interrupted; the run is complete in {result.run_dir}", file=sys.stderr)
         return 130
     return 0
+
+
+def checkpoint_lines(result: Any, eval_k: int) -> list[str]:
+    """What the run's checkpoints hold, after the before/after table: the best checkpoint (the highest validation
+    maj@k, the model ``ebpo eval RUN`` and ``model.path=RUN`` take) and, when it is not the final step the
+    table's after column shows, the last checkpoint too, so that the two never read as one."""
+    from ebpo.persist import RunDirectory
+
+    if result.best_step is None:
+        return []
+    checkpoints = result.run_dir / RunDirectory.CHECKPOINTS
+    best = (
+        f"best checkpoint: step {result.best_step} (the highest validation maj@{eval_k}, "
+        f"{result.best_score:.3f}; what `ebpo eval {result.run_dir}` scores) in {checkpoints / RunDirectory.BEST}"
+    )
+    if result.best_step == result.step:
+        return [best]
+    final = result.eval_after.get(f"eval/maj@{eval_k}")
+    score = f"maj@{eval_k} {final:.3f}, " if final is not None else ""
+    return [
+        best,
+        f"last checkpoint: step {result.step} ({score}the table's after column) in {checkpoints / RunDirectory.LAST}",
+    ]
 
 
 def task_note(cfg: Any) -> str | None:

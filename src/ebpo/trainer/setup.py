@@ -124,17 +124,17 @@ def check_setup(cfg: TrainConfig) -> None:
 
 def _estimator_class(name: str) -> None:
     if name not in list_estimators():
-        raise unknown_choice("advantage estimator", name, list_estimators())
+        raise unknown_choice("advantage estimator", name, list_estimators(), extensible=True)
 
 
 def _sampler_name(name: str) -> None:
     if name not in list_samplers():  # get_sampler builds one, from records
-        raise unknown_choice("prompt sampler", name, list_samplers())
+        raise unknown_choice("prompt sampler", name, list_samplers(), extensible=True)
 
 
 def _reward_name(name: str) -> None:
     if name not in list_rewards():  # get_reward builds one (math: a worker pool)
-        raise unknown_choice("reward", name, list_rewards())
+        raise unknown_choice("reward", name, list_rewards(), extensible=True)
 
 
 def check_groups_of_one(name: str, options: dict[str, Any]) -> None:

@@ -21,6 +21,7 @@ from ebpo.advantages import EBPO_CHOICES  # noqa: E402
 from ebpo.data.samplers import get_sampler  # noqa: E402
 from ebpo.integrations.trl import ESTIMATOR_STATE_FILE, EBPOConfig, EBPOTrainer  # noqa: E402
 from ebpo.persist import DamagedFile, UnsafeFile, WriteError  # noqa: E402
+from ebpo.registry import PLUGINS_HINT  # noqa: E402
 from helpers.plugins import MY_ESTIMATORS, PKG_ESTIMATOR, STATEFUL_ESTIMATOR  # noqa: E402
 
 G = 4  # num_generations
@@ -282,7 +283,7 @@ def test_config_rejects_unknown_choices(tmp_path):
         "advantage_estimator": (
             "ppo",
             "unknown advantage estimator 'ppo'; valid choices: dr_grpo, ebpo, grpo, jspo, reinforce_pp_baseline, "
-            "rloo",
+            f"rloo; {PLUGINS_HINT}",
         ),
         "prompt_sampler": (
             "alphabetical",
