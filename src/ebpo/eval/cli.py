@@ -22,9 +22,9 @@ from typing import Any, Literal
 
 from ebpo.data.prompts import ChatTemplateSetting
 from ebpo.dataclass_cli import add_command, dataclass_parser
+from ebpo.models.names import BUILTIN
 from ebpo.persist import write_text_atomic
 
-BUILTIN = "builtin"  # ebpo.models.base_model.BUILTIN, without importing the models here
 CLIP_WARNING = 0.01  # warn when at least this fraction of a benchmark's responses hit --max-new-tokens
 
 

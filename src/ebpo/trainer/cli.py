@@ -171,7 +171,7 @@ def checkpoint_lines(result: Any, eval_k: int) -> list[str]:
     """What the run's checkpoints hold, after the before/after table: the best checkpoint (the highest validation
     maj@k, the model ``ebpo eval RUN`` and ``model.path=RUN`` take) and, when it is not the final step the
     table's after column shows, the last checkpoint too, so that the two never read as one."""
-    from ebpo.persist import RunDirectory
+    from ebpo.run_directory import RunDirectory
 
     if result.best_step is None:
         return []
