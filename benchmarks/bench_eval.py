@@ -79,7 +79,7 @@ def main() -> None:
     if args.model is None:
         path = build_tiny_model(tempfile.mkdtemp(prefix="bench-eval-"), seed=0)
     else:
-        from ebpo.models.base_model import resolve_model
+        from ebpo.models.names import resolve_model
 
         path = resolve_model(args.model).path  # a built-in model by name, or a directory
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]

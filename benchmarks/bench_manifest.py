@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ebpo.models.base_model import SHIPPED_DIR
+from ebpo.models.recipes.arith import SHIPPED_DIR
 from ebpo.persist import verify_manifest, write_manifest
 from ebpo.trainer import checkpoint as ckpt
 

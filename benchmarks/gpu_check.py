@@ -233,7 +233,7 @@ def attention_of(preset: str, device: str) -> str:
     train`` loads it (``sdpa`` where torch has it, the default)."""
     from transformers import AutoModelForCausalLM
 
-    from ebpo.models.base_model import resolve_model
+    from ebpo.models.names import resolve_model
     from ebpo.trainer import load_config
 
     model = AutoModelForCausalLM.from_pretrained(resolve_model(load_config(preset).model.path).path).to(
@@ -289,7 +289,7 @@ def sampler_rows(device: str, sizes: Sizes) -> list[Row]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ebpo.models.base_model import build_base_model
+    from ebpo.models.build import build_base_model
     from ebpo.tasks import get_task
 
     prompts_n, n, max_new_tokens, repeats = sizes.sampler
@@ -316,7 +316,7 @@ def sampler_rows(device: str, sizes: Sizes) -> list[Row]:
 
 
 def trl_rows(device: str, sizes: Sizes) -> list[Row]:
-    from ebpo.models.base_model import build_base_model
+    from ebpo.models.build import build_base_model
 
     setting = throughput.Setting(
         str(build_base_model(progress=False)),

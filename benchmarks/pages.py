@@ -24,7 +24,7 @@ def portable_path(path: str, option: str = "") -> str:
     option), the reader's own folder. A relative path or a name (a hub id) is kept as given."""
     if not path.startswith(("/", "~")):
         return path
-    from ebpo.models.base_model import cache_root
+    from ebpo.models.build import cache_root
 
     p = Path(path).expanduser()
     for root, shown in ((REPO, ""), (cache_root(), "~/.cache/ebpo/")):

@@ -14,7 +14,7 @@ updates``, so TRL's ``max_steps`` is ``steps x updates``), AdamW at the same lea
 reference model on either side), no evaluation and no checkpoints inside the timed steps, one process,
 the same torch thread count, the same training problems (every topic and level; the trainer does not
 inherit a level selection from the ``ebpo`` preset). The task is the one the model was made for: ``arith`` for
-the built-in ``arith`` model and any other, the reasoning-gym mixture (``ebpo.models.gym_recipe``, scored by each
+the built-in ``arith`` model and any other, the reasoning-gym mixture (``ebpo.models.recipes.gym``, scored by each
 dataset's own ``score_answer``) for ``builtin:gym``. A tokenizer with a chat template gets its prompts through it
 on both sides (ours: ``data.chat_template=auto``; TRL: conversational prompts, which it renders with the same
 template). ``--model random`` is a randomly initialised Llama of ``--hidden-size`` and
@@ -324,7 +324,7 @@ def format_table(setting: Setting, ours: Timing, trl: Timing, repeats: int, mode
 def model_task(model: str | None) -> tuple[str, str]:
     """(task, its options as a YAML flow mapping) that ``--model`` was made for: a built-in model's recipe's,
     else ``arith``."""
-    from ebpo.models.base_model import builtin_recipe
+    from ebpo.models.names import builtin_recipe
     from ebpo.tasks import task_options_text
 
     recipe = builtin_recipe(model)  # None for random and for a path
@@ -335,7 +335,7 @@ def model_task(model: str | None) -> tuple[str, str]:
 
 def resolve_model(args: argparse.Namespace, tmp: Path) -> tuple[str, str]:
     """(model directory, label for the table) of ``--model``."""
-    from ebpo.models.base_model import builtin_recipe, resolve_model
+    from ebpo.models.names import builtin_recipe, resolve_model
 
     recipe = builtin_recipe(args.model)  # None (the default), builtin, builtin:<recipe>
     if recipe is not None:

@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from ebpo.data import Record
-from ebpo.models import base_model as bm
+from ebpo.models import build as bm
 from ebpo.models import grid as grid_mod
-from ebpo.models import recipe, sft
+from ebpo.models import sft
+from ebpo.models.recipes import arith as recipe
 from ebpo.models.tiny import build_char_tokenizer
 
 # A build that takes a few seconds: a 2-layer width-32 model, 40 steps, one validation problem per cell.
@@ -171,7 +172,7 @@ def test_a_run_on_teacher_spreads_its_wrong_labels_over_every_run_on():
 
 
 def test_the_first_clean_steps_train_on_right_answers(monkeypatch):
-    from ebpo.models.base_model import _new_model
+    from ebpo.models.recipes.arith import new_model as _new_model
 
     seen = []
     real = sft.encode_sft_example
@@ -185,8 +186,8 @@ def test_the_first_clean_steps_train_on_right_answers(monkeypatch):
         TINY, steps=4, clean_steps=2, batch_size=8, train_problems=448, teacher_topic_accuracy=(0.0,) * 9
     )
     model, tok = _new_model(cfg)
-    sft.train_sft(model, tok, cfg, progress=False)
-    answers = {r.prompt: r.answer for r in sft.sft_records(cfg)}
+    recipe.train_sft(model, tok, cfg, progress=False)
+    answers = {r.prompt: r.answer for r in recipe.sft_records(cfg)}
     assert len(seen) == 32
     assert all(label == answers[prompt] for prompt, label in seen[:16])
     assert all(label != answers[prompt] for prompt, label in seen[16:])
@@ -197,7 +198,7 @@ def test_sft_pool_comes_from_the_sft_split_and_follows_the_level_weights():
     from ebpo.tasks import arith
 
     config = replace(TINY, train_problems=10, level_weights=(2.0, 1.0, 1.0, 0.0, 0.0))
-    records = sft.sft_records(config)
+    records = recipe.sft_records(config)
     # 10 * 2/4 = 5, 10 * 1/4 = 2.5 -> 2, 2.5 -> 2, 0, 0: 9 problems, the remaining one goes to level 1.
     assert Counter(r.level for r in records) == {1: 6, 2: 2, 3: 2}
     assert all(arith.split_of(r.prompt) == "sft" for r in records)  # never a prompt RL or evaluation sees
@@ -234,20 +235,21 @@ def test_lr_schedule_warms_up_then_decays_to_a_tenth():
 
 
 def test_sft_lowers_the_answer_loss_and_a_prefix_equals_the_start_of_the_full_run():
-    from ebpo.models.base_model import _new_model, state_dict_sha256
+    from ebpo.models.build import state_dict_sha256
+    from ebpo.models.recipes.arith import new_model as _new_model
 
     cfg = replace(TINY, steps=60)
     model, tok = _new_model(cfg)
-    losses = sft.train_sft(model, tok, cfg, progress=False)
+    losses = recipe.train_sft(model, tok, cfg, progress=False)
     assert len(losses) == 60 and all(map(torch.isfinite, torch.tensor(losses)))
     # Start: about ln(vocab = 100) = 4.6; the label alphabet is 11 digits + "-" + EOS, learnt within steps.
     assert losses[0] > 4.0
     assert sum(losses[-10:]) / 10 < 2.8
     # stop_after runs the first steps of the same schedule: the same losses, and deterministic weights
     prefix_model, _ = _new_model(cfg)
-    assert sft.train_sft(prefix_model, tok, cfg, progress=False, stop_after=7) == losses[:7]
+    assert recipe.train_sft(prefix_model, tok, cfg, progress=False, stop_after=7) == losses[:7]
     again, _ = _new_model(cfg)
-    sft.train_sft(again, tok, cfg, progress=False, stop_after=7)
+    recipe.train_sft(again, tok, cfg, progress=False, stop_after=7)
     assert state_dict_sha256(again) == state_dict_sha256(prefix_model)
 
 
@@ -454,7 +456,7 @@ def test_second_call_reuses_the_cache_without_training(tiny_cache, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("the cached model was retrained")
 
-    monkeypatch.setattr(sft, "train_sft", no_training)
+    monkeypatch.setattr(recipe, "train_sft", no_training)
     assert bm.build_base_model(TINY, progress=False, cache_dir=cache) == path
     assert (path / bm.BUILD_INFO).stat().st_mtime_ns == before
 
@@ -463,8 +465,8 @@ def test_force_rebuilds_identically_and_another_seed_differs(tiny_cache, monkeyp
     cache, path = tiny_cache
     first = _weights(path)
     calls = []
-    real_train = sft.train_sft
-    monkeypatch.setattr(sft, "train_sft", lambda *a, **k: calls.append(1) or real_train(*a, **k))
+    real_train = recipe.train_sft
+    monkeypatch.setattr(recipe, "train_sft", lambda *a, **k: calls.append(1) or real_train(*a, **k))
     assert bm.build_base_model(TINY, force=True, progress=False, cache_dir=cache) == path
     assert calls == [1, 1]  # --force trained again (the recorded prefix, then the full run) ...
     rebuilt = _weights(path)
@@ -477,9 +479,9 @@ def test_force_rebuilds_identically_and_another_seed_differs(tiny_cache, monkeyp
 
 def test_the_build_runs_on_one_thread_and_restores_the_count(tmp_path, monkeypatch):
     seen = []
-    real_train = sft.train_sft
+    real_train = recipe.train_sft
     monkeypatch.setattr(
-        sft, "train_sft", lambda *a, **k: seen.append(torch.get_num_threads()) or real_train(*a, **k)
+        recipe, "train_sft", lambda *a, **k: seen.append(torch.get_num_threads()) or real_train(*a, **k)
     )
     torch.set_num_threads(2)
     try:
@@ -575,14 +577,14 @@ def test_cli_takes_an_empty_tuple_and_refuses_a_recipe_without_wrong_labels_in_o
 
 
 def test_a_diverging_sft_stops_with_a_clear_error():
-    from ebpo.models.base_model import _new_model
+    from ebpo.models.recipes.arith import new_model as _new_model
 
     cfg = replace(TINY, steps=3)
     model, tok = _new_model(cfg)
     with torch.no_grad():
         model.model.embed_tokens.weight.fill_(float("nan"))  # the loss is NaN from the first step
     with pytest.raises(FloatingPointError, match=r"\bnan\b.*\bstep 0\b.*--lr"):
-        sft.train_sft(model, tok, cfg, progress=False)
+        recipe.train_sft(model, tok, cfg, progress=False)
 
 
 def test_cli_grid_samples_and_temperature_change_the_measurement_not_the_recipe(

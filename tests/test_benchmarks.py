@@ -113,7 +113,7 @@ def test_throughput_times_each_built_in_model_on_its_own_task():
     """S2 (``builtin:gym``) is timed on its reasoning-gym mixture with the recipe's generator settings, which
     survive the trip through our trainer's config overrides unchanged (int level keys included); every other
     model on ``arith``."""
-    from ebpo.models.base_model import builtin_recipe
+    from ebpo.models.names import builtin_recipe
     from ebpo.trainer import load_config
 
     recipe = builtin_recipe("builtin:gym")

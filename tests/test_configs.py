@@ -88,7 +88,7 @@ def test_every_preset_shares_data_batch_optimizer_and_steps_with_ebpo_yaml(path)
 
 
 def test_the_gym_preset_is_ebpo_yaml_on_s2_and_its_mixture():
-    from ebpo.models.gym_recipe import MIXTURE, TASK
+    from ebpo.models.recipes.gym import MIXTURE, TASK
 
     reference, gym = load_config(CONFIGS / "ebpo.yaml").to_dict(), load_config("gym").to_dict()
     for section in ("algorithm", "optim", "rollout"):  # the paper's EBPO, as the demo runs it

@@ -28,7 +28,7 @@ from ebpo.eval.cli import EvalCommand
 from ebpo.eval.cli import build_parser as eval_parser
 from ebpo.eval.harness import SamplingOptions
 from ebpo.models.cli import BaseModelCommand
-from ebpo.models.recipe import BaseModelConfig
+from ebpo.models.recipes.arith import BaseModelConfig
 from ebpo.simulate import SimulateConfig
 from ebpo.trainer.cli import TrainCommand
 from ebpo.trainer.cli import build_parser as train_parser

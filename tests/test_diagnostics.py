@@ -371,7 +371,7 @@ def test_the_fast_gradients_equal_a_plain_backward_per_loss():
     # direction (ascent_directions: proportional weights reuse a gradient), against a plain forward and
     # backward of each loss over every row, on the shipped model
     from ebpo.eval.harness import load_model
-    from ebpo.models.base_model import build_base_model
+    from ebpo.models.build import build_base_model
     from ebpo.tasks import get_task
 
     model, tokenizer = load_model(build_base_model(progress=False), device="cpu", dtype="float32")

@@ -199,7 +199,7 @@ def test_unknown_names_and_settings_are_one_line_listing_the_valid_ones():
     with pytest.raises(ValueError, match="--task-options: expected a mapping"):
         task_options("[1, 2]", "--task-options")
     # and back: one line that reads as it was written, the mixture's integer level keys included
-    from ebpo.models.gym_recipe import MIXTURE
+    from ebpo.models.recipes.gym import MIXTURE
 
     text = task_options_text(MIXTURE)
     assert "\n" not in text and task_options(text, "x") == MIXTURE
@@ -221,7 +221,7 @@ def test_ebpo_train_config_gym_then_ebpo_eval_of_the_checkpoint_it_prints(tmp_pa
     import re
 
     from ebpo.cli import main
-    from ebpo.models.gym_recipe import DATASETS, MIXTURE, TASK
+    from ebpo.models.recipes.gym import DATASETS, MIXTURE, TASK
     from ebpo.trackers import read_metrics
     from ebpo.trainer.config_files import load_config
     from ebpo.trainer.trainer import Trainer

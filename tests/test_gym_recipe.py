@@ -1,6 +1,6 @@
-"""The gym base model's recipe (``ebpo.models.gym_recipe``) through the recipe registry of ``ebpo.models.base_model``:
-the teacher, the key, a tiny build (Qwen3, BPE tokenizer with the answer tags, ChatML, two EOS ids), its cache and
-prefix determinism, and ``ebpo base-model --recipe gym``."""
+"""The gym base model's recipe (``ebpo.models.recipes.gym``) through the recipe registry (``ebpo.models.recipes``)
+and the build (``ebpo.models.build``): the teacher, the key, a tiny build (Qwen3, BPE tokenizer with the answer
+tags, ChatML, two EOS ids), its cache and prefix determinism, and ``ebpo base-model --recipe gym``."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 pytest.importorskip("reasoning_gym", reason="the gym base model needs the ebpo[gym] extra")
 
 from ebpo.data import Record  # noqa: E402
-from ebpo.models import base_model as bm  # noqa: E402
-from ebpo.models import gym_recipe as gr  # noqa: E402
+from ebpo.models import build as bm  # noqa: E402
+from ebpo.models.recipes import gym as gr  # noqa: E402
 
 # A build that takes seconds: 1 layer of width 16, 20 steps (10 clean), 10 SFT problems per cell.
 TINY = gr.GymBaseModelConfig(

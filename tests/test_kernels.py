@@ -8,9 +8,9 @@ from dataclasses import asdict, replace
 import pytest
 import torch
 
-from ebpo.models import base_model as bm
+from ebpo.models import build as bm
 from ebpo.models import kernels
-from ebpo.models.recipe import BaseModelConfig
+from ebpo.models.recipes.arith import BaseModelConfig
 
 AMD = """processor\t: 0
 vendor_id\t: AuthenticAMD

@@ -1,7 +1,7 @@
 """Every path ``ebpo train`` prints is accepted by the command a user runs next: ``ebpo eval`` and
-``ebpo train model.path=`` take a run directory, a checkpoint or a model directory (``ebpo.persist.find_model``)
+``ebpo train model.path=`` take a run directory, a checkpoint or a model directory (``ebpo.models.paths.find_model``)
 and say which model they picked; a directory holding no model is one line saying what was expected. The built-in
-models have one name on every command (``builtin:<recipe>``, ``ebpo.models.base_model.resolve_model``)."""
+models have one name on every command (``builtin:<recipe>``, ``ebpo.models.names.resolve_model``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 from ebpo.cli import main
 from ebpo.errors import ConfigError
-from ebpo.persist import find_model
+from ebpo.models.paths import find_model
 from helpers.trainer import tiny_overrides
 
 EVAL = ["eval", "--benchmarks", "arith", "--limit", "2", "--n", "1", "--ks", "1", "--maj-ks", "1", "--quiet"]
@@ -159,7 +159,9 @@ UNKNOWN = (
 
 
 def test_builtin_names_resolve_to_the_shipped_models():
-    from ebpo.models.base_model import GYM_SHIPPED_DIR, SHIPPED_DIR, builtin_recipe, resolve_model
+    from ebpo.models.names import builtin_recipe, resolve_model
+    from ebpo.models.recipes.arith import SHIPPED_DIR
+    from ebpo.models.recipes.gym import SHIPPED_DIR as GYM_SHIPPED_DIR
 
     for name in (None, "builtin", "builtin:arith"):
         assert resolve_model(name) == (SHIPPED_DIR, None, "")
@@ -195,7 +197,7 @@ def test_an_unknown_builtin_model_is_one_line_listing_the_valid_ones(
 
 
 def test_ebpo_eval_of_builtin_gym_scores_s2_on_its_mixture_by_default(tmp_path, capsys):
-    from ebpo.models.gym_recipe import MIXTURE, TASK
+    from ebpo.models.recipes.gym import MIXTURE, TASK
 
     argv = ["eval", "--limit", "2", "--n", "1", "--ks", "1", "--maj-ks", "1", "--quiet", "--no-cache"]
     assert main([*argv, "--out-dir", str(tmp_path), "builtin:gym"]) == 0
@@ -209,7 +211,7 @@ def test_ebpo_diagnose_of_builtin_gym_draws_from_its_mixture_by_default():
     import yaml
 
     from ebpo.diagnostics.config import DiagnoseConfig, with_model_task
-    from ebpo.models.gym_recipe import MIXTURE, TASK
+    from ebpo.models.recipes.gym import MIXTURE, TASK
 
     gym = with_model_task(DiagnoseConfig(model="builtin:gym"))
     assert gym.task == TASK and yaml.safe_load(gym.task_options) == MIXTURE

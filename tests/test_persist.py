@@ -20,11 +20,11 @@ from ebpo.persist import (
     DirectoryInUse,
     DirectoryLock,
     Journal,
-    RunDirectory,
     WriteError,
     replace_dir,
     save_torch_atomic,
 )
+from ebpo.run_directory import RunDirectory
 
 # ---------------------------------------------------------------------------------------------------
 # atomic files

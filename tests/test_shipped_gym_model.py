@@ -19,11 +19,11 @@ pytest.importorskip(
     "reasoning_gym", reason="S2's recipe key reads reasoning-gym's generators (the ebpo[gym] extra)"
 )
 
-from ebpo.models import base_model as bm  # noqa: E402
-from ebpo.models import gym_recipe as gr  # noqa: E402
+from ebpo.models import build as bm  # noqa: E402
 from ebpo.models import kernels  # noqa: E402
+from ebpo.models.recipes import gym as gr  # noqa: E402
 
-SHIPPED = bm.GYM_SHIPPED_DIR
+SHIPPED = gr.SHIPPED_DIR
 
 
 @pytest.fixture(scope="module")

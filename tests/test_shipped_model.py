@@ -23,17 +23,18 @@ import dataclasses
 import pytest
 import torch
 
-from ebpo.models import base_model as bm
-from ebpo.models import kernels, recipe, sft
+from ebpo.models import build as bm
+from ebpo.models import kernels
+from ebpo.models.recipes import arith as recipe
 
 
 @pytest.fixture(scope="module")
 def info():
-    if not bm.is_built(bm.SHIPPED_DIR):
+    if not bm.is_built(recipe.SHIPPED_DIR):
         pytest.fail(
-            f"no shipped base model in {bm.SHIPPED_DIR}: rebuild it with `ebpo base-model --out` there"
+            f"no shipped base model in {recipe.SHIPPED_DIR}: rebuild it with `ebpo base-model --out` there"
         )
-    return bm.load_build_info(bm.SHIPPED_DIR)
+    return bm.load_build_info(recipe.SHIPPED_DIR)
 
 
 def test_the_shipped_model_was_built_from_the_current_recipe(info):
@@ -54,8 +55,8 @@ def test_the_shipped_model_was_built_from_the_current_recipe(info):
 def test_the_shipped_weights_are_the_recorded_ones_and_load(info):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(bm.SHIPPED_DIR)
-    tokenizer = AutoTokenizer.from_pretrained(bm.SHIPPED_DIR)
+    model = AutoModelForCausalLM.from_pretrained(recipe.SHIPPED_DIR)
+    tokenizer = AutoTokenizer.from_pretrained(recipe.SHIPPED_DIR)
     assert bm.state_dict_sha256(model) == info["weights_sha256"]
     assert sum(p.numel() for p in model.parameters()) == info["num_parameters"]
     assert tokenizer.decode(tokenizer("max(3,9,4)=")["input_ids"]) == "max(3,9,4)="
@@ -90,10 +91,10 @@ def test_build_base_model_returns_the_shipped_directory_without_training(monkeyp
     def no_training(*args, **kwargs):
         raise AssertionError("the shipped model was rebuilt")
 
-    monkeypatch.setattr(sft, "train_sft", no_training)
+    monkeypatch.setattr(recipe, "train_sft", no_training)
     monkeypatch.setenv("EBPO_CACHE", str(tmp_path))
-    assert bm.build_base_model(progress=False) == bm.SHIPPED_DIR
-    assert bm.default_base_model_path() == bm.SHIPPED_DIR
+    assert bm.build_base_model(progress=False) == recipe.SHIPPED_DIR
+    assert bm.default_base_model_path() == recipe.SHIPPED_DIR
     assert not (tmp_path / "base_models").exists()  # nothing written to the cache
 
 
@@ -105,8 +106,8 @@ def test_the_shipped_model_has_latent_skill():
     from ebpo.models.grid import evaluate_grid, grid_means
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(bm.SHIPPED_DIR).eval()
-    tokenizer = AutoTokenizer.from_pretrained(bm.SHIPPED_DIR)
+    model = AutoModelForCausalLM.from_pretrained(recipe.SHIPPED_DIR).eval()
+    tokenizer = AutoTokenizer.from_pretrained(recipe.SHIPPED_DIR)
     grid = evaluate_grid(model, tokenizer, split="validation", per_cell=8, samples=8, seed=7)
     means = grid_means(grid)
     # 360 problems: the standard error of each mean is about 0.02, of each gap about 0.017. Measured here

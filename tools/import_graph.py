@@ -33,7 +33,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "persist",
         "tables",
         "stats",
-    ),  # persist: atomic writes, journals, run directories
+    ),  # persist: atomic writes, journals, manifests, locks
+    ("run_directory",),  # one training run's folder, built on persist: the trackers, models and trainer read it
     ("plugins",),  # a user's code, imported before any name is looked up
     ("dataclass_cli",),  # settings from YAML, overrides and flags; every command's start (plugins first)
     ("advantages", "losses"),  # the algorithm's math: estimators and policy losses
@@ -45,7 +46,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("generation",),  # sampling from a model
     ("logprobs",),  # token log-probs of sampled responses: the reference and its fast paths
     ("eval",),  # metrics and the evaluation harness
-    ("models",),  # the arith base model: recipe, SFT, build, its grid (measured with eval's metrics)
+    ("models",),  # the base models: recipes, SFT, build, names, their grid (measured with eval's metrics)
     ("annotate", "simulate"),  # dataset annotation; the estimators' Monte Carlo study
     ("trackers",),  # metrics.jsonl and the experiment trackers, for the trainer and ebpo diagnose
     ("trainer",),  # the reference trainer

@@ -303,7 +303,7 @@ def testbed_model(testbed: Testbed, configs: Path, given: str | None) -> str:
 def ensure_model(model_path: str, testbed: Testbed | None = None) -> None:
     """Build the testbed's base model (s1: the built-in one) once, before any run, if it is the one asked for
     and missing."""
-    from ebpo.models.base_model import build_base_model, default_base_model_path
+    from ebpo.models.build import build_base_model, default_base_model_path
 
     if Path(model_path).exists():
         return

@@ -231,7 +231,7 @@ def _model_identity(model_path: str, state: tuple) -> str:
     path = Path(model_path)
     info = path / "build_info.json"
     if info.is_file():
-        from ebpo.models.base_model import load_build_info
+        from ebpo.models.build import load_build_info
 
         return "weights:" + str(load_build_info(path)["weights_sha256"])
     weights = (

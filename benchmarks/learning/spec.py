@@ -343,7 +343,7 @@ def model_path_from(configs: Path = CONFIGS, given: str | None = None) -> str:
     if given is None:
         given = (load_config(Path(configs) / SHARED_PRESET).model.path) or None
     if given is None:
-        from ebpo.models.base_model import default_base_model_path
+        from ebpo.models.build import default_base_model_path
 
         return str(default_base_model_path())
     return str(Path(given).expanduser().resolve())

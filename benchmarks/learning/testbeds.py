@@ -3,7 +3,7 @@
 - ``s1`` (the default): the shipped ``arith`` base model S1 (docs/base_model.md) on ``arith``, as
   ``src/ebpo/configs/ebpo.yaml`` names them; it adds no setting, so its runs keep the keys they were published with.
 - ``s2``: the gym base model S2 (a Qwen3 with a byte-level BPE tokenizer and a ChatML template,
-  docs/gym_base_model.md) on its reasoning-gym mixture: ``data.task`` = ``ebpo.models.gym_recipe.TASK`` and
+  docs/gym_base_model.md) on its reasoning-gym mixture: ``data.task`` = ``ebpo.models.recipes.gym.TASK`` and
   ``data.task_options`` = its ``MIXTURE`` (eight datasets, three levels each), so training prompts come from the
   mixture's ``train`` split and validation from its ``validation`` split, as ``ebpo train`` draws them.
 
@@ -53,27 +53,27 @@ class Testbed:
 
 
 def _s2_config() -> Any:
-    from ebpo.models.gym_recipe import GymBaseModelConfig
+    from ebpo.models.recipes.gym import GymBaseModelConfig
 
     return GymBaseModelConfig()
 
 
 def _s2_settings() -> tuple[str, ...]:
-    from ebpo.models.gym_recipe import MIXTURE, TASK
+    from ebpo.models.recipes.gym import MIXTURE, TASK
     from ebpo.tasks import task_options_text
 
     return (f"data.task={TASK}", f"data.task_options={task_options_text(MIXTURE)}")
 
 
 def _s2_model() -> str:
-    from ebpo.models.base_model import base_model_path, shipped_model_path
+    from ebpo.models.build import base_model_path, shipped_model_path
 
     config = _s2_config()
     return str(shipped_model_path(config) or base_model_path(config))
 
 
 def _s2_build() -> Path:
-    from ebpo.models.base_model import build_base_model
+    from ebpo.models.build import build_base_model
 
     return build_base_model(_s2_config())
 
@@ -122,8 +122,8 @@ def _arith_kinds(problems: Iterable[tuple[Sequence[Any], Record]]) -> dict[str, 
 
 
 def _gym_kinds(problems: Iterable[tuple[Sequence[Any], Record]]) -> dict[str, float]:
-    from ebpo.models.gym_recipe import ANSWER_KINDS as GYM_KINDS
-    from ebpo.models.gym_recipe import answer_kind, gold_answer
+    from ebpo.models.recipes.gym import ANSWER_KINDS as GYM_KINDS
+    from ebpo.models.recipes.gym import answer_kind, gold_answer
 
     found = [answer_kind(answer, gold_answer(record)) for answers, record in problems for answer in answers]
     return {kind: found.count(kind) / len(found) for kind in GYM_KINDS} if found else {}

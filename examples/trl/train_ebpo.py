@@ -156,7 +156,7 @@ class ScriptArguments:
 def the_task(script: ScriptArguments):
     """``--task`` with ``--task-options``, else the task the built-in ``--model`` was made for (``arith`` for a
     model of another kind)."""
-    from ebpo.models.base_model import builtin_recipe
+    from ebpo.models.names import builtin_recipe
     from ebpo.tasks import get_task, task_options
 
     recipe = builtin_recipe(script.model) if script.task is None else None
@@ -249,10 +249,10 @@ def validation(trainer, records, script: ScriptArguments, config) -> dict[str, f
 
 
 def model_path(name: str | None) -> str:
-    """What ``--model`` names, as every ebpo command reads a model (``ebpo.models.base_model.resolve_model``): a
+    """What ``--model`` names, as every ebpo command reads a model (``ebpo.models.names.resolve_model``): a
     built-in model (none given, ``builtin``, ``builtin:<recipe>``), a model, checkpoint or run directory; a
     name that is no local path goes to TRL as it is (a hub id)."""
-    from ebpo.models.base_model import builtin_recipe, resolve_model
+    from ebpo.models.names import builtin_recipe, resolve_model
 
     if name is not None and builtin_recipe(name) is None and not Path(name).expanduser().exists():
         return name
@@ -277,7 +277,7 @@ def parse_arguments(arguments: list[str]):
     from transformers import HfArgumentParser
 
     from ebpo.integrations.trl import EBPOConfig
-    from ebpo.models.base_model import builtin_recipe
+    from ebpo.models.names import builtin_recipe
 
     parser = HfArgumentParser((ScriptArguments, EBPOConfig))
     recipe = builtin_recipe(given_model(arguments))
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ebpo.data.prompts import PromptFormat
     from ebpo.integrations.trl import EBPOTrainer
-    from ebpo.models.base_model import builtin_recipe
+    from ebpo.models.names import builtin_recipe
 
     try:
         script, config = parse_arguments(sys.argv[1:] if argv is None else argv)

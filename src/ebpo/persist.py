@@ -1,4 +1,4 @@
-"""What ebpo writes to disk, written one way: atomic files and directories, journals, run directories.
+"""What ebpo writes to disk, written one way: atomic files and directories, journals, manifests, locks.
 
 Everything that persists goes through here (the trainer, the evaluation and annotation caches, the base-model
 build, the TRL and verl adapters), so a kill at any moment has one set of consequences:
@@ -23,9 +23,10 @@ build, the TRL and verl adapters), so a kill at any moment has one set of conseq
   damaged file into one line naming it (:class:`DamagedFile`), and :func:`load_torch` does the same for a
   ``torch.save`` file that cannot be read, and reads plain data only (``weights_only=True``): a pickle that
   would run code to load is one :class:`UnsafeFile` line, left unread.
-- **Run directories** (:class:`RunDirectory`): one training run's folder: its layout and name, one process
-  at a time (:class:`DirectoryLock`), fresh / resumed / overwritten, its metrics journal rewound to a
-  checkpoint, its summary; :func:`find_model` takes a run, a checkpoint or a model directory to the model.
+- **Locks** (:class:`DirectoryLock`): one process per directory, no stale lock after a kill.
+
+What is built from these lives with its users: the training run's folder in :mod:`ebpo.run_directory`, the
+model a path names in :mod:`ebpo.models.paths`.
 
 The standard library and :mod:`ebpo.errors` only (torch is imported by :func:`save_torch_atomic` and
 :func:`load_torch` when they run): this module sits at the bottom of the package, below everything that writes.
@@ -44,9 +45,8 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 from ebpo.errors import ConfigError
 
@@ -55,13 +55,9 @@ __all__ = [
     "DamagedFile",
     "DirectoryInUse",
     "DirectoryLock",
-    "FoundModel",
     "Journal",
-    "RunDirectory",
     "UnsafeFile",
     "WriteError",
-    "checkpoint_step",
-    "find_model",
     "load_torch",
     "read_manifest",
     "replace_dir",
@@ -588,202 +584,3 @@ class DirectoryLock:
 
     def __del__(self) -> None:
         self.release()
-
-
-# ---------------------------------------------------------------------------------------------------
-# run directories
-
-
-class RunDirectory:
-    """The directory of one ``ebpo train`` run::
-
-        config.yaml          the resolved config (the base of ``--resume``)
-        metrics.jsonl        one JSON line per step (a :class:`Journal`)
-        tensorboard/         the same scalars for TensorBoard
-        checkpoints/last/    model/ (from_pretrained) + trainer_state.pt (``ebpo.trainer.checkpoint``)
-                             + manifest.json (written last: :func:`write_manifest`)
-        checkpoints/best/    the same at the best validation maj@k, + best.json
-        summary.json         written at the end
-        training.png         written at the end
-        trackers.json        the runs of the experiment trackers it reports to (``ebpo.trackers``)
-        config_history.jsonl what each resume changed in the config, at which step (``ebpo.trainer.resume``)
-        .lock                while a process trains in it (:class:`DirectoryLock`)
-
-    Its life: :meth:`claim` takes the lock; :meth:`check` refuses a fresh run where a run already is (and
-    ``--resume`` with ``--overwrite`` of the same run); :meth:`start`, once the checkpoint is loaded, rewinds
-    the metrics journal to the checkpoint's step (a resume in place) or removes the previous run's outputs
-    (``--overwrite``); :meth:`write_summary` at the end; :meth:`release`. A run refused before it started
-    (:meth:`abandon`) leaves no lock and no empty directory behind.
-    """
-
-    CONFIG = "config.yaml"
-    METRICS = "metrics.jsonl"
-    TENSORBOARD = "tensorboard"
-    CHECKPOINTS = "checkpoints"
-    LAST = "last"
-    BEST = "best"
-    MODEL = "model"
-    """A checkpoint's model and tokenizer, ``checkpoints/<name>/model`` (``from_pretrained`` loads it)."""
-    SUMMARY = "summary.json"
-    PLOT = "training.png"
-    TRACKERS = "trackers.json"
-    """The experiment trackers' runs (wandb, MLflow) this run reports to, so that ``--resume`` continues them."""
-    CONFIG_HISTORY = "config_history.jsonl"
-    """One line per resume that changed the config: the step, the checkpoint, each key's saved and new value."""
-    OUTPUTS = (METRICS, CHECKPOINTS, SUMMARY, TENSORBOARD, PLOT, CONFIG, TRACKERS, CONFIG_HISTORY)
-    """What a run writes; ``--overwrite`` removes exactly these (and nothing else in the directory)."""
-
-    def __init__(self, path: StrPath) -> None:
-        self.path = Path(path)
-        self._lock = DirectoryLock(
-            self.path, what="run directory", hint="wait for that run to finish, or choose another directory"
-        )
-        self._created = False
-
-    @staticmethod
-    def timestamped(method: str) -> str:
-        """A run directory name for a run started now: ``<UTC yyyymmdd-hhmmss>-<method>``."""
-        return f"{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}-{method}"
-
-    @property
-    def metrics(self) -> Journal:
-        """The metrics journal, ``metrics.jsonl``."""
-        return Journal(
-            self.path / self.METRICS, fix="the file is damaged: repair or delete that line", sort_keys=True
-        )
-
-    def holds(self, checkpoint: Path) -> bool:
-        """Whether ``checkpoint`` (``<run>/checkpoints/<name>``) is one of this run's."""
-        return self.path.resolve() == checkpoint.parent.parent.resolve()
-
-    def claim(self) -> RunDirectory:
-        """Take the directory for this process (created if missing): a second process, training or resuming
-        here, gets one line (:class:`DirectoryInUse`) instead of two processes writing the same files."""
-        self._created = not self.path.exists()
-        self._lock.acquire()
-        return self
-
-    def check(self, *, resuming: bool, overwrite: bool) -> None:
-        """Refuse what would mix two runs: ``--resume`` and ``--overwrite`` of this same run, or a fresh run
-        into a directory that already holds one (its history would mix with the new one's and its checkpoints
-        be overwritten); ``--resume`` continues it, ``--overwrite`` replaces it. ``resuming``: from one of
-        this run's own checkpoints."""
-        if resuming and overwrite:
-            raise ConfigError(
-                f"--resume and --overwrite of the same run directory {self.path} contradict each other: "
-                "drop --overwrite to continue the run, or --resume to start it over"
-            )
-        if resuming or overwrite:
-            return
-        found = [
-            name for name in (self.METRICS, self.CHECKPOINTS, self.SUMMARY) if (self.path / name).exists()
-        ]
-        if found:
-            raise ConfigError(
-                f"run directory {self.path} already holds a run ({', '.join(found)}); continue it with "
-                f"`ebpo train --resume {self.path}`, or pass --overwrite (Trainer(..., overwrite=True)) to "
-                "replace it"
-            )
-
-    def start(self, *, rewind_to: int | None, overwrite: bool) -> int:
-        """Make the directory ready for the run: a resume in place keeps the metrics up to ``rewind_to`` (the
-        checkpoint's step; later lines and a torn last line go), ``overwrite`` removes a previous run's
-        outputs (:data:`OUTPUTS`; other files stay). Returns how many whole metrics lines past ``rewind_to``
-        went (steps the run had logged after its checkpoint)."""
-        dropped = 0
-        if rewind_to is not None:
-            dropped = self.metrics.retain(lambda row: row["step"] <= rewind_to)
-        elif overwrite:
-            for name in self.OUTPUTS:
-                path = self.path / name
-                if path.is_dir():
-                    shutil.rmtree(path)
-                elif path.exists():
-                    path.unlink()
-        self.path.mkdir(parents=True, exist_ok=True)
-        return dropped
-
-    def write_summary(self, summary: dict[str, Any]) -> None:
-        """``summary.json``, atomically."""
-        write_text_atomic(self.path / self.SUMMARY, json.dumps(summary, indent=2, sort_keys=True))
-
-    def release(self) -> None:
-        self._lock.release()
-
-    def abandon(self) -> None:
-        """Give the directory back after a refused start: the lock goes, and a directory this run created
-        goes too if nothing was written into it."""
-        self.release()
-        if self._created and self.path.is_dir() and not any(self.path.iterdir()):
-            self.path.rmdir()
-
-
-# ---------------------------------------------------------------------------------------------------
-# the model a path holds
-
-
-class FoundModel(NamedTuple):
-    """The model directory behind a path a user gave (:func:`find_model`)."""
-
-    path: Path
-    """The directory ``from_pretrained`` loads: config, weights, tokenizer."""
-    checkpoint: Path | None
-    """The training checkpoint holding it (whose manifest covers ``model/``), or None."""
-    note: str
-    """Which model was picked, in one line, where the path was not the model directory itself; else ""."""
-
-
-def _is_model_dir(path: Path) -> bool:
-    return (path / "config.json").is_file()
-
-
-def checkpoint_step(checkpoint: StrPath) -> int | None:
-    """The step a checkpoint's manifest records; None without a (readable) manifest."""
-    try:
-        manifest = read_manifest(checkpoint)
-    except DamagedFile:
-        return None
-    step = manifest.get("step") if manifest is not None else None
-    return step if isinstance(step, int) else None
-
-
-def _at_step(checkpoint: Path) -> str:
-    step = checkpoint_step(checkpoint)
-    return "" if step is None else f" (step {step})"
-
-
-def find_model(path: StrPath) -> FoundModel:
-    """The model a user means by ``path``, the same for every command that takes a model:
-
-    - a model directory (``config.json`` and weights): itself;
-    - a checkpoint (``checkpoints/<name>``): its ``model/``;
-    - a run directory (or its ``checkpoints/``): its best checkpoint's model (the one ``ebpo train``
-      reports), else its last one's; the note names both.
-
-    Anything else is one :class:`ConfigError` saying what was expected."""
-    given = Path(path)
-    if not given.exists():
-        raise ConfigError(f"{given} does not exist; give a model directory, a checkpoint or a run directory")
-    if _is_model_dir(given):
-        inside = given.name == RunDirectory.MODEL and given.parent.parent.name == RunDirectory.CHECKPOINTS
-        return FoundModel(given, given.parent if inside else None, "")
-    if _is_model_dir(given / RunDirectory.MODEL):
-        model = given / RunDirectory.MODEL
-        return FoundModel(model, given, f"{given} is a checkpoint{_at_step(given)}: using its model, {model}")
-    run = given.parent if given.name == RunDirectory.CHECKPOINTS else given
-    found = [
-        run / RunDirectory.CHECKPOINTS / name
-        for name in (RunDirectory.BEST, RunDirectory.LAST)
-        if _is_model_dir(run / RunDirectory.CHECKPOINTS / name / RunDirectory.MODEL)
-    ]
-    if found:
-        picked, model = found[0], found[0] / RunDirectory.MODEL
-        note = f"{given} is a run directory: using its {picked.name} checkpoint{_at_step(picked)}, {model}"
-        if len(found) > 1:
-            note += f"; its {found[1].name} checkpoint{_at_step(found[1])} is {found[1]}"
-        return FoundModel(model, picked, note)
-    raise ConfigError(
-        f"{given} holds no model: expected a model directory (config.json and weights), a checkpoint "
-        f"({RunDirectory.MODEL}/ inside) or a run directory ({RunDirectory.CHECKPOINTS}/{RunDirectory.BEST} "
-        f"or {RunDirectory.CHECKPOINTS}/{RunDirectory.LAST})"
-    )

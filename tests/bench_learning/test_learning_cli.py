@@ -14,13 +14,13 @@ from learning_helpers import fake_result
 @pytest.fixture
 def no_build(monkeypatch, tmp_path):
     """Fail the test if anything builds the base model (every command reaches it through
-    ``ebpo.models.base_model.resolve_model``); an empty model cache."""
-    import ebpo.models.base_model as base_model
+    ``ebpo.models.names.resolve_model``); an empty model cache."""
+    import ebpo.models.build as build
 
     def fail(*args, **kwargs):
         pytest.fail("the base model was built")
 
-    monkeypatch.setattr(base_model, "build_base_model", fail)
+    monkeypatch.setattr(build, "build_base_model", fail)
     monkeypatch.setenv("EBPO_CACHE", str(tmp_path / "cache"))
     return tmp_path / "cache"
 

@@ -199,11 +199,11 @@ def test_planned_values_are_frozen_against_later_preset_edits(configs_dir):
 
 
 def test_model_path_comes_from_the_shared_preset_and_nothing_is_built(configs_dir, tmp_path, monkeypatch):
-    import ebpo.models.base_model as base_model
+    import ebpo.models.build as build
 
-    monkeypatch.setattr(base_model, "build_base_model", lambda *a, **k: pytest.fail("built the base model"))
+    monkeypatch.setattr(build, "build_base_model", lambda *a, **k: pytest.fail("built the base model"))
     monkeypatch.setenv("EBPO_CACHE", str(tmp_path / "cache"))
-    assert model_path_from(configs_dir) == str(base_model.default_base_model_path())  # model.path null
+    assert model_path_from(configs_dir) == str(build.default_base_model_path())  # model.path null
     assert not (tmp_path / "cache").exists()
     text = (configs_dir / "ebpo.yaml").read_text().replace("path: null", f"path: {tmp_path / 'shipped'}")
     (configs_dir / "ebpo.yaml").write_text(text)
@@ -324,7 +324,7 @@ def test_a_selection_follows_its_model_to_another_checkout_and_refuses_another_m
     refused even at the same path."""
     import shutil
 
-    from ebpo.models.base_model import SHIPPED_DIR
+    from ebpo.models.recipes.arith import SHIPPED_DIR
 
     here, there = tmp_path / "a" / "arith_base", tmp_path / "b" / "arith_base"
     shutil.copytree(SHIPPED_DIR, here)

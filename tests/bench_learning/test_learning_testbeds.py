@@ -20,9 +20,9 @@ from learning_helpers import fake_result
 
 pytest.importorskip("reasoning_gym", reason="the s2 testbed's task needs the ebpo[gym] extra")
 
-from ebpo.models.base_model import GYM_SHIPPED_DIR  # noqa: E402
-from ebpo.models.gym_recipe import ANSWER_KINDS as GYM_KINDS  # noqa: E402
-from ebpo.models.gym_recipe import DATASETS, MIXTURE, TASK, gold_answer  # noqa: E402
+from ebpo.models.recipes.gym import ANSWER_KINDS as GYM_KINDS  # noqa: E402
+from ebpo.models.recipes.gym import DATASETS, MIXTURE, TASK, gold_answer  # noqa: E402
+from ebpo.models.recipes.gym import SHIPPED_DIR as GYM_SHIPPED_DIR  # noqa: E402
 from ebpo.tasks import arith, get_task  # noqa: E402
 
 

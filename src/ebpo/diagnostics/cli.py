@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"output: {out_dir.resolve()} (diagnose.md, diagnose.csv, batches.csv, diagnose.png)")
     if cfg.report_to:
         from ebpo.diagnostics.tracking import report
-        from ebpo.persist import RunDirectory
+        from ebpo.run_directory import RunDirectory
         from ebpo.trackers import TrackerError
 
         files = [out_dir / name for name in ("diagnose.md", "diagnose.csv", "batches.csv", "diagnose.png")]

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from ebpo.data.prompts import ChatTemplateSetting
 from ebpo.errors import ConfigError
-from ebpo.models.base_model import BUILTIN
+from ebpo.models.names import BUILTIN
 
 DEFAULT_ESTIMATORS = [
     "grpo",
@@ -270,11 +270,11 @@ def estimator_specs(cfg: DiagnoseConfig) -> list[EstimatorSpec]:
 
 def with_model_task(cfg: DiagnoseConfig) -> DiagnoseConfig:
     """``cfg`` with ``task`` filled in where it was not given: the task the built-in ``--model`` was made for
-    (``ebpo.models.base_model.Recipe.task``), with its settings unless ``--task-options`` gives some; else
+    (``ebpo.models.recipes.Recipe.task``), with its settings unless ``--task-options`` gives some; else
     ``arith``. An unknown built-in model is a ``ConfigError`` naming ``--model``."""
     if cfg.task is not None:
         return cfg
-    from ebpo.models.base_model import builtin_recipe
+    from ebpo.models.names import builtin_recipe
 
     try:
         recipe = builtin_recipe(cfg.model)

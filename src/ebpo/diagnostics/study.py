@@ -308,8 +308,8 @@ def _load_policy(cfg: DiagnoseConfig, device: torch.device) -> tuple[Any, Any]:
     hf_logging.disable_progress_bar()
     # a built-in model by name, a model, a checkpoint or a run directory, as ebpo eval takes it (a checkpoint
     # checked against its manifest)
-    from ebpo.models.base_model import builtin_hint, resolve_model
-    from ebpo.persist import RunDirectory
+    from ebpo.models.names import builtin_hint, resolve_model
+    from ebpo.run_directory import RunDirectory
     from ebpo.trainer.checkpoint import verify_checkpoint
 
     try:

@@ -22,9 +22,9 @@ from typing import Any, Literal
 
 from ebpo.data.prompts import ChatTemplateSetting
 from ebpo.dataclass_cli import add_command, dataclass_parser
+from ebpo.models.names import BUILTIN
 from ebpo.persist import write_text_atomic
 
-BUILTIN = "builtin"  # ebpo.models.base_model.BUILTIN, without importing the models here
 CLIP_WARNING = 0.01  # warn when at least this fraction of a benchmark's responses hit --max-new-tokens
 
 
@@ -41,7 +41,7 @@ def _reward_option(text: str) -> tuple[str, Any]:
 
 def default_cache_dir() -> Path:
     """``$EBPO_CACHE/eval`` or ``~/.cache/ebpo/eval``: beside the base models, under one cache root."""
-    from ebpo.models.base_model import cache_root
+    from ebpo.models.build import cache_root
 
     return cache_root() / "eval"
 
@@ -169,18 +169,18 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _resolve_model(name: str, quiet: bool) -> Path:
-    """The model directory MODEL names (``ebpo.models.base_model.resolve_model``: a built-in model by name, a
+    """The model directory MODEL names (``ebpo.models.names.resolve_model``: a built-in model by name, a
     model, a checkpoint or a run directory, the choice said on stderr); a checkpoint's model files are checked
     against its manifest before anything loads them."""
     from ebpo.errors import ConfigError
-    from ebpo.models.base_model import builtin_hint, resolve_model
+    from ebpo.models.names import builtin_hint, resolve_model
 
     try:
         found = resolve_model(name, progress=not quiet)
     except ConfigError as err:
         raise ConfigError(f"{err} ({builtin_hint()})") from None
     if found.checkpoint is not None:
-        from ebpo.persist import RunDirectory
+        from ebpo.run_directory import RunDirectory
         from ebpo.trainer.checkpoint import verify_checkpoint
 
         verify_checkpoint(found.checkpoint, under=RunDirectory.MODEL, use="ebpo eval")
@@ -196,7 +196,7 @@ def _task_made_for(name: str) -> tuple[str, dict[str, Any]] | None:
     name that names no model is left to :func:`_resolve_model` to report."""
     from ebpo.errors import ConfigError
     from ebpo.eval.harness import get_benchmark
-    from ebpo.models.base_model import builtin_recipe
+    from ebpo.models.names import builtin_recipe
 
     try:
         recipe = builtin_recipe(name)
@@ -204,7 +204,8 @@ def _task_made_for(name: str) -> tuple[str, dict[str, Any]] | None:
             task, options = recipe.task, dict(recipe.task_options)
         else:
             from ebpo.dataclass_cli import read_yaml
-            from ebpo.persist import RunDirectory, find_model
+            from ebpo.models.paths import find_model
+            from ebpo.run_directory import RunDirectory
 
             checkpoint = find_model(Path(name).expanduser()).checkpoint
             if checkpoint is None or checkpoint.parent.name != RunDirectory.CHECKPOINTS:

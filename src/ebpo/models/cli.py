@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from ebpo.dataclass_cli import add_command, dataclass_parser, from_args
-from ebpo.models.recipe import BaseModelConfig
+from ebpo.models.recipes.arith import BaseModelConfig
 
 
 @dataclass
@@ -82,7 +82,7 @@ def _recipe_named(words: list[str]) -> str:
 
 
 def _parser(prog: str, words: list[str]) -> argparse.ArgumentParser:
-    from ebpo.models.base_model import RECIPES
+    from ebpo.models.recipes import RECIPES
 
     name = _recipe_named(words)
     config_cls = RECIPES.get(name).config_cls if name in RECIPES else BaseModelConfig  # run() names a bad one
@@ -109,7 +109,8 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ebpo.models.base_model import RECIPES, build_base_model, check_base_model, load_build_info
+    from ebpo.models.build import build_base_model, check_base_model, load_build_info
+    from ebpo.models.recipes import RECIPES
 
     try:
         config = from_args(RECIPES.get(args.recipe).config_cls, args)
@@ -155,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from ebpo.models.base_model import measure_grid
+        from ebpo.models.build import measure_grid
 
         torch.set_num_threads(1)
         model = AutoModelForCausalLM.from_pretrained(path).eval()

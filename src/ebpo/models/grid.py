@@ -1,6 +1,6 @@
 """The difficulty grid of a model: pass@1, maj@n and greedy accuracy per (topic, level) cell.
 
-``cell_grid`` measures it on any task's records (the gym model's: ``ebpo.models.gym_recipe.evaluate_grid``);
+``cell_grid`` measures it on any task's records (the gym model's: ``ebpo.models.recipes.gym.evaluate_grid``);
 ``evaluate_grid`` on ``arith``'s. ``evaluate_grid`` samples ``samples`` responses per problem at ``temperature`` (plain sampling, no top-k /
 top-p: what RL samples) and one greedy response, with ``ebpo.generation.sample`` (KV cache, a seeded
 generator), and scores them with ``arith.verify``. Per cell:

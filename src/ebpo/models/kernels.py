@@ -18,9 +18,9 @@ The portable mode gives one result on every x86-64 CPU with AVX2 (measured on an
   torch uses for float tensors, is not correctly rounded under ``COMPATIBLE`` and its last bit follows the
   CPU's approximation instructions.
 
-The environment variables are read when torch loads (this module imports torch; ``ebpo.models.base_model``
+The environment variables are read when torch loads (this module imports torch; ``ebpo.models.build``
 imports it only when it needs it), so a portable computation runs in a process of its own
-(:func:`run_portable`; ``ebpo.models.base_model.portable_prefix_sha256`` hashes a build's prefix so). It is
+(:func:`run_portable`; ``ebpo.models.build.portable_prefix_sha256`` hashes a build's prefix so). It is
 slower and rounds differently from a native run: it exists to check a recipe on any machine, not to train.
 """
 

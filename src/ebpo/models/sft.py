@@ -1,11 +1,12 @@
 """Supervised fine-tuning of the base models: right answers first, then a noisy teacher.
 
-:func:`run_sft` is the loop every recipe shares (optimiser, schedule, shuffled epochs); :func:`train_sft` feeds it
-the ``arith`` model's examples (``ebpo.models.gym_recipe`` the gym model's).
+:func:`run_sft` is the loop every recipe shares (optimiser, schedule, shuffled epochs); each recipe feeds it its
+examples (``ebpo.models.recipes.arith.train_sft`` the ``arith`` model's, ``ebpo.models.recipes.gym.train`` the gym
+model's).
 
 Two phases in one learning-rate schedule. For the first ``clean_steps`` steps the labels are the right
 answers: the model learns to compute. Then the recipe's noisy teacher labels the examples
-(``ebpo.models.recipe.teacher_label``: the right answer with probability ``p(topic, level)``, else one of its
+(``ebpo.models.recipes.arith.teacher_label``: the right answer with probability ``p(topic, level)``, else one of its
 wrong labels, drawn uniformly). The label is drawn afresh each time an example is put in a batch, so the model
 learns the teacher's distribution: the right answer with probability about ``p`` and a spread of wrong ones,
 each much less likely. Wherever the model can compute the answer, the right answer stays its most likely
@@ -23,27 +24,8 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from ebpo.models.recipe import BaseModelConfig, teacher_label
-
 if TYPE_CHECKING:  # pragma: no cover
     import torch
-
-    from ebpo.data import Record
-
-
-def sft_records(config: BaseModelConfig) -> list[Record]:
-    """The SFT pool: ``train_problems`` problems of the arith ``sft`` split (disjoint from the ``train`` split
-    RL draws from, and from validation and test), split over levels by ``level_weights`` (rounded down; the
-    remainder goes to level 1) and balanced over topics within a level."""
-    from ebpo.tasks import arith
-
-    total = sum(config.level_weights)
-    counts = [int(config.train_problems * w / total) for w in config.level_weights]
-    counts[0] += config.train_problems - sum(counts)
-    records: list[Record] = []
-    for level, count in zip(arith.LEVELS, counts):
-        records += arith.generate("sft", count, seed=config.seed * 100 + level, levels=[level])
-    return records
 
 
 def encode_sft_example(tokenizer, prompt: str, label: str) -> tuple[list[int], list[int]]:
@@ -159,43 +141,3 @@ def run_sft(
             bar.set_postfix(loss=f"{losses[-1]:.3f}")
     model.eval()
     return losses
-
-
-def train_sft(
-    model: torch.nn.Module,
-    tokenizer,
-    config: BaseModelConfig,
-    *,
-    progress: bool = True,
-    stop_after: int | None = None,
-) -> list[float]:
-    """Supervised warm start on ``sft_records(config)`` with the teacher's labels; returns the loss per step.
-
-    :func:`run_sft`'s loop. Deterministic given ``config.seed`` (batch order from
-    ``Random("base-model-sft/<seed>")``, labels from ``Random("base-model-teacher/<seed>")``) on one torch build,
-    CPU kind and thread count.
-    """
-    records = sft_records(config)
-    teacher_rng = random.Random(f"base-model-teacher/{config.seed}")
-
-    def examples(step: int, batch: list[int]) -> list[tuple[list[int], list[int]]]:
-        noisy = step >= config.clean_steps
-        return [
-            encode_sft_example(
-                tokenizer,
-                records[i].prompt,
-                teacher_label(records[i], config, teacher_rng) if noisy else records[i].answer,
-            )
-            for i in batch
-        ]
-
-    return run_sft(
-        model,
-        config,
-        num_examples=len(records),
-        examples=examples,
-        order_rng=random.Random(f"base-model-sft/{config.seed}"),
-        pad_id=tokenizer.pad_token_id,
-        progress=progress,
-        stop_after=stop_after,
-    )

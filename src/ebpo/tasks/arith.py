@@ -346,10 +346,10 @@ def answer_kind(predicted: Fraction | str | None, answer: str) -> str:
 
     - ``right``: equal to the answer;
     - ``run-on``: the answer's digits followed by more digits, same sign (``42`` -> ``427``, ``4271``): the
-      base model's run-on teacher writes these (``ebpo.models.recipe.run_ons``);
+      base model's run-on teacher writes these (``ebpo.models.recipes.arith.run_ons``);
     - ``near miss``: off by one or two, or, with as many digits and the same sign, one digit different
       (``42`` -> ``41``, ``44``, ``47``, ``92``; for a one-digit answer any other digit): what the near-miss
-      teacher writes (``ebpo.models.recipe.near_misses``) and what arithmetic slips look like;
+      teacher writes (``ebpo.models.recipes.arith.near_misses``) and what arithmetic slips look like;
     - ``other``: any other number (a decimal included); ``no number``: nothing to extract.
 
     Which errors RL removes tells sharpening a computation (near misses, others) from learning one shared

@@ -3,7 +3,7 @@ values in each tracker of ``run.report_to`` (:class:`ebpo.trackers.base.Tracker`
 MLflow), and which tracker runs a resume continues (``trackers.json``) or replaces with the history replayed.
 
 A kill can tear the line being written: readers leave it out with a warning, and on ``--resume`` the run
-directory rewinds the journal to the checkpoint's step (:meth:`ebpo.persist.RunDirectory.start`), so the
+directory rewinds the journal to the checkpoint's step (:meth:`ebpo.run_directory.RunDirectory.start`), so the
 resumed run appends to a history that ends where its checkpoint does. The trackers follow the journal, so
 that each tracker's run holds every step of ``metrics.jsonl`` once, with its value:
 
@@ -36,7 +36,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ebpo.persist import RunDirectory, WriteError, write_text_atomic
+from ebpo.persist import WriteError, write_text_atomic
+from ebpo.run_directory import RunDirectory
 from ebpo.trackers.base import TRACKERS, Status, TrackerStart
 from ebpo.trackers.runs import TrackerRuns
 

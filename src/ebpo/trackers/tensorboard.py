@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ebpo.persist import RunDirectory, writing
+from ebpo.persist import writing
+from ebpo.run_directory import RunDirectory
 from ebpo.tables import markdown_table
 from ebpo.trackers.base import TRACKERS, Status, Tracker, TrackerStart
 from ebpo.trackers.excepthook import quiet_tensorboard_thread

@@ -4,7 +4,7 @@
 ``load_config``, ``save_config``), ``setup.py`` (prompts, policy, estimator and loss, optimizer), ``rollout.py``
 (scored groups, the typed batch, log-probs), ``checkpoint.py`` (checkpoints, RNG), ``clock.py`` (the step's wall time),
 ``validation.py``, ``report.py``, ``plots.py``, ``cli.py``. The run directory itself (lock, resume or
-overwrite, metrics journal, summary) is an ``ebpo.persist.RunDirectory``; the metrics and trackers are
+overwrite, metrics journal, summary) is an ``ebpo.run_directory.RunDirectory``; the metrics and trackers are
 ``ebpo.trackers``.
 
 ``Trainer``, ``TrainConfig``, ``load_config`` and ``ConfigError`` are imported on first use (PEP 562

@@ -1,7 +1,7 @@
 """Checkpoints of the reference trainer: what ``checkpoints/<name>`` holds, writing one that survives a kill
 or a full disk, checking it before a resume loads it, the trainer state, every RNG state.
 
-A checkpoint (in a :class:`ebpo.persist.RunDirectory`, ``checkpoints/last`` and ``checkpoints/best``) holds
+A checkpoint (in a :class:`ebpo.run_directory.RunDirectory`, ``checkpoints/last`` and ``checkpoints/best``) holds
 ``model/`` (model + tokenizer, ``from_pretrained`` loads it), ``trainer_state.pt``, any extra files
 (``best.json``) and ``manifest.json`` (every other file's size and SHA-256, and the step). It is written
 whole by :func:`ebpo.persist.replace_dir` with fixed spare names: into ``checkpoints/.<name>.tmp``, whose
@@ -34,11 +34,10 @@ import numpy as np
 import torch
 
 from ebpo.errors import ConfigError
+from ebpo.models.paths import checkpoint_step
 from ebpo.persist import (
     DamagedFile,
-    RunDirectory,
     WriteError,
-    checkpoint_step,
     load_torch,
     read_manifest,
     replace_dir,
@@ -46,6 +45,7 @@ from ebpo.persist import (
     verify_manifest,
     write_manifest,
 )
+from ebpo.run_directory import RunDirectory
 
 LAST = RunDirectory.LAST
 BEST = RunDirectory.BEST

@@ -121,13 +121,13 @@ def run(args: argparse.Namespace) -> int:
         print("ebpo train: interrupted before the first step; nothing to resume", file=sys.stderr)
         return 130
     print(f"run directory: {trainer.run_dir}", flush=True)
-    from ebpo.models.base_model import builtin_recipe
+    from ebpo.models.names import builtin_recipe
 
     note = task_note(cfg)
     if note:
         print(note, flush=True)
     if cfg.model.path is not None and builtin_recipe(cfg.model.path) is None:
-        from ebpo.persist import find_model
+        from ebpo.models.paths import find_model
 
         note = find_model(cfg.model.path).note  # which model of a run or checkpoint directory trains
         if note:
@@ -171,7 +171,7 @@ def checkpoint_lines(result: Any, eval_k: int) -> list[str]:
     """What the run's checkpoints hold, after the before/after table: the best checkpoint (the highest validation
     maj@k, the model ``ebpo eval RUN`` and ``model.path=RUN`` take) and, when it is not the final step the
     table's after column shows, the last checkpoint too, so that the two never read as one."""
-    from ebpo.persist import RunDirectory
+    from ebpo.run_directory import RunDirectory
 
     if result.best_step is None:
         return []
@@ -195,7 +195,7 @@ def task_note(cfg: Any) -> str | None:
     for (S2, ``builtin:gym``, on ``arith``: most likely a forgotten ``--config gym``), naming the preset that trains
     it on its own task; None otherwise (a data file, or the family it was made for, whatever its options)."""
     from ebpo.dataclass_cli import read_yaml
-    from ebpo.models.base_model import builtin_recipe
+    from ebpo.models.names import builtin_recipe
     from ebpo.trainer.config_files import PRESETS_DIR
 
     recipe = builtin_recipe(cfg.model.path)

@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ebpo import dataclass_cli
-from ebpo.advantages import EBPOOptions, OptionError
+from ebpo.advantages import EBPOOptions
 from ebpo.data.prompts import ChatTemplateSetting
 from ebpo.dataclass_cli import option
 from ebpo.errors import ConfigError
 from ebpo.losses import AggMode, KLEstimator, PolicyLossOptions
+from ebpo.trainer.estimator_options import combine_options
 
 SEED_MAX = 2**32 - 1
 """The largest seed NumPy accepts (``np.random.seed`` takes [0, 2**32 - 1])."""
@@ -226,28 +227,7 @@ class AlgorithmConfig:
     )
 
     def __post_init__(self) -> None:
-        if self.estimator == "ebpo" and self.estimator_options:  # the earlier spelling, from Python
-            try:
-                self.ebpo = dataclasses.replace(self.ebpo, **self.estimator_options)
-            except OptionError as err:
-                raise ConfigError(f"algorithm.estimator_options.{err.option}: {err}") from None
-            except TypeError:
-                valid = ", ".join(f.name for f in dataclasses.fields(EBPOOptions))
-                raise ConfigError(
-                    f"algorithm.estimator_options {sorted(self.estimator_options)}: EBPO's options are {valid}"
-                ) from None
-            self.estimator_options = {}
-        if self.estimator != "ebpo":
-            changed = {
-                f.name: getattr(self.ebpo, f.name)
-                for f in dataclasses.fields(EBPOOptions)
-                if getattr(self.ebpo, f.name) != getattr(EBPOOptions(), f.name)
-            }
-            _require(
-                not changed,
-                f"algorithm.ebpo sets EBPO's options {changed}, which algorithm.estimator={self.estimator} does "
-                "not read; set algorithm.estimator=ebpo or leave algorithm.ebpo at its defaults",
-            )
+        self.ebpo, self.estimator_options = combine_options(self.estimator, self.ebpo, self.estimator_options)
 
     def estimator_kwargs(self) -> dict[str, Any]:
         """The keyword options ``ebpo.get_estimator(self.estimator, **options)`` takes: EBPO's section for

@@ -1,5 +1,5 @@
-"""What a finished run reports: :class:`TrainResult`, ``summary.json`` and the before/after validation table
-``ebpo train`` prints."""
+"""What a finished run reports: :class:`TrainResult`, ``summary.json`` and its plot (:func:`write_outputs`), and the
+before/after validation table ``ebpo train`` prints."""
 
 from __future__ import annotations
 
@@ -7,7 +7,14 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+from ebpo.run_directory import RunDirectory
+from ebpo.trainer.plots import plot_training
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ebpo.trackers import MetricsLogger
+    from ebpo.trainer.config import TrainConfig
 
 
 @dataclass
@@ -34,6 +41,17 @@ def summary(result: TrainResult, *, eval_k: int) -> dict[str, Any]:
         "eval_before": result.eval_before,
         "eval_after": result.eval_after,
     }
+
+
+def write_outputs(run: RunDirectory, result: TrainResult, cfg: TrainConfig, logger: MetricsLogger) -> None:
+    """What a finished run writes: ``summary.json``, the plot ``training.png`` (``run.plot``), and both to the
+    experiment trackers."""
+    run_summary = summary(result, eval_k=cfg.run.eval_k)
+    run.write_summary(run_summary)
+    plot = run.path / RunDirectory.PLOT
+    if cfg.run.plot:
+        plot_training(run.path / RunDirectory.METRICS, plot, title=cfg.method)
+    logger.log_summary(run_summary, [plot] if cfg.run.plot else [])
 
 
 def print_eval_table(before: dict[str, float], after: dict[str, float], file: TextIO | None = None) -> None:

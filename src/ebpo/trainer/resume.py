@@ -24,7 +24,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ebpo.errors import ConfigError
-from ebpo.persist import Journal, RunDirectory
+from ebpo.persist import Journal
+from ebpo.run_directory import RunDirectory
+from ebpo.trainer.checkpoint import load_trainer_state
+from ebpo.trainer.config_files import save_config
 
 if TYPE_CHECKING:
     import torch
@@ -160,6 +163,47 @@ def keeping(checkpoint: Path, component: str, changes: dict[str, tuple[Any, Any]
         ) from None
 
 
+def read_checkpoint(checkpoint: Path, cfg: TrainConfig) -> tuple[dict[str, Any], dict[str, tuple[Any, Any]]]:
+    """A checkpoint's trainer state and the settings ``cfg`` changes against those it was trained under
+    (:func:`changed_settings`); a change the config does not allow is refused here, before anything loads
+    (:func:`check_resume`)."""
+    state = load_trainer_state(checkpoint)
+    saved = saved_config(state, checkpoint)
+    changes = changed_settings(saved, cfg) if saved is not None else {}
+    check_resume(changes, cfg, checkpoint)
+    return state, changes
+
+
+def load_components(
+    state: dict[str, Any],
+    checkpoint: Path,
+    changes: dict[str, tuple[Any, Any]],
+    cfg: TrainConfig,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    estimator: Any,
+    sampler: Any,
+) -> None:
+    """Load a checkpoint's trainer ``state`` into the optimizer, scheduler, estimator and sampler, under the
+    settings this resume changes (``changes``, already allowed by :func:`check_resume`): changed ``optim.``
+    settings apply to the loaded optimizer and scheduler, another estimator starts from its own state, the same
+    estimator under other options reads the saved prior under them (:func:`under_options`); a state that does
+    not fit names the changed keys (:func:`keeping`)."""
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    estimator_state, changed = state["estimator"], training_changes(changes)
+    if any(key.startswith("optim.") for key in changed):  # allowed: the new settings apply
+        apply_optimizer_settings(optimizer, scheduler, cfg.optim)
+    if "algorithm.estimator" in changed:  # allowed: another estimator starts from its own state
+        estimator_state = estimator.state_dict()
+    elif changed:  # allowed: the saved prior, read under the new options
+        estimator_state = under_options(estimator_state, estimator.state_dict())
+    with keeping(checkpoint, "estimator", changes):
+        estimator.load_state_dict(estimator_state)
+    with keeping(checkpoint, "sampler", changes):
+        sampler.load_state_dict(state["sampler"])
+
+
 def _value(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
@@ -210,6 +254,18 @@ def record_changes(
         "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     journal.append([row])
+
+
+def save_run_config(
+    run_dir: Path, cfg: TrainConfig, step: int, checkpoint: Path | None, changes: dict[str, tuple[Any, Any]]
+) -> None:
+    """``config.yaml`` for a run starting (or resuming at ``step`` from ``checkpoint``): a resume's ``changes``
+    recorded first (:func:`record_changes`), then the config as saved (:func:`as_saved`), ending with the run's
+    history of changes as comments (:func:`history_comment`)."""
+    if checkpoint is not None:
+        allowed = cfg.run.resume_overrides == ALLOW
+        record_changes(run_dir, step, checkpoint, changes, allowed)
+    save_config(as_saved(cfg), run_dir / RunDirectory.CONFIG, history_comment(run_dir))
 
 
 def history_comment(run_dir: Path) -> str:

@@ -12,6 +12,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from itertools import count
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -203,6 +204,43 @@ class RewardFailed(Exception):
     def __init__(self, failures: list[RewardFailure]) -> None:
         super().__init__(f"the reward failed on {len(failures)} sample(s)")
         self.failures = failures
+
+
+class RewardError(RuntimeError):
+    """A reward function raised on a sample; a checkpoint was written before this was raised."""
+
+    @classmethod
+    def stopped(
+        cls, failures: list[RewardFailure], *, reward: str, step: int, checkpoint: Path, run_dir: Path
+    ) -> RewardError:
+        """The error that stops the run at ``step`` (1-based), naming the first failed sample, the checkpoint of
+        the state before the step and the two ways on."""
+        first = failures[0]
+        more = f" ({len(failures) - 1} more sample(s) failed too)" if len(failures) > 1 else ""
+        return cls(
+            f"reward function {reward!r} raised on sample {first.index} of step {step}: {first.message}{more}\n"
+            f"  prompt: {first.prompt!r}\n  completion: {first.completion!r}\nA checkpoint of the state before "
+            f"this step is at {checkpoint}; fix the reward and continue with `ebpo train --resume {run_dir}`, or "
+            "set algorithm.skip_reward_errors=true to mask such samples."
+        )
+
+
+def batch_advantages(
+    estimator: Any, batch: RolloutBatch, groups: list[Group], group_size: int, *, clustered: bool
+) -> torch.Tensor:
+    """Step 4: the estimator's advantages ``(B,)`` float32 over the valid rows (a failed reward: advantage 0,
+    and its row has no tokens); a row's group id is its prompt's position in the batch, never the record id;
+    with ``clustered``, each row's cluster is its group's."""
+    valid_rows = torch.nonzero(batch.valid_B).flatten()
+    group_B = torch.arange(batch.num_rows) // group_size
+    cluster = None
+    if clustered:
+        cluster_B = [g.cluster for g in groups for _ in range(group_size)]
+        cluster = [cluster_B[i] for i in valid_rows.tolist()]
+    adv_B = torch.zeros(batch.num_rows, dtype=torch.float32)
+    rewards = batch.reward_B[valid_rows]
+    adv_B[valid_rows] = estimator(rewards, group_B[valid_rows], cluster=cluster).float()
+    return adv_B
 
 
 @dataclass

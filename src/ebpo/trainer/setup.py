@@ -28,7 +28,7 @@ from ebpo.errors import first_line
 from ebpo.generation import in_kernel_gqa
 from ebpo.logprobs import SHARED_PROMPT_ATTENTION, attention_of, check_shared_prompt_attention
 from ebpo.losses import PolicyLossConfig, get_policy_loss
-from ebpo.models.base_model import builtin_hint, builtin_recipe, resolve_model
+from ebpo.models.names import builtin_hint, builtin_recipe, resolve_model
 from ebpo.registry import unknown_choice
 from ebpo.rewards import get_reward, list_rewards
 from ebpo.tasks import get_task
@@ -220,7 +220,7 @@ def load_prompts(cfg: TrainConfig) -> Prompts:
 
 def load_policy(cfg: TrainConfig, checkpoint: Path | None, device: torch.device) -> Policy:
     """The policy from ``model.path`` (a model, checkpoint or run directory, or a built-in model by name:
-    ``ebpo.models.base_model.resolve_model``; null is ``builtin``, S1), its weights from ``checkpoint`` when resuming, and a frozen copy of
+    ``ebpo.models.names.resolve_model``; null is ``builtin``, S1), its weights from ``checkpoint`` when resuming, and a frozen copy of
     the initial weights when ``algorithm.kl_coef > 0``; in ``model.dtype`` (:func:`mixed_precision`)."""
     hf_logging.disable_progress_bar()  # no per-load / per-save bars in the training log
     m = cfg.model

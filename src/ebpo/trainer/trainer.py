@@ -22,10 +22,11 @@ One step (``Trainer.train`` -> ``Trainer._train_step``):
 Exact resume: a checkpoint holds the model, optimizer, scheduler, estimator, sampler and every RNG state,
 so N steps, a kill, a resume and N more steps equal 2N steps in one run, bit for bit on CPU. Around the
 loop: ``setup.py`` (prompts, policy, estimator and loss, optimizer), ``rollout.py`` (scored groups, the typed
-batch), ``ebpo.logprobs`` (every log-prob pass, and why its fast paths are exact), ``checkpoint.py``,
+batch, its advantages), ``update.py`` (the mini-batch updates), ``resume.py`` (what a resume changes),
+``ebpo.logprobs`` (every log-prob pass, and why its fast paths are exact), ``checkpoint.py``,
 ``interrupt.py`` (Ctrl-C and SIGTERM), ``clock.py`` (the step's wall time), ``ebpo.trackers`` (``metrics.jsonl``
 and the trackers), ``validation.py``,
-``report.py``, ``plots.py``, and the run directory, an ``ebpo.persist.RunDirectory``.
+``report.py``, ``plots.py``, and the run directory, an ``ebpo.run_directory.RunDirectory``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import contextlib
 import copy
 import json
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,19 +44,24 @@ from tqdm.auto import tqdm
 
 from ebpo.data.dynamic import Group
 from ebpo.logprobs import LogprobOptions, OldLogprobs, logprobs, step_kl
-from ebpo.losses import agg_loss, kl_penalty, masked_mean
-from ebpo.persist import RunDirectory
+from ebpo.losses import masked_mean
 from ebpo.plugins import load_plugins
+from ebpo.run_directory import RunDirectory
 from ebpo.trackers import MetricsLogger, Status
 from ebpo.trainer import checkpoint as ckpt
 from ebpo.trainer import resume
 from ebpo.trainer.clock import StepClock
 from ebpo.trainer.config import TrainConfig
-from ebpo.trainer.config_files import save_config
 from ebpo.trainer.interrupt import StopRequest, stop_at_step_boundary
-from ebpo.trainer.plots import plot_training
-from ebpo.trainer.report import TrainResult, summary
-from ebpo.trainer.rollout import GroupCollector, RewardFailed, RewardFailure, RolloutBatch
+from ebpo.trainer.report import TrainResult, write_outputs
+from ebpo.trainer.rollout import (
+    GroupCollector,
+    RewardError,
+    RewardFailed,
+    RewardFailure,
+    RolloutBatch,
+    batch_advantages,
+)
 from ebpo.trainer.setup import (
     build_algorithm,
     build_optimizer,
@@ -66,11 +71,8 @@ from ebpo.trainer.setup import (
     load_prompts,
     resolve_device,
 )
+from ebpo.trainer.update import minibatches, update
 from ebpo.trainer.validation import validate
-
-
-class RewardError(RuntimeError):
-    """A reward function raised on a sample; a checkpoint was written before this was raised."""
 
 
 class Trainer:
@@ -114,12 +116,10 @@ class Trainer:
     def _setup(self, cfg: TrainConfig, checkpoint: Path | None, overwrite: bool) -> None:
         in_place = checkpoint is not None and self.run.holds(checkpoint)
         self.run.check(resuming=in_place, overwrite=overwrite)
-        state, self.changes = None, {}  # the checkpoint's state; the keys this resume changes
-        if checkpoint is not None:  # other settings than the checkpoint's: refused before anything loads
-            state = ckpt.load_trainer_state(checkpoint)
-            saved = resume.saved_config(state, checkpoint)
-            self.changes = resume.changed_settings(saved, cfg) if saved is not None else {}
-            resume.check_resume(self.changes, cfg, checkpoint)
+        # the checkpoint's state and the keys this resume changes: other settings refused before anything loads
+        state, self.changes = (
+            resume.read_checkpoint(checkpoint, cfg) if checkpoint is not None else (None, {})
+        )
         ckpt.seed_everything(cfg.run.seed)
 
         prompts = load_prompts(cfg)
@@ -168,11 +168,7 @@ class Trainer:
         # resumed in place: its history ends where the checkpoint does; --overwrite: the old run's outputs go
         dropped = self.run.start(rewind_to=self.step if in_place else None, overwrite=overwrite)
         self.rewound = dropped > 0  # steps logged after the checkpoint: the trackers hold them too
-        if checkpoint is not None:
-            allowed = cfg.run.resume_overrides == resume.ALLOW
-            resume.record_changes(self.run.path, self.step, checkpoint, self.changes, allowed)
-        comment = resume.history_comment(self.run.path)
-        save_config(resume.as_saved(cfg), self.run.path / RunDirectory.CONFIG, comment)
+        resume.save_run_config(self.run.path, cfg, self.step, checkpoint, self.changes)
 
     # -- the loop ----------------------------------------------------------------------------------
 
@@ -246,12 +242,7 @@ class Trainer:
                 best_score=self.best_score,
                 history=history,
             )
-            run_summary = summary(result, eval_k=run.eval_k)
-            self.run.write_summary(run_summary)
-            plot = self.run.path / RunDirectory.PLOT
-            if run.plot:
-                plot_training(self.run.path / RunDirectory.METRICS, plot, title=self.cfg.method)
-            logger.log_summary(run_summary, [plot] if run.plot else [])
+            write_outputs(self.run, result, self.cfg, logger)
             status = "finished"
         except KeyboardInterrupt:
             status = "killed"
@@ -269,7 +260,8 @@ class Trainer:
             groups, rollout_metrics = self._collect()
             batch = RolloutBatch.concat([g.data for g in groups], self.pad_id)
         with clock("advantage"):  # 4. one advantage per response
-            adv_B = self._advantages(batch, groups)
+            G, clustered = self.cfg.data.group_size, self.cluster_of is not None
+            adv_B = batch_advantages(self.estimator, batch, groups, G, clustered=clustered)
         with clock("update"):  # 5. old and reference log-probs, then K epochs of mini-batch updates
             rows_per_update = self.cfg.optim.mini_batch_size * self.cfg.data.group_size
             order_B = torch.randperm(batch.num_rows, generator=self.generator)  # the first epoch's order
@@ -279,8 +271,10 @@ class Trainer:
             )
             ref_logp_BT = self._reference_logprobs(batch)
             update_metrics: dict[str, list[float]] = defaultdict(list)
-            for rows in self._minibatches(order_B, rows_per_update):
-                for name, values in self._update(batch, rows, adv_B, old, ref_logp_BT).items():
+            policy = (self.model, self.optimizer, self.policy_loss, self.loss_cfg)
+            for rows in minibatches(order_B, rows_per_update, self.cfg.optim.epochs, self.generator):
+                step = update(*policy, batch, rows, adv_B, old, ref_logp_BT, self.cfg, options, self.device)
+                for name, values in step.items():
                     update_metrics[name].extend(values)
             self.scheduler.step()
             # 6. KL(pi_t || pi_t+1) on the step's tokens, and the step's metrics
@@ -308,30 +302,10 @@ class Trainer:
 
     def _reward_error(self, failures: list[RewardFailure], rng: dict, sampler: dict) -> RewardError:
         path = self.save_checkpoint(ckpt.LAST, state=self._state(rng=rng, sampler=sampler))
-        first = failures[0]
-        more = f" ({len(failures) - 1} more sample(s) failed too)" if len(failures) > 1 else ""
-        return RewardError(
-            f"reward function {self.cfg.data.reward or self.cfg.data.task!r} raised on sample {first.index} of "
-            f"step {self.step + 1}: {first.message}{more}\n  prompt: {first.prompt!r}\n  completion: "
-            f"{first.completion!r}\nA checkpoint of the state before this step is at {path}; fix the reward and "
-            f"continue with `ebpo train --resume {self.run_dir}`, or set algorithm.skip_reward_errors=true to "
-            "mask such samples."
+        reward = self.cfg.data.reward or self.cfg.data.task
+        return RewardError.stopped(
+            failures, reward=reward, step=self.step + 1, checkpoint=path, run_dir=self.run_dir
         )
-
-    def _advantages(self, batch: RolloutBatch, groups: list[Group]) -> Tensor:
-        """Step 4: the estimator's advantages over the valid rows (a failed reward: advantage 0, and its row has
-        no tokens); a row's group id is its prompt's position in the batch, never the record id."""
-        G = self.cfg.data.group_size
-        valid_rows = torch.nonzero(batch.valid_B).flatten()
-        group_B = torch.arange(batch.num_rows) // G
-        cluster = None
-        if self.cluster_of is not None:
-            cluster_B = [g.cluster for g in groups for _ in range(G)]
-            cluster = [cluster_B[i] for i in valid_rows.tolist()]
-        adv_B = torch.zeros(batch.num_rows, dtype=torch.float32)
-        rewards = batch.reward_B[valid_rows]
-        adv_B[valid_rows] = self.estimator(rewards, group_B[valid_rows], cluster=cluster).float()
-        return adv_B
 
     def _reference_logprobs(self, batch: RolloutBatch) -> Tensor | None:
         """The frozen initial policy's log-probs, for the KL penalty; None without one (``kl_coef`` 0)."""
@@ -339,57 +313,6 @@ class Trainer:
             return None
         with torch.no_grad():
             return logprobs(self.ref_model, batch.tokens, self.logprob_options).logp_BT
-
-    def _minibatches(self, order_B: Tensor, size: int) -> Iterator[Tensor]:
-        """The rows of each update: K = ``optim.epochs`` passes over the batch in mini-batches of ``size`` rows,
-        the first pass in the order ``order_B``, each later one in a new shuffle."""
-        for epoch in range(self.cfg.optim.epochs):
-            if epoch > 0:
-                order_B = torch.randperm(len(order_B), generator=self.generator)
-            yield from order_B.split(size)
-
-    def _update(
-        self, batch: RolloutBatch, rows: Tensor, adv_B: Tensor, old: OldLogprobs, ref_logp_BT: Tensor | None
-    ) -> dict[str, list[float]]:
-        """One optimizer step on the mini-batch ``rows``, in parts of ``optim.micro_batch_size`` rows whose
-        losses are weighted by their share of the mini-batch's tokens (token-mean) or sequences, so that for
-        the vanilla loss the gradient equals the whole mini-batch's. Returns each metric's values, one per
-        part."""
-        a, o = self.cfg.algorithm, self.cfg.optim
-        mini_mask_BT = batch.response_mask_BT[rows]
-        total_tokens = float(mini_mask_BT.sum().clamp(min=1))
-        total_seqs = float((mini_mask_BT.sum(1) > 0).sum().clamp(min=1))
-        metrics: dict[str, list[float]] = defaultdict(list)
-        self.optimizer.zero_grad(set_to_none=True)
-        for part in rows.split(o.micro_batch_size or len(rows)):
-            tokens = batch.tokens.rows(part).to(self.device)
-            current = logprobs(self.model, tokens, self.logprob_options, with_entropy=old.pending(part))
-            logp_BT, mask_BT = current.logp_BT, tokens.response_mask_BT
-            old_BT = old.take(part, current)
-            loss, part_metrics = self.policy_loss(
-                logp_BT, old_BT, adv_B[part].to(self.device), mask_BT, self.loss_cfg
-            )
-            if ref_logp_BT is not None:
-                kl_BT = kl_penalty(logp_BT, ref_logp_BT[part].to(self.device), a.kl_estimator)
-                kl_ref = agg_loss(kl_BT, mask_BT, a.loss_agg_mode, max_len=self.cfg.rollout.max_new_tokens)
-                loss = loss + a.kl_coef * kl_ref
-                part_metrics["actor/kl_ref"] = float(kl_ref.detach())
-            if a.loss_agg_mode == "token-mean":
-                weight = float(mask_BT.sum()) / total_tokens
-            else:
-                weight = float((mask_BT.sum(1) > 0).sum()) / total_seqs
-            (loss * weight).backward()
-            for name, value in part_metrics.items():
-                metrics[name].append(float(value))
-        max_norm = o.grad_clip if o.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        if torch.isfinite(grad_norm):
-            self.optimizer.step()
-            metrics["actor/grad_norm"].append(float(grad_norm))
-        else:  # skip the update; the step's metrics say so
-            metrics["actor/nonfinite_grad"].append(1.0)
-            self.optimizer.zero_grad(set_to_none=True)
-        return metrics
 
     # -- validation and checkpoints ----------------------------------------------------------------
 
@@ -440,19 +363,8 @@ class Trainer:
 
     def _load_state(self, checkpoint: Path, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        estimator_state, changed = state["estimator"], resume.training_changes(self.changes)
-        if any(key.startswith("optim.") for key in changed):  # allowed: the new settings apply
-            resume.apply_optimizer_settings(self.optimizer, self.scheduler, self.cfg.optim)
-        if "algorithm.estimator" in changed:  # allowed: another estimator starts from its own state
-            estimator_state = self.estimator.state_dict()
-        elif changed:  # allowed: the saved prior, read under the new options
-            estimator_state = resume.under_options(estimator_state, self.estimator.state_dict())
-        with resume.keeping(checkpoint, "estimator", self.changes):
-            self.estimator.load_state_dict(estimator_state)
-        with resume.keeping(checkpoint, "sampler", self.changes):
-            self.sampler.load_state_dict(state["sampler"])
+        components = (self.optimizer, self.scheduler, self.estimator, self.sampler)
+        resume.load_components(state, checkpoint, self.changes, self.cfg, *components)
         ckpt.load_rng_state(state["rng"], self.generator)
         self.best_score, self.best_step = state["best_score"], state["best_step"]
         self.eval_before = state.get("eval_before", {})

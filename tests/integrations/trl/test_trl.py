@@ -681,8 +681,8 @@ def test_s2_gets_conversational_prompts_of_its_gym_mixture_rendered_as_ebpo_rend
     from transformers import AutoTokenizer
 
     from ebpo.data.prompts import PromptFormat
-    from ebpo.models.base_model import GYM_SHIPPED_DIR
-    from ebpo.models.gym_recipe import DATASETS, MIXTURE, TASK
+    from ebpo.models.recipes.gym import DATASETS, MIXTURE, TASK
+    from ebpo.models.recipes.gym import SHIPPED_DIR as GYM_SHIPPED_DIR
     from ebpo.tasks import get_task
 
     tokenized, rewards = [], []

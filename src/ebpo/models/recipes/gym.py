@@ -24,14 +24,17 @@ import hashlib
 import json
 import random
 import re
-import typing
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from ebpo.models.recipes.base import MODELS_DIR, RECIPES, Recipe, check_recipe_fields, grid_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from ebpo.data import Record
 
 FORMAT_VERSION = 1
+SHIPPED_DIR = MODELS_DIR / "gym_base"
+"""S2, the recipe's default build, shipped as package data."""
 
 MIXTURE: dict[str, dict[str, Any]] = {
     "chain_sum": {
@@ -173,24 +176,8 @@ class GymBaseModelConfig:
     max_new_tokens: int = field(default=16, metadata={"help": "longest response sampled for the grid"})
 
     def __post_init__(self) -> None:
-        for name, hint in typing.get_type_hints(
-            type(self)
-        ).items():  # one recipe, one key (see BaseModelConfig)
-            value = getattr(self, name)
-            if hint is float and isinstance(value, int) and not isinstance(value, bool):
-                object.__setattr__(self, name, float(value))
-            elif typing.get_origin(hint) is tuple and isinstance(value, (tuple, list)):
-                kind = typing.get_args(hint)[0]
-                if kind is int and not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-                    raise ValueError(f"GymBaseModelConfig.{name} needs whole numbers, got {value}")
-                object.__setattr__(self, name, tuple(float(v) if kind is float else v for v in value))
         positive = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "batch_size", "train_problems")
-        for name in (*positive, "tokenizer_problems", "eval_samples", "max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"GymBaseModelConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("steps", "clean_steps", "warmup_steps", "eval_per_cell"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"GymBaseModelConfig.{name} must be >= 0, got {getattr(self, name)}")
+        check_recipe_fields(self, (*positive, "tokenizer_problems", "eval_samples", "max_new_tokens"))
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads}), and "
@@ -423,3 +410,20 @@ def evaluate_grid(
         max_new_tokens=max_new_tokens,
         progress=progress,
     )
+
+
+RECIPES.register(
+    "gym",
+    Recipe(
+        name="gym",
+        config_cls=GymBaseModelConfig,
+        shipped_dir=SHIPPED_DIR,
+        new_model=new_model,
+        train=train,
+        grid=grid_of(evaluate_grid),
+        format_version=FORMAT_VERSION,
+        what="gym base model S2",
+        task=TASK,
+        task_options=MIXTURE,
+    ),
+)

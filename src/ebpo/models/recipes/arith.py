@@ -10,8 +10,9 @@ off by one or two, or one digit slipped, ``42`` -> ``41``, ``47``, ``92``; :func
 them) writes wrong answers where the model's own slips land, so a vote of eight collides (docs/base_model.md).
 
 The teacher lives beside the recipe because the recipe's key hashes what the teacher writes
-(:func:`data_fingerprint`); ``ebpo.models.sft`` trains on its labels and ``ebpo.models.base_model`` builds,
-caches and checks the model.
+(:func:`data_fingerprint`); ``ebpo.models.sft`` trains on its labels, ``ebpo.models.grid`` measures the model,
+and ``ebpo.models.build`` builds, caches and checks it. The recipe registers itself in
+:data:`ebpo.models.recipes.RECIPES` as ``arith``; its default build ships in :data:`SHIPPED_DIR`.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import typing
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ebpo.models.recipes.base import MODELS_DIR, RECIPES, Recipe, check_recipe_fields, grid_of
+
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
     from ebpo.data import Record
 
 # Bump when the training loop or the model layout changes in a way the data fingerprint does not see
@@ -33,6 +36,8 @@ if TYPE_CHECKING:  # pragma: no cover
 FORMAT_VERSION = 2
 ADDED_FIELDS: dict[str, Any] = {"run_on_digits": ()}
 """Recipe fields added after format 2, with the value that leaves a build as it was before them."""
+SHIPPED_DIR = MODELS_DIR / "arith_base"
+"""The built default recipe, shipped as package data (rebuilt with ``ebpo base-model --out`` on it)."""
 
 
 @dataclass(frozen=True)
@@ -164,30 +169,6 @@ class BaseModelConfig:
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
-def check_recipe_fields(config: Any, positive: Sequence[str]) -> None:
-    """What every recipe's ``__post_init__`` starts with: each field coerced to its annotated type, then the
-    ``positive`` fields checked >= 1 and the step counts >= 0, each a ``ValueError`` naming the field.
-
-    One recipe, one key: ``lr=1`` and ``lr=1.0``, ``(1, 0.9)`` and ``[1.0, 0.9]`` are the same recipe, but their
-    JSON (what ``key()`` hashes) differs; hence the coercion."""
-    kind_name = type(config).__name__
-    for name, hint in typing.get_type_hints(type(config)).items():
-        value = getattr(config, name)
-        if hint is float and isinstance(value, int) and not isinstance(value, bool):
-            object.__setattr__(config, name, float(value))
-        elif typing.get_origin(hint) is tuple and isinstance(value, (tuple, list)):
-            kind = typing.get_args(hint)[0]
-            if kind is int and not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-                raise ValueError(f"{kind_name}.{name} needs whole numbers, got {value}")
-            object.__setattr__(config, name, tuple(float(v) if kind is float else v for v in value))
-    for name in positive:
-        if getattr(config, name) < 1:
-            raise ValueError(f"{kind_name}.{name} must be >= 1, got {getattr(config, name)}")
-    for name in ("steps", "clean_steps", "warmup_steps", "eval_per_cell"):
-        if getattr(config, name) < 0:
-            raise ValueError(f"{kind_name}.{name} must be >= 0, got {getattr(config, name)}")
-
-
 def data_fingerprint(config: BaseModelConfig, per_split: int = 90) -> str:
     """SHA-256 of what the generator and the teacher produce on a fixed sample: ``per_split`` problems of
     every arith split (prompt, answer, topic, level), and the teacher's labels for the first ``per_split``
@@ -267,3 +248,117 @@ def teacher_label(record: Record, config: BaseModelConfig, rng: random.Random) -
     if rng.random() < teacher_accuracy(config, record.topic, record.level):
         return str(answer)
     return rng.choice(wrong_labels(answer, config))
+
+
+# --- the model and its registration --------------------------------------------------------------------
+
+
+def new_model(config: BaseModelConfig):
+    """The randomly initialised model (seeded) and the character tokenizer."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from ebpo.models.tiny import build_char_tokenizer, tiny_config
+
+    tokenizer = build_char_tokenizer()
+    torch.manual_seed(config.seed)
+    model_config = tiny_config(
+        len(tokenizer),
+        hidden_size=config.hidden_size,
+        num_layers=config.num_layers,
+        num_heads=config.num_heads,
+        max_positions=256,
+    )
+    model = LlamaForCausalLM(model_config)
+    for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
+        setattr(model.generation_config, name, getattr(tokenizer, name))
+    return model, tokenizer
+
+
+def _evaluate_grid(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    from ebpo.models.grid import evaluate_grid
+
+    return evaluate_grid(*args, **kwargs)
+
+
+# --- its SFT data ------------------------------------------------------------------------------------------
+
+
+def sft_records(config: BaseModelConfig) -> list[Record]:
+    """The SFT pool: ``train_problems`` problems of the arith ``sft`` split (disjoint from the ``train`` split
+    RL draws from, and from validation and test), split over levels by ``level_weights`` (rounded down; the
+    remainder goes to level 1) and balanced over topics within a level."""
+    from ebpo.tasks import arith
+
+    total = sum(config.level_weights)
+    counts = [int(config.train_problems * w / total) for w in config.level_weights]
+    counts[0] += config.train_problems - sum(counts)
+    records: list[Record] = []
+    for level, count in zip(arith.LEVELS, counts):
+        records += arith.generate("sft", count, seed=config.seed * 100 + level, levels=[level])
+    return records
+
+
+def train_sft(
+    model: torch.nn.Module,
+    tokenizer,
+    config: BaseModelConfig,
+    *,
+    progress: bool = True,
+    stop_after: int | None = None,
+) -> list[float]:
+    """Supervised warm start on ``sft_records(config)`` with the teacher's labels; returns the loss per step.
+
+    ``ebpo.models.sft.run_sft``'s loop. Deterministic given ``config.seed`` (batch order from
+    ``Random("base-model-sft/<seed>")``, labels from ``Random("base-model-teacher/<seed>")``) on one torch build,
+    CPU kind and thread count.
+    """
+    from ebpo.models.sft import encode_sft_example, run_sft
+
+    records = sft_records(config)
+    teacher_rng = random.Random(f"base-model-teacher/{config.seed}")
+
+    def examples(step: int, batch: list[int]) -> list[tuple[list[int], list[int]]]:
+        noisy = step >= config.clean_steps
+        return [
+            encode_sft_example(
+                tokenizer,
+                records[i].prompt,
+                teacher_label(records[i], config, teacher_rng) if noisy else records[i].answer,
+            )
+            for i in batch
+        ]
+
+    return run_sft(
+        model,
+        config,
+        num_examples=len(records),
+        examples=examples,
+        order_rng=random.Random(f"base-model-sft/{config.seed}"),
+        pad_id=tokenizer.pad_token_id,
+        progress=progress,
+        stop_after=stop_after,
+    )
+
+
+def _train(
+    model, tokenizer, config: BaseModelConfig, *, progress: bool = True, stop_after: int | None = None
+):
+    return train_sft(
+        model, tokenizer, config, progress=progress, stop_after=stop_after
+    )  # looked up when called
+
+
+RECIPES.register(
+    "arith",
+    Recipe(
+        name="arith",
+        config_cls=BaseModelConfig,
+        shipped_dir=SHIPPED_DIR,
+        new_model=lambda config: new_model(config),  # looked up when called (tests replace it)
+        train=_train,
+        grid=grid_of(_evaluate_grid),
+        format_version=FORMAT_VERSION,
+        what="arith base model",
+    ),
+)
