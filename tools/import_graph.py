@@ -34,7 +34,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "tables",
         "stats",
     ),  # persist: atomic writes, journals, manifests, locks
-    ("run_directory",),  # one training run's folder, built on persist: the trackers, models and trainer read it
+    (
+        "run_directory",
+    ),  # one training run's folder, built on persist: the trackers, models and trainer read it
     ("plugins",),  # a user's code, imported before any name is looked up
     ("dataclass_cli",),  # settings from YAML, overrides and flags; every command's start (plugins first)
     ("advantages", "losses"),  # the algorithm's math: estimators and policy losses
@@ -47,7 +49,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("logprobs",),  # token log-probs of sampled responses: the reference and its fast paths
     ("eval",),  # metrics and the evaluation harness
     ("models",),  # the base models: recipes, SFT, build, names, their grid (measured with eval's metrics)
-    ("annotate", "simulate"),  # dataset annotation; the estimators' Monte Carlo study
+    ("annotate", "simulate_staleness"),  # dataset annotation; the staleness study of the prior (``ebpo simulate``)
+    ("simulate",),  # the estimators' Monte Carlo study
     ("trackers",),  # metrics.jsonl and the experiment trackers, for the trainer and ebpo diagnose
     ("trainer",),  # the reference trainer
     (

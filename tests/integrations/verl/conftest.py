@@ -48,9 +48,8 @@ LEGACY_DATASET = "chain_sum"
 def legacy_data(root: Path) -> Path:
     """8 distinct prompts of one dataset of S2's reasoning-gym mixture (one stream batch per epoch) for the legacy
     2-rank runs, which train S2 (``builtin:gym``), written as ``ebpo train`` data with ``data_source=gym``."""
-    from ebpo.models.gym_recipe import MIXTURE
-
     from ebpo.integrations.verl.data import write_verl_parquet
+    from ebpo.models.recipes.gym import MIXTURE
     from ebpo.tasks import get_task
 
     root.mkdir(parents=True, exist_ok=True)

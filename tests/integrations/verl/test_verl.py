@@ -1018,7 +1018,7 @@ def test_our_launcher_reads_a_builtin_model_name_as_every_ebpo_command_does():
     from omegaconf import OmegaConf
 
     from ebpo.integrations.verl.main import _resolve_model_path
-    from ebpo.models.base_model import GYM_SHIPPED_DIR
+    from ebpo.models.recipes.gym import SHIPPED_DIR as GYM_SHIPPED_DIR
 
     for given, expected in (("builtin:gym", str(GYM_SHIPPED_DIR)), ("Qwen/Qwen3-8B", "Qwen/Qwen3-8B")):
         config = OmegaConf.create({"actor_rollout_ref": {"model": {"path": given}}})

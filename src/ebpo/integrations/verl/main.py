@@ -254,11 +254,11 @@ def _set_process_env(config: Any, env: dict[str, str]) -> None:
 def _resolve_model_path(config: Any) -> None:
     """``actor_rollout_ref.model.path`` naming a built-in model (``builtin:gym``, ``builtin:arith``,
     ``builtin``) becomes its directory, read as every ebpo command reads it
-    (``ebpo.models.base_model.resolve_model``); any other value is verl's to read."""
+    (``ebpo.models.names.resolve_model``); any other value is verl's to read."""
     from omegaconf import open_dict
 
     from ebpo.errors import ConfigError
-    from ebpo.models.base_model import builtin_recipe, resolve_model
+    from ebpo.models.names import builtin_recipe, resolve_model
 
     path = config.actor_rollout_ref.model.get("path", None)
     try:
