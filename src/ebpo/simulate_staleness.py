@@ -91,7 +91,10 @@ def _run_one(stream: dict[str, np.ndarray], options: dict[str, Any] | None, warm
     rewards_SMG = stream["rewards_SMG"]
     S, M, G = rewards_SMG.shape
     index_N = np.repeat(np.arange(M), G)
+    from ebpo.advantages.ebpo import EBPOEstimator
+
     est = None if options is None else get_estimator("ebpo", normalize="none", **options)
+    assert est is None or isinstance(est, EBPOEstimator)  # takes lag=
     sums = dict.fromkeys(("bias_now", "bias_sample", "sq_now", "sq_sample"), 0.0)
     steps = groups = 0
     for step in range(S):

@@ -196,6 +196,12 @@ EBPO_CHOICES: dict[str, tuple[str, ...]] = {
 :data:`ebpo.advantages.core.Normalize`, which :func:`ebpo_advantage` checks too)."""
 
 
+def _weighted(acc: Welford | WeightedWelford) -> WeightedWelford:
+    """An accumulator that takes weights: a prior built with ``weighted`` (or a half-life) has only those."""
+    assert isinstance(acc, WeightedWelford), type(acc)
+    return acc
+
+
 class _Prior:
     """One EBPO prior: W_glob (rewards), W_means (group means), W_within (group variances, for
     ``sigma2="pooled"`` and ``tau2="latent"``) and W_inv_size (1/G_m, for ``tau2="latent"``), all with one
@@ -244,13 +250,14 @@ class _Prior:
             if self.latent:
                 self.W_inv_size.update(1.0 / stats.count_M)
             return
-        self.W_glob.update(rewards_N, weight_N)
-        self.W_means.update(stats.mean_M, weight_M)
+        weighted = {name: _weighted(acc) for name, acc in self.accumulators().items()}
+        weighted["W_glob"].update(rewards_N, weight_N)
+        weighted["W_means"].update(stats.mean_M, weight_M)
         if self.pooled:
             several_M = stats.count_M > 1
-            self.W_within.update(stats.var_M[several_M], weight_M[several_M])
+            weighted["W_within"].update(stats.var_M[several_M], weight_M[several_M])
         if self.latent:
-            self.W_inv_size.update(1.0 / stats.count_M, weight_M)
+            weighted["W_inv_size"].update(1.0 / stats.count_M, weight_M)
 
     def step(self) -> None:
         for acc in self.accumulators().values():
