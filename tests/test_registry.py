@@ -171,6 +171,7 @@ def test_ebpo_options_are_validated_from_one_table_with_the_one_wording():
         "tau2": ("raw", "latent"),
         "sigma2": ("total", "pooled"),
         "normalize": ("batch", "group", "prior", "none"),
+        "prior_staleness": ("all", "max_lag", "decay"),
     }
     for option, choices in EBPO_CHOICES.items():
         for value in choices:  # every listed value builds an estimator that keeps it
