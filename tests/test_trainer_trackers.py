@@ -282,3 +282,16 @@ def test_mlflows_default_store_takes_a_run(tmp_path, monkeypatch, offline):
     assert (tmp_path / "run" / "mlflow.db").is_file()
     expected = {0: {"eval/pass_at_1": 0.25}, 1: {"reward/mean": 0.5, "eval/pass_at_1": 0.375}}
     assert mlflow_history(saved["tracking_uri"], saved["run_id"]) == expected
+
+
+def test_a_tensorboard_writer_opens_after_the_second_of_every_earlier_events_file(tmp_path):
+    """TensorBoard reads events files by name (``<second>.<host>.<pid>.<n>``, so ``.10`` before ``.9``): a writer
+    opened in the second of an earlier file waits until that second has passed."""
+    import time
+
+    from ebpo.trackers.tensorboard import _after_earlier_files
+
+    now = int(time.time())
+    (tmp_path / f"events.out.tfevents.{now + 1}.host.1.9").write_bytes(b"")
+    _after_earlier_files(tmp_path)
+    assert time.time() >= now + 2

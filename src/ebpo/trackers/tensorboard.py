@@ -37,6 +37,7 @@ class TensorBoardTracker(Tracker):
         self.folder = folder
         self.continued = any(folder.glob("events.out.tfevents.*"))
         self.step = resumed_at or 0
+        _after_earlier_files(folder)
         # a session start in every process: TensorBoard takes each one after the first as a restart, and hides
         # the earlier events from its step on (the steps a resume redoes); a new run's, at 0, hides nothing
         with self._writing():
@@ -93,3 +94,22 @@ class TensorBoardTracker(Tracker):
     def close(self, status: Status) -> None:
         with self._writing():
             self.writer.close()
+
+
+def _after_earlier_files(folder: Path) -> None:
+    """Wait, if need be, until the clock has passed the second of every events file in ``folder``.
+
+    TensorBoard reads a folder's events files in the order of their names, ``events.out.tfevents.<second>.<host>.
+    <pid>.<n>``: a writer opened in the same second and process as an earlier one (a resume in the process that
+    was interrupted) can sort before it (``.10`` before ``.9``), and TensorBoard then reads the earlier steps as
+    a restart and drops them."""
+    import time
+
+    seconds = []
+    for path in folder.glob("events.out.tfevents.*"):
+        part = path.name.split(".")[3:4]
+        if part and part[0].isdigit():
+            seconds.append(int(part[0]))
+    if seconds:
+        while int(time.time()) <= max(seconds):
+            time.sleep(0.05)
