@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ebpo.data.loaders import load_benchmark, load_records
+    from ebpo.data.loaders import load_records
+    from ebpo.eval.benchmarks import load_benchmark
     from ebpo.integrations.verl import write_verl_parquet
 
     args = build_parser().parse_args(argv)
