@@ -20,7 +20,7 @@ SHARED = Path(os.environ.get("EBPO_SHARED", REPO.parent / "shared"))
 BENCHMARK_DIR = SHARED / "data" / "benchmarks"
 
 # The suite runs as in an activated environment (README: `source .venv/bin/activate`): the PATH finds this
-# environment's `ebpo` first, so the commands a message prints read `ebpo ...` (dataclass_cli.command_prefix;
+# environment's `ebpo` first, so the commands a message prints read `ebpo ...` (settings.command_prefix;
 # its other forms have a test of their own), and a test's child processes find the same commands.
 os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
 

@@ -102,7 +102,7 @@ def test_ctrl_c_in_the_first_second_of_ebpo_train_is_one_line(tmp_path, after_s)
 
 
 def test_the_printed_command_is_the_form_that_runs_from_this_shell(tmp_path, monkeypatch):
-    from ebpo.dataclass_cli import command_prefix
+    from ebpo.settings import command_prefix
 
     bin_dir = tmp_path / "venv" / "bin"
     bin_dir.mkdir(parents=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from ebpo.dataclass_cli import parse_yaml
 from ebpo.errors import ConfigError
+from ebpo.settings import parse_yaml
 from ebpo.trainer.config_files import PRESETS_DIR, list_presets, load_config, resolve_config
 
 CONFIGS = PRESETS_DIR

@@ -208,7 +208,7 @@ def test_ebpo_train_trains_a_file_plugins_estimator_and_a_resume_elsewhere_loads
 ):
     import torch
 
-    from ebpo.dataclass_cli import read_yaml
+    from ebpo.settings import read_yaml
     from ebpo.trackers import read_metrics
     from helpers.plugins import sandbox
     from helpers.trainer import tiny_overrides

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from ebpo.cli import main
-from ebpo.dataclass_cli import read_yaml
 from ebpo.errors import ConfigError
 from ebpo.persist import MANIFEST, DamagedFile, read_manifest, verify_manifest, write_manifest
+from ebpo.settings import read_yaml
 from ebpo.trainer import checkpoint as checkpoint_module
 from ebpo.trainer.config_files import load_config
 from ebpo.trainer.interrupt import Interrupted

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ebpo import dataclass_cli
+from ebpo import settings
 from ebpo.advantages import EBPOOptions
 from ebpo.errors import ConfigError
 from ebpo.losses import PolicyLossOptions
@@ -63,7 +63,7 @@ def test_yaml_then_overrides(tmp_path):
 
 
 def test_parse_override_values_are_yaml():
-    parse_override = dataclass_cli.parse_override
+    parse_override = settings.parse_override
     assert parse_override("a.b=0.8") == (["a", "b"], 0.8)
     assert parse_override("run.progress=false") == (["run", "progress"], False)
     assert parse_override("model.path=null") == (["model", "path"], None)
@@ -74,7 +74,7 @@ def test_parse_override_values_are_yaml():
         parse_override("algorithm.estimator")
     with pytest.raises(ConfigError, match="empty key part"):
         parse_override("algorithm..estimator=grpo")
-    assert dataclass_cli.apply_overrides({"a": {"x": 1}}, ["a.y=2"]) == {"a": {"x": 1, "y": 2}}
+    assert settings.apply_overrides({"a": {"x": 1}}, ["a.y=2"]) == {"a": {"x": 1, "y": 2}}
 
 
 def test_unknown_key_names_the_valid_keys():
@@ -82,7 +82,7 @@ def test_unknown_key_names_the_valid_keys():
         load_config(None, ["rollout.temprature=0.8"])
     assert str(err.value) == "unknown config key 'rollout.temprature' (did you mean 'rollout.temperature'?)"
     with pytest.raises(ConfigError, match="valid keys: model, data, rollout, algorithm, optim, run"):
-        dataclass_cli.build(TrainConfig, {"trainer": {}})
+        settings.build(TrainConfig, {"trainer": {}})
     with pytest.raises(ConfigError, match=r"'algorithm.ebpo.prior_scop'.*algorithm.ebpo.prior_scope"):
         load_config(None, ["algorithm.ebpo.prior_scop=cluster"])
 
@@ -294,12 +294,12 @@ def test_every_listed_key_and_its_earlier_spelling_reads_its_default():
 def test_a_run_saved_with_the_earlier_layout_resumes_as_it_was(tmp_path):
     """A run directory's config.yaml written with algorithm.estimator_options / loss_options is the base of
     --resume: read as the same config, and written back in the present layout."""
-    base = dataclass_cli.parse_yaml(OLD_LAYOUT)
+    base = settings.parse_yaml(OLD_LAYOUT)
     cfg = load_config(None, ["run.steps=200"], base=base)
     assert (cfg.algorithm.ebpo.normalize, cfg.algorithm.ebpo.tau2) == ("prior", "latent")
     assert (cfg.algorithm.loss.clip_eps_high, cfg.algorithm.loss.dual_clip_c) == (0.28, None)
     save_config(cfg, tmp_path / "config.yaml")
-    saved = dataclass_cli.read_yaml(tmp_path / "config.yaml")
+    saved = settings.read_yaml(tmp_path / "config.yaml")
     assert (
         saved["algorithm"]["ebpo"]["normalize"] == "prior" and saved["algorithm"]["estimator_options"] == {}
     )
@@ -375,7 +375,7 @@ def test_every_fixed_choice_is_a_literal():
     }
     free_text = {"model.path", "data.train_file", "data.val_file", "run.out_dir", "run.name", "run.device"}
     plain = set()
-    for key, f in dataclass_cli.leaves(TrainConfig):
+    for key, f in settings.leaves(TrainConfig):
         section = TrainConfig
         for part in key.split(".")[:-1]:
             section = typing.get_type_hints(section)[part]

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from ebpo.cli import main
-from ebpo.dataclass_cli import read_yaml
 from ebpo.errors import ConfigError
+from ebpo.settings import read_yaml
 from ebpo.trainer import resume
 from ebpo.trainer.config_files import load_config
 from ebpo.trainer.trainer import Trainer

@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "run_directory",
     ),  # one training run's folder, built on persist: the trackers, models and trainer read it
     ("plugins",),  # a user's code, imported before any name is looked up
-    ("dataclass_cli",),  # settings from YAML, overrides and flags; every command's start (plugins first)
+    ("settings",),  # settings from YAML, overrides and flags; every command's start (plugins first)
     ("advantages", "losses"),  # the algorithm's math: estimators and policy losses
     ("ebpo",),  # the package's public entry points (get_estimator, get_policy_loss)
     ("testing",),  # check_estimator: the estimators' contract, for an author's own

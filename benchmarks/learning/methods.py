@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.learning.stats import paired_ci
-from ebpo.dataclass_cli import merge_dicts, read_yaml
 from ebpo.registry import Registry, unknown_choice
+from ebpo.settings import merge_dicts, read_yaml
 from ebpo.trainer.config_files import PRESETS_DIR
 
 REPO = Path(__file__).resolve().parents[2]

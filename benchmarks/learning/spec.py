@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.learning.methods import CONFIGS, SHARED_PRESET, Method, model_identity, resolve_values
-from ebpo.dataclass_cli import apply_overrides
+from ebpo.settings import apply_overrides
 from ebpo.trainer.config import TrainConfig, largest_divisor
 from ebpo.trainer.config_files import load_config
 

@@ -19,9 +19,14 @@ A plugin is Python code that registers things when it is imported (``@ebpo.regis
 - :data:`ENV_VAR` (``EBPO_PLUGINS``), names as above separated by ``os.pathsep``: for processes started by
   someone else's launcher (our verl launcher sets it for every Ray process of a run).
 
-Every plugin is imported once per process, however often it is named. A plugin that fails to import, or that
-registers a name already taken (a built-in's or another plugin's), raises :class:`PluginError`: one line
-naming the plugin, the line of its code that failed and the error; the commands print it and run nothing.
+Every plugin is imported once per process, however often it is named: each entry point calls
+:func:`load_plugins` where it starts, as it may be entered alone (a command, before its parser is built; a
+config file, ``load_config``; a ``TrainConfig`` handed to ``Trainer``; ``EBPOConfig``; a verl process: the
+list and the reasons in docs/design.md, "Registries"), and one that passes through several (``ebpo train``:
+the command, its config file, the ``Trainer``) imports each plugin once. A plugin that fails to import, or
+that registers a name already taken (a built-in's or another plugin's), raises :class:`PluginError`: one
+line naming the plugin, the line of its code that failed and the error; the commands print it and run
+nothing.
 """
 
 from __future__ import annotations
@@ -82,7 +87,9 @@ def load_plugins(names: Iterable[str] = (), *, entry_points: bool = True) -> lis
     """Import every plugin not yet imported in this process: the installed ``ebpo.plugins`` entry points
     (unless ``entry_points`` is false), those named in ``$EBPO_PLUGINS``, then ``names`` (files or module
     names, see the module docstring). Returns ``names`` resolved (:func:`resolve_names`), for a config or a
-    child process to name the same plugins. Raises :class:`PluginError` (one line) for a plugin that fails."""
+    child process to name the same plugins; a plugin imported already is skipped (a plugin that failed is
+    tried again, and fails with the same line). Raises :class:`PluginError` (one line) for a plugin that
+    fails."""
     if entry_points:
         for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
             key = f"entry point {entry.name} = {entry.value}"

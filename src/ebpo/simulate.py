@@ -700,7 +700,7 @@ def _run_staleness(cfg: SimulateConfig) -> int:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add ``ebpo simulate`` to the CLI: one flag per :class:`SimulateConfig` field."""
-    from ebpo.dataclass_cli import add_command, dataclass_parser
+    from ebpo.settings import add_command, dataclass_parser
 
     add_command(
         subparsers,
@@ -713,7 +713,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``ebpo simulate``: run, print the tables, write CSV and PNG, print their folder."""
-    from ebpo.dataclass_cli import from_args
+    from ebpo.settings import from_args
 
     cfg = from_args(SimulateConfig, args)
     if cfg.study == "staleness":

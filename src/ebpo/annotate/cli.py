@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ebpo.dataclass_cli import add_command, dataclass_parser, from_args
+from ebpo.settings import add_command, dataclass_parser, from_args
 
 SCHEMA_HELP = (
     "read the input with this ebpo.data.loaders schema (shared, math500, olympiadbench, dapo_math_17k, "

@@ -31,14 +31,14 @@ examples:
 
 
 def build_parser(prog: str = "ebpo diagnose") -> argparse.ArgumentParser:
-    from ebpo.dataclass_cli import dataclass_parser
+    from ebpo.settings import dataclass_parser
 
     return dataclass_parser(prog, DESCRIPTION, [DiagnoseConfig], switches=("quiet",), raw_description=True)
 
 
 def add_parser(subparsers: Any) -> None:
     """Add ``ebpo diagnose`` to the CLI."""
-    from ebpo.dataclass_cli import add_command
+    from ebpo.settings import add_command
 
     add_command(
         subparsers,
@@ -52,10 +52,10 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Entry point: run, print the table, write the files and send them to the trackers; a bad setting is one
     line on stderr, exit 2; a tracker that cannot take them, exit 1."""
-    from ebpo.dataclass_cli import from_args
     from ebpo.diagnostics.report import write_outputs
     from ebpo.diagnostics.study import diagnose
     from ebpo.errors import ConfigError
+    from ebpo.settings import from_args
 
     try:
         cfg = from_args(DiagnoseConfig, args)

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ebpo.data.prompts import ChatTemplateSetting
-from ebpo.dataclass_cli import add_command, dataclass_parser
 from ebpo.models.names import BUILTIN
 from ebpo.persist import write_text_atomic
+from ebpo.settings import add_command, dataclass_parser
 
 CLIP_WARNING = 0.01  # warn when at least this fraction of a benchmark's responses hit --max-new-tokens
 
@@ -132,7 +132,7 @@ SWITCHES = ("no_cache", "keep_texts", "quiet")
 
 def build_parser(prog: str = "ebpo eval") -> argparse.ArgumentParser:
     """``ebpo eval``'s parser: one flag per field of :class:`EvalCommand` and
-    ``ebpo.eval.harness.SamplingOptions`` (``ebpo.dataclass_cli``), the positional MODELs and the repeatable
+    ``ebpo.eval.harness.SamplingOptions`` (``ebpo.settings``), the positional MODELs and the repeatable
     ``--reward-option KEY=VALUE``, which a dataclass field cannot declare."""
     from ebpo.eval.harness import SamplingOptions
 
@@ -203,9 +203,9 @@ def _task_made_for(name: str) -> tuple[str, dict[str, Any]] | None:
         if recipe is not None:
             task, options = recipe.task, dict(recipe.task_options)
         else:
-            from ebpo.dataclass_cli import read_yaml
             from ebpo.models.paths import find_model
             from ebpo.run_directory import RunDirectory
+            from ebpo.settings import read_yaml
 
             checkpoint = find_model(Path(name).expanduser()).checkpoint
             if checkpoint is None or checkpoint.parent.name != RunDirectory.CHECKPOINTS:

@@ -16,8 +16,8 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from ebpo.dataclass_cli import add_command, dataclass_parser, from_args
 from ebpo.models.recipes.arith import BaseModelConfig
+from ebpo.settings import add_command, dataclass_parser, from_args
 
 
 @dataclass

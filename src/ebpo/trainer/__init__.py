@@ -1,6 +1,6 @@
 """The reference trainer behind ``ebpo train``: the loop (``trainer.py``) and one module per concern around it.
 
-``config.py`` (``TrainConfig``, read through ``ebpo.dataclass_cli``), ``config_files.py`` (presets,
+``config.py`` (``TrainConfig``, read through ``ebpo.settings``), ``config_files.py`` (presets,
 ``load_config``, ``save_config``), ``setup.py`` (prompts, policy, estimator and loss, optimizer), ``rollout.py``
 (scored groups, the typed batch, log-probs), ``checkpoint.py`` (checkpoints, RNG), ``clock.py`` (the step's wall time),
 ``validation.py``, ``report.py``, ``plots.py``, ``cli.py``. The run directory itself (lock, resume or

@@ -203,7 +203,7 @@ class DamagedCheckpoint(DamagedFile):
 def resume_command(checkpoint: Path) -> str:
     """``ebpo train --resume ...`` continuing from ``checkpoint``: its run directory for ``last``, the
     checkpoint itself otherwise."""
-    from ebpo.dataclass_cli import command_prefix
+    from ebpo.settings import command_prefix
 
     target = run_dir_of(checkpoint) if checkpoint.name == LAST else checkpoint
     return f"{command_prefix()} train --resume {shlex.quote(str(target))}"
@@ -211,7 +211,7 @@ def resume_command(checkpoint: Path) -> str:
 
 def start_over_command(run_dir: Path) -> str:
     """``ebpo train`` starting the run in ``run_dir`` over from its saved config."""
-    from ebpo.dataclass_cli import command_prefix
+    from ebpo.settings import command_prefix
 
     config = shlex.quote(str(run_dir / RunDirectory.CONFIG))
     return f"{command_prefix()} train --config {config} --run-dir {shlex.quote(str(run_dir))} --overwrite"

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from ebpo.dataclass_cli import add_command, dataclass_parser
+from ebpo.settings import add_command, dataclass_parser
 from ebpo.trainer.config_files import list_presets
 
 
@@ -64,7 +64,7 @@ SWITCHES = ("overwrite", "help_config")
 
 
 def build_parser(prog: str = "ebpo train") -> argparse.ArgumentParser:
-    """``ebpo train``'s parser: one flag per field of :class:`TrainCommand` (``ebpo.dataclass_cli``) and the
+    """``ebpo train``'s parser: one flag per field of :class:`TrainCommand` (``ebpo.settings``) and the
     positional ``KEY=VALUE`` overrides of the config."""
     parser = dataclass_parser(prog, __doc__ or "", [TrainCommand], switches=SWITCHES, raw_description=True)
     parser.add_argument(
@@ -91,9 +91,9 @@ def run(args: argparse.Namespace) -> int:
     """Run ``ebpo train``. Returns the exit code: 0; 2 for a bad config, path or checkpoint; 1 when the reward
     raised, the disk refused a write or a tracker could not start or log; 130 / 143 when Ctrl-C / SIGTERM
     stopped it (one line on stderr saying what was kept and the command that continues, never a traceback)."""
-    from ebpo.dataclass_cli import read_yaml
     from ebpo.errors import ConfigError
     from ebpo.persist import WriteError
+    from ebpo.settings import read_yaml
     from ebpo.trainer.config import describe
     from ebpo.trainer.config_files import load_config
 
@@ -194,8 +194,8 @@ def task_note(cfg: Any) -> str | None:
     """One line when a built-in model trains on generated problems of a task family other than the one it was made
     for (S2, ``builtin:gym``, on ``arith``: most likely a forgotten ``--config gym``), naming the preset that trains
     it on its own task; None otherwise (a data file, or the family it was made for, whatever its options)."""
-    from ebpo.dataclass_cli import read_yaml
     from ebpo.models.names import builtin_recipe
+    from ebpo.settings import read_yaml
     from ebpo.trainer.config_files import PRESETS_DIR
 
     recipe = builtin_recipe(cfg.model.path)

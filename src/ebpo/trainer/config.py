@@ -1,6 +1,6 @@
 """``ebpo train``'s configuration: ``TrainConfig``, six typed sections, every option declared once with its help.
 
-``ebpo.dataclass_cli`` reads it as it reads every command's options (``ebpo.trainer.config_files.load_config``
+``ebpo.settings`` reads it as it reads every command's options (``ebpo.trainer.config_files.load_config``
 layers the defaults, a YAML file or shipped preset and ``key=value`` overrides): each value checked against its
 field's type (a fixed choice is a ``Literal``) and bounds, each section's ``__post_init__`` checking how its
 options combine and :class:`TrainConfig`'s how sections do, with one line naming the key and the fix. Names
@@ -20,12 +20,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ebpo import dataclass_cli
+from ebpo import settings
 from ebpo.advantages import EBPOOptions
 from ebpo.data.prompts import ChatTemplateSetting
-from ebpo.dataclass_cli import option
 from ebpo.errors import ConfigError
 from ebpo.losses import AggMode, KLEstimator, PolicyLossOptions
+from ebpo.settings import option
 from ebpo.trainer.estimator_options import combine_options
 
 SEED_MAX = 2**32 - 1
@@ -430,7 +430,7 @@ class TrainConfig:
     def validate(self) -> TrainConfig:
         """Check every value and combination again (fields may have been set by hand since); raise
         :class:`ConfigError` whose message says the fix."""
-        return dataclass_cli.check(self)
+        return settings.check(self)
 
 
 def largest_divisor(n: int, at_most: int) -> int:
@@ -440,4 +440,4 @@ def largest_divisor(n: int, at_most: int) -> int:
 
 def describe() -> list[tuple[str, str, str]]:
     """(dotted key, default, help) of every option, for ``ebpo train --help-config``."""
-    return dataclass_cli.describe(TrainConfig)
+    return settings.describe(TrainConfig)

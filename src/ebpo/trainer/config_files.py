@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ebpo import dataclass_cli
+from ebpo import settings
 from ebpo.errors import ConfigError
 from ebpo.persist import write_text_atomic
 
@@ -62,19 +62,19 @@ def load_config(
     layers = [base or {}]
     if path is not None:
         path = resolve_config(path)
-        layers.append(dataclass_cli.read_yaml(path))
+        layers.append(settings.read_yaml(path))
     overrides = list(overrides or [])
     # algorithm.estimator_options is EBPO's section only when the estimator is ebpo: find the estimator first
-    algorithm = dataclass_cli.merge(layers, overrides).get("algorithm")
+    algorithm = settings.merge(layers, overrides).get("algorithm")
     estimator = algorithm.get("estimator", "ebpo") if isinstance(algorithm, dict) else "ebpo"
     renames = {
         **RENAMED,
         **({"algorithm.estimator_options": "algorithm.ebpo"} if estimator == "ebpo" else {}),
     }
     try:
-        values = dataclass_cli.merge(layers, overrides, renames)
+        values = settings.merge(layers, overrides, renames)
         _load_plugins(values)
-        return dataclass_cli.build(TrainConfig, values)
+        return settings.build(TrainConfig, values)
     except ConfigError as err:
         where = f" (in {path})" if path is not None else ""
         raise ConfigError(f"{err}{where}") from None

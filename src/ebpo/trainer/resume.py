@@ -103,7 +103,7 @@ def saved_config(state: dict[str, Any], checkpoint: Path) -> dict[str, Any] | No
     """The config ``checkpoint`` was trained under: the one its trainer state holds, else (a checkpoint of
     ebpo 0.1.0, whose state holds none) its run's ``config.yaml``; None where neither is there (a 0.1.0
     checkpoint copied out of its run directory: nothing to compare, with a warning)."""
-    from ebpo.dataclass_cli import read_yaml
+    from ebpo.settings import read_yaml
     from ebpo.trainer.checkpoint import run_dir_of
 
     if isinstance(state.get("config"), dict):

@@ -1,34 +1,28 @@
-"""Settings dataclasses read by ``ebpo.dataclass_cli``: nested sections from mappings (YAML) and dotted
-overrides, with keys renamed from earlier spellings; and command lines: ``simulate``, ``diagnose``, ``eval``, ``annotate
-difficulty``, ``annotate topic``, ``base-model`` and ``train`` accept the flags they always took, document each
-field in ``--help`` with its default, parse into the dataclasses, and ``ebpo --help`` imports no transformers."""
+"""The flags ``ebpo.settings.flags`` generates: ``simulate``, ``diagnose``, ``eval``, ``annotate
+difficulty``, ``annotate topic``, ``base-model`` and ``train`` accept the flags they always took, document
+each field in ``--help`` with its default, parse into the dataclasses, and read ``--config FILE``, the flags
+given winning."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import os
-import subprocess
-import sys
-from pathlib import Path
-from typing import Literal
 from unittest import mock
 
 import pytest
 
-from ebpo import dataclass_cli
 from ebpo.annotate.cli import DifficultyCommand, TopicCommand
 from ebpo.annotate.difficulty import DifficultyConfig
 from ebpo.annotate.topic import JudgeConfig
 from ebpo.cli import main
-from ebpo.dataclass_cli import comma_tuple, dataclass_parser, from_args
 from ebpo.diagnostics.config import DiagnoseConfig
-from ebpo.errors import ConfigError
 from ebpo.eval.cli import EvalCommand
 from ebpo.eval.cli import build_parser as eval_parser
 from ebpo.eval.harness import SamplingOptions
 from ebpo.models.cli import BaseModelCommand
 from ebpo.models.recipes.arith import BaseModelConfig
+from ebpo.settings import comma_tuple, dataclass_parser, from_args
 from ebpo.simulate import SimulateConfig
 from ebpo.trainer.cli import TrainCommand
 from ebpo.trainer.cli import build_parser as train_parser
@@ -170,18 +164,6 @@ def test_a_bad_value_is_a_usage_error_naming_the_flag(capsys):
     assert err.startswith("usage: ebpo simulate") and "argument --steps: invalid int value: 'many'" in err
 
 
-def test_ebpo_help_imports_no_transformers():
-    """The generated parsers import transformers (HfArgumentParser): they are built only when their command
-    runs, so listing the commands stays fast."""
-    code = "import sys; from ebpo.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-    code += "print('transformers' in sys.modules)"
-    src = str(Path(__file__).resolve().parents[1] / "src")
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={"PYTHONPATH": src}
-    )
-    assert "simulate" in out.stdout and out.stdout.strip().endswith("False")
-
-
 def test_train_switches_do_not_take_the_override_after_them():
     parser = train_parser()
     args = parser.parse_args(["--config", "grpo", "--overwrite", "run.steps=3", "optim.lr=1e-3"])
@@ -192,129 +174,6 @@ def test_train_switches_do_not_take_the_override_after_them():
     )
     args = parser.parse_args(["--run-dir", "d", "--help-config"])
     assert (args.run_dir, args.help_config, args.overrides, args.resume) == ("d", True, [], None)
-
-
-# ---------------------------------------------------------------------------------------------------
-# nested sections from mappings and overrides
-
-
-class OptionError(ValueError):
-    """An error that names its option, as ``ebpo.advantages.OptionError`` does."""
-
-    def __init__(self, option: str, message: str) -> None:
-        super().__init__(message)
-        self.option = option
-
-
-@dataclasses.dataclass
-class Inner:
-    mode: Literal["a", "b"] = dataclasses.field(default="a", metadata={"help": "a choice"})
-    rate: float = dataclasses.field(default=0.5, metadata={"help": "a number in (0, 1]"})
-    names: list[str] | None = dataclasses.field(default=None, metadata={"help": "optional names"})
-
-    def __post_init__(self) -> None:
-        if not 0 < self.rate <= 1:
-            raise OptionError("rate", f"rate must be in (0, 1], got {self.rate}")
-
-
-@dataclasses.dataclass
-class Outer:
-    count: int = dataclasses.field(default=1, metadata={"help": "how many"})
-    inner: Inner = dataclasses.field(default_factory=Inner, metadata={"help": "a section"})
-    extra: dict = dataclasses.field(default_factory=dict, metadata={"help": "free options"})
-
-    def __post_init__(self) -> None:
-        if self.count > 1 and self.inner.mode == "a":
-            raise ConfigError("count > 1 needs inner.mode=b")
-
-
-def test_build_checks_every_key_and_value_and_names_it():
-    built = dataclass_cli.build(Outer, {"count": 2, "inner": {"mode": "b", "rate": 1, "names": ["x"]}})
-    assert built == Outer(count=2, inner=Inner(mode="b", rate=1.0, names=["x"]))
-    assert isinstance(built.inner.rate, float)  # an int widens to a float field
-    with pytest.raises(
-        ValueError,
-        match=r"^unknown config key 'inner.speed' \(valid keys: inner.mode, inner.rate, inner.names\)$",
-    ):
-        dataclass_cli.build(Outer, {"inner": {"speed": 1}})
-    with pytest.raises(ConfigError, match=r"^unknown inner.mode 'c'; valid choices: a, b$"):
-        dataclass_cli.build(Outer, {"inner": {"mode": "c"}})
-    with pytest.raises(ConfigError, match=r"^inner.names\[1\] must be a string, got None$"):
-        dataclass_cli.build(Outer, {"inner": {"names": ["x", None]}})
-    with pytest.raises(ConfigError, match=r"^inner must be a mapping of keys, got 3$"):
-        dataclass_cli.build(Outer, {"inner": 3})
-    with pytest.raises(ConfigError, match=r"^extra.x must be a finite number, got inf$"):
-        dataclass_cli.build(Outer, {"extra": {"x": float("inf")}})
-    # a section's own error: prefixed with the section and the option it names; ours pass as they are
-    with pytest.raises(ConfigError, match=r"^inner.rate: rate must be in \(0, 1\], got 2.0$"):
-        dataclass_cli.build(Outer, {"inner": {"rate": 2}})
-    with pytest.raises(ConfigError, match=r"^count > 1 needs inner.mode=b$"):
-        dataclass_cli.build(Outer, {"count": 2})
-
-
-def test_check_runs_the_same_checks_on_fields_set_by_hand():
-    built = dataclass_cli.build(Outer, {})
-    assert dataclass_cli.check(built) is built
-    built.inner.mode = "c"  # type: ignore[assignment]
-    with pytest.raises(ConfigError, match=r"unknown inner.mode 'c'"):
-        dataclass_cli.check(built)
-    built.inner.mode, built.inner.rate = "a", 0.0
-    with pytest.raises(ConfigError, match=r"^inner.rate: rate must be"):
-        dataclass_cli.check(built)
-    built.inner.rate, built.count = 0.5, 2
-    with pytest.raises(ConfigError, match=r"^count > 1"):
-        dataclass_cli.check(built)
-
-
-def test_merge_applies_layers_then_overrides_and_leaves_the_layers_unchanged():
-    preset = {"inner": {"mode": "b", "names": ["p"]}}
-    mine = {"count": 3, "inner": {"rate": 0.25}}
-    merged = dataclass_cli.merge([preset, mine], ["inner.names=[q, r]", "extra={k: 1}", "extra.j=2"])
-    assert merged == {
-        "count": 3,
-        "inner": {"mode": "b", "names": ["q", "r"], "rate": 0.25},
-        "extra": {"k": 1, "j": 2},
-    }
-    assert preset == {"inner": {"mode": "b", "names": ["p"]}} and mine == {
-        "count": 3,
-        "inner": {"rate": 0.25},
-    }
-    merged["inner"]["mode"] = "a"
-    assert preset["inner"]["mode"] == "b"  # the result shares nothing with the layers
-
-
-def test_an_earlier_spelling_is_renamed_and_the_later_layer_wins_whichever_it_uses():
-    renames = {"old": "inner"}
-    assert dataclass_cli.rename_keys({"old": {"rate": 0.1}}, renames) == {"inner": {"rate": 0.1}}
-    # one mapping may hold both spellings of a section, but not one option under both
-    assert dataclass_cli.rename_keys({"old": {"rate": 0.1}, "inner": {"mode": "b"}}, renames) == {
-        "inner": {"mode": "b", "rate": 0.1}
-    }
-    with pytest.raises(
-        ConfigError, match=r"^old.rate and inner.rate are one key given twice; keep inner.rate$"
-    ):
-        dataclass_cli.rename_keys({"old": {"rate": 0.1}, "inner": {"rate": 0.2}}, renames)
-    layers = [{"inner": {"rate": 0.1}}, {"old": {"rate": 0.2}}]
-    assert dataclass_cli.merge(layers, [], renames) == {"inner": {"rate": 0.2}}
-    assert dataclass_cli.merge(layers, ["old.rate=0.3"], renames) == {"inner": {"rate": 0.3}}
-    assert dataclass_cli.merge(layers, ["inner.rate=0.4", "old.mode=b"], renames) == {
-        "inner": {"rate": 0.4, "mode": "b"}
-    }
-    # a mapping set whole replaces the section (as it did under the earlier spelling), its keys renamed too
-    assert dataclass_cli.merge(layers, ["old={mode: b}"], renames) == {"inner": {"mode": "b"}}
-    assert dataclass_cli.merge([], ["x={old: {rate: 0.5}}"], {"x.old": "x.inner"}) == {
-        "x": {"inner": {"rate": 0.5}}
-    }
-
-
-def test_describe_lists_every_option_of_every_section():
-    assert dataclass_cli.describe(Outer) == [
-        ("count", "1", "how many"),
-        ("inner.mode", "a", "a choice"),
-        ("inner.rate", "0.5", "a number in (0, 1]"),
-        ("inner.names", "null", "optional names"),
-        ("extra", "{}", "free options"),
-    ]
 
 
 def test_a_command_reads_its_options_from_a_yaml_file_and_its_flags_win(tmp_path, capsys):

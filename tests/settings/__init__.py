@@ -1,0 +1,1 @@
+"""Tests of ``ebpo.settings``, one module per module of the package."""
