@@ -250,7 +250,7 @@ def test_ebpo_train_config_gym_then_ebpo_eval_of_the_checkpoint_it_prints(tmp_pa
 
 def test_ebpo_eval_on_gym_benchmarks(tiny_model_dir, tmp_path, capsys):
     from ebpo.cli import main
-    from ebpo.eval.harness import get_benchmark, split_benchmarks
+    from ebpo.eval.benchmarks import get_benchmark, split_benchmarks
 
     assert split_benchmarks("gym:chain_sum,gcd,arith") == ["gym:chain_sum,gcd", "arith"]
     assert split_benchmarks("gym:chain_sum,gym:gcd") == ["gym:chain_sum", "gym:gcd"]

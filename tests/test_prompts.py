@@ -112,7 +112,7 @@ def test_every_entry_point_reads_the_same_prompt_ids(chat_model_dir, chat_tokeni
     from ebpo.annotate.difficulty import DifficultyConfig, annotate_difficulty
     from ebpo.data.loaders import write_records
     from ebpo.eval import cli as eval_cli
-    from ebpo.eval.harness import get_benchmark
+    from ebpo.eval.benchmarks import get_benchmark
     from ebpo.trainer.trainer import Trainer
     from helpers.trainer import tiny_config
 

@@ -66,7 +66,7 @@ PLANS: dict[str, Plan] = {
     ),
     "ebpo eval ckpt/a ckpt/b --n 32": Plan(
         skip="loads the five evaluation sets from the Hugging Face hub, and ckpt/a, ckpt/b are your models "
-        "(tests/test_eval_harness.py runs ebpo eval on our copies of the sets)"
+        "(tests/eval/test_cli.py runs ebpo eval on our copies of the sets)"
     ),
     "ebpo train data.task=gym:chain_sum,gcd": Plan(extra=SHORT_TRAIN),
     "ebpo train 'run.report_to=[tensorboard,wandb,mlflow]'": Plan(

@@ -2,7 +2,7 @@
 filesystem (EROFS), where ``ebpo train`` writes (checkpoints, the metrics journal, TensorBoard). Each is one
 line naming the path, the reason in words and what was kept; the previous complete checkpoint stays the one a
 resume uses, and the resumed run equals one the disk never refused, bit for bit. The evaluation cache's case
-is in ``test_eval_harness.py``, the adapters' estimator state's in ``integrations/``.
+is in ``eval/test_cli.py``, the adapters' estimator state's in ``integrations/``.
 
 Two ways: the errors injected where the writing libraries raise them (in the form each raises: safetensors'
 message, torch's RuntimeError over the file's OSError, Python's OSError, TensorBoard's writer thread), and a

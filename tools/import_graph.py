@@ -49,8 +49,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("logprobs",),  # token log-probs of sampled responses: the reference and its fast paths
     ("eval",),  # metrics and the evaluation harness
     ("models",),  # the base models: recipes, SFT, build, names, their grid (measured with eval's metrics)
-    ("annotate", "simulate_staleness"),  # dataset annotation; the staleness study of the prior (``ebpo simulate``)
-    ("simulate",),  # the estimators' Monte Carlo study
+    ("annotate",),  # dataset annotation
+    ("simulate",),  # ebpo simulate: the estimators' Monte Carlo study and the staleness study of the prior
     ("trackers",),  # metrics.jsonl and the experiment trackers, for the trainer and ebpo diagnose
     ("trainer",),  # the reference trainer
     (

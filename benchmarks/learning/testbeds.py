@@ -25,7 +25,7 @@ from ebpo.registry import Registry
 
 if TYPE_CHECKING:  # pragma: no cover
     from ebpo.data import Record
-    from ebpo.eval.harness import BenchmarkSpec
+    from ebpo.eval.benchmarks import BenchmarkSpec
 
 
 @dataclass(frozen=True)

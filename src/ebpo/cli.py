@@ -16,7 +16,7 @@ import sys
 
 # subcommand -> module that defines add_parser(subparsers)
 SUBCOMMANDS: dict[str, str] = {
-    "simulate": "ebpo.simulate",
+    "simulate": "ebpo.simulate.cli",
     "diagnose": "ebpo.diagnostics.cli",
     "base-model": "ebpo.models.cli",
     "train": "ebpo.trainer.cli",

@@ -28,7 +28,7 @@ own is registered (``--plugins``).
 Where each registry lives (the public functions around them keep their names): advantage estimators in
 ``ebpo.advantages.registry``, policy losses in ``ebpo.losses``, rewards in ``ebpo.rewards``, loader schemas in
 ``ebpo.data.loaders``, prompt samplers in ``ebpo.data.samplers``, task suites in ``ebpo.tasks``, topic backends in ``ebpo.annotate.topic``,
-evaluation benchmarks in ``ebpo.eval.harness``, the learning benchmark's methods in
+evaluation benchmarks in ``ebpo.eval.benchmarks``, the learning benchmark's methods in
 ``benchmarks/learning/methods.py``.
 """
 

@@ -5,7 +5,8 @@ See ``docs/evaluation.md``. The trainer's periodic validation (``ebpo.trainer.va
 table.
 """
 
-from ebpo.eval.harness import EvalResult, SamplingConfig, evaluate, get_benchmark, list_benchmarks
+from ebpo.eval.benchmarks import get_benchmark, list_benchmarks
+from ebpo.eval.harness import EvalResult, SamplingConfig, evaluate
 from ebpo.eval.metrics import (
     ProblemScores,
     avg_at_n,

@@ -1,24 +1,43 @@
-"""The five evaluation sets of the paper, once: their names (:data:`PAPER_BENCHMARKS`), their public Hugging Face hub
-copies at pinned revisions (:data:`HUB_BENCHMARKS`), and :func:`load_benchmark`, which reads one from the hub or
-from our JSON Lines files in a folder the user names (``--data-dir``, ``$EBPO_DATA_DIR``)."""
+"""The benchmarks ``ebpo eval`` and the trainer's validation score on, once.
+
+- The five evaluation sets of the paper: their names (:data:`PAPER_BENCHMARKS`), their public Hugging Face hub
+  copies at pinned revisions (:data:`HUB_BENCHMARKS`), and :func:`load_benchmark`, which reads one from the hub
+  or from our JSON Lines files in a folder the user names (``--data-dir``, ``$EBPO_DATA_DIR``).
+- The benchmark registry (:class:`BenchmarkSpec`, :func:`get_benchmark`, :func:`register_benchmark`): those
+  five sets, the generated ``arith`` test split and the ``gym:<dataset>[,<dataset>...]`` family, each with the
+  reward that grades it and its default response budget.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ebpo.data.loaders import DATA_DIR_ENV, benchmark_dir, load_jsonl, records_from_rows
 from ebpo.data.records import Record
+from ebpo.errors import first_line
+from ebpo.registry import Registry
 
 __all__ = [
+    "ARITH_TEST_SEED",
+    "ARITH_TEST_SIZE",
     "BENCHMARK_INSTRUCTION",
+    "GYM_MAX_NEW_TOKENS",
+    "GYM_TEST_SIZE",
     "HUB_BENCHMARKS",
     "PAPER_BENCHMARKS",
+    "BenchmarkSpec",
     "BenchmarkUnavailableError",
     "HubBenchmark",
+    "get_benchmark",
+    "list_benchmarks",
     "load_benchmark",
     "load_hub_benchmark",
+    "register_benchmark",
+    "split_benchmarks",
 ]
 
 
@@ -124,10 +143,9 @@ def load_hub_benchmark(name: str, *, cache_dir: str | os.PathLike[str] | None = 
             cache_dir=None if cache_dir is None else str(cache_dir),
         )
     except Exception as err:  # datasets raises connection, HTTP, not-found and offline errors alike
-        reason = (str(err).strip().splitlines() or [""])[0]
         raise BenchmarkUnavailableError(
             f"benchmark {name}: cannot load {hub.dataset} ({_hub_label(hub)}) from the Hugging Face hub "
-            f"({type(err).__name__}: {reason}); pass --data-dir DIR (or set ${DATA_DIR_ENV}) to a folder "
+            f"({first_line(err)}); pass --data-dir DIR (or set ${DATA_DIR_ENV}) to a folder "
             f"holding {name}.jsonl (one JSON object with problem and answer per line)"
         ) from err
     mapped = records_from_rows(rows, hub.schema, source=name, file=f"{hub.dataset} ({_hub_label(hub)})")
@@ -143,3 +161,100 @@ def load_hub_benchmark(name: str, *, cache_dir: str | os.PathLike[str] | None = 
 def _hub_label(hub: HubBenchmark) -> str:
     config = f"config {hub.config}, " if hub.config else ""
     return f"{config}split {hub.split}, revision {hub.revision[:12]}"
+
+
+# --- the benchmark registry ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BenchmarkSpec:
+    """A named evaluation set: how to load its records and which reward grades it.
+
+    ``load(data_dir=None)`` returns the records; ``data_dir`` names a folder of our JSON Lines files for
+    the sets that have a public copy on the hub (:func:`load_benchmark`), and is ignored by generated sets
+    (``arith``, ``gym:<datasets>``).
+    """
+
+    name: str
+    load: Callable[..., list[Record]]
+    reward: str
+    max_new_tokens: int  # the CLI's default response budget for this set
+
+
+_BENCHMARKS: Registry[BenchmarkSpec] = Registry("benchmark")
+
+
+def register_benchmark(spec: BenchmarkSpec) -> BenchmarkSpec:
+    """Add a benchmark to the registry (a second one with the same name raises)."""
+    return _BENCHMARKS.register(spec.name, spec)
+
+
+def list_benchmarks() -> list[str]:
+    """Registered benchmark names and families (``gym:<dataset>[,<dataset>...]``), sorted."""
+    return _BENCHMARKS.names(families=True)
+
+
+def get_benchmark(name: str, **options: Any) -> BenchmarkSpec:
+    """The benchmark registered as ``name``, or built by its family (``gym:<datasets>``) with ``options`` (the
+    task's settings); an unknown name lists the valid ones."""
+    return _BENCHMARKS.get(name, **options)
+
+
+def _paper_loader(name: str) -> Callable[..., list[Record]]:
+    def load(data_dir: str | Path | None = None) -> list[Record]:
+        return list(load_benchmark(name, data_dir))
+
+    return load
+
+
+ARITH_TEST_SIZE = 450  # 10 problems per (topic, level) cell of the 9 x 5 grid
+ARITH_TEST_SEED = 0
+
+for _name in PAPER_BENCHMARKS:
+    register_benchmark(BenchmarkSpec(_name, _paper_loader(_name), reward="math", max_new_tokens=4096))
+
+
+def _load_arith_test(data_dir: str | Path | None = None) -> list[Record]:
+    """The arith test split (generated; ``data_dir`` is not used)."""
+    from ebpo.tasks import get_task
+
+    return get_task("arith").generate("test", ARITH_TEST_SIZE, seed=ARITH_TEST_SEED)
+
+
+register_benchmark(BenchmarkSpec("arith", _load_arith_test, reward="arith", max_new_tokens=16))
+
+GYM_TEST_SIZE = 450
+"""Problems of a ``gym:<datasets>`` benchmark: the first of its test split (seed 0), balanced over its cells."""
+GYM_MAX_NEW_TOKENS = 64
+
+
+def _gym_benchmark(datasets: str, **settings: Any) -> BenchmarkSpec:
+    """``gym:<datasets>``: the test split of the gym task (``ebpo.tasks.gym``, with its settings), scored by the
+    ``gym`` reward (the datasets' own ``score_answer``)."""
+    from ebpo.tasks import get_task
+
+    task = get_task(f"gym:{datasets}", **settings)
+
+    def load(data_dir: str | Path | None = None) -> list[Record]:
+        return task.generate("test", GYM_TEST_SIZE, seed=0)
+
+    return BenchmarkSpec(task.name, load, reward=task.reward or "gym", max_new_tokens=GYM_MAX_NEW_TOKENS)
+
+
+_BENCHMARKS.register_family("gym", _gym_benchmark, pattern="<dataset>[,<dataset>...]")
+
+
+def split_benchmarks(text: str) -> list[str]:
+    """The benchmark names of a comma-separated list. A family's argument may hold commas itself: a word that
+    is neither a benchmark nor a family name continues the family name before it, so
+    ``gym:chain_sum,gcd,arith`` is ``gym:chain_sum,gcd`` and ``arith``, and ``gym:chain_sum,gym:gcd`` two."""
+    names: list[str] = []
+    for word in (w.strip() for w in text.split(",")):
+        if not word:
+            continue
+        continues = names and _BENCHMARKS.family_of(names[-1]) and word not in _BENCHMARKS and ":" not in word
+        if continues:
+            names[-1] = f"{names[-1]},{word}"
+        else:
+            names.append(word)
+    return names

@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ebpo.data.prompts import ChatTemplateSetting
+from ebpo.errors import first_line
 from ebpo.models.names import BUILTIN
 from ebpo.persist import write_text_atomic
 from ebpo.settings import add_command, dataclass_parser
+from ebpo.tables import Align, markdown_table
 
 CLIP_WARNING = 0.01  # warn when at least this fraction of a benchmark's responses hit --max-new-tokens
 
@@ -195,7 +197,7 @@ def _task_made_for(name: str) -> tuple[str, dict[str, Any]] | None:
     ``config.yaml``); None when there is none (a model of its own, a run on files) or it is no benchmark. A
     name that names no model is left to :func:`_resolve_model` to report."""
     from ebpo.errors import ConfigError
-    from ebpo.eval.harness import get_benchmark
+    from ebpo.eval.benchmarks import get_benchmark
     from ebpo.models.names import builtin_recipe
 
     try:
@@ -225,15 +227,11 @@ def _json_key(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-def _first_line(err: BaseException) -> str:
-    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
-
-
 def _percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.2f}"
 
 
-def markdown_table(
+def results_table(
     results: dict[str, dict[str, dict[str, float]]], benchmarks: Sequence[str], metric: str
 ) -> str:
     """One row per model, one column per benchmark plus Average, in %.
@@ -243,10 +241,7 @@ def markdown_table(
     benchmarks as independent. Blank ("-") when a benchmark is missing.
     """
     is_se = "/se_" in metric
-    lines = [
-        "| Model | " + " | ".join(benchmarks) + " | Average |",
-        "|---|" + "---:|" * (len(benchmarks) + 1),
-    ]
+    rows = []
     for model, per_bench in results.items():
         values = [per_bench.get(b, {}).get(metric) for b in benchmarks]
         known = [v for v in values if v is not None]
@@ -256,8 +251,9 @@ def markdown_table(
                 average = sum(v * v for v in known) ** 0.5 / len(known)
             else:
                 average = sum(known) / len(known)
-        lines.append(f"| {model} | " + " | ".join(_percent(v) for v in values) + f" | {_percent(average)} |")
-    return "\n".join(lines)
+        rows.append([model, *(_percent(v) for v in values), _percent(average)])
+    numbers: list[Align] = ["right"] * (len(benchmarks) + 1)  # the model's name, then right-aligned numbers
+    return markdown_table(["Model", *benchmarks, "Average"], rows, align=["", *numbers])
 
 
 def render_markdown(
@@ -268,15 +264,15 @@ def render_markdown(
     parts = [
         f"## Pass@1 (%), averaged over n = {n} samples per problem",
         "",
-        markdown_table(results, benchmarks, "pass@1"),
+        results_table(results, benchmarks, "pass@1"),
         "",
         "Standard error of Pass@1 across problems (%):",
         "",
-        markdown_table(results, benchmarks, "pass@1/se_problems"),
+        results_table(results, benchmarks, "pass@1/se_problems"),
         "",
         f"Standard error of Pass@1 across the n = {n} sample seeds (%):",
         "",
-        markdown_table(results, benchmarks, "pass@1/se_seeds"),
+        results_table(results, benchmarks, "pass@1/se_seeds"),
     ]
     extra = sorted(
         {m for per in results.values() for s in per.values() for m in s if m.startswith(("pass@", "maj@"))}
@@ -284,14 +280,14 @@ def render_markdown(
         key=lambda m: (m.startswith("maj@"), int(m.split("@")[1].split("/")[0]), m),  # pass@k first
     )
     for metric in (m for m in extra if "/" not in m):
-        parts += ["", f"{metric} (%):", "", markdown_table(results, benchmarks, metric)]
+        parts += ["", f"{metric} (%):", "", results_table(results, benchmarks, metric)]
     if any("response/clip_ratio" in summary for per in results.values() for summary in per.values()):
         parts += [
             "",
             "Responses cut at max new tokens (response/clip_ratio, %): a cut response usually has no final "
             "answer and counts as wrong, so a large value means Pass@1 measures the token budget.",
             "",
-            markdown_table(results, benchmarks, "response/clip_ratio"),
+            results_table(results, benchmarks, "response/clip_ratio"),
         ]
     if settings.get("skipped_metrics"):
         parts += ["", f"Not reported (n = {n} is below k): {', '.join(settings['skipped_metrics'])}."]
@@ -413,14 +409,8 @@ def _settings_of(benchmark: str, settings: dict[str, Any]) -> dict[str, Any]:
 
 def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[str, Any]) -> int:
     from ebpo.data.prompts import PromptFormat
-    from ebpo.eval.harness import (
-        PAPER_BENCHMARKS,
-        SamplingConfig,
-        cache_file,
-        evaluate,
-        get_benchmark,
-        split_benchmarks,
-    )
+    from ebpo.eval.benchmarks import PAPER_BENCHMARKS, get_benchmark, split_benchmarks
+    from ebpo.eval.harness import SamplingConfig, cache_file, evaluate
     from ebpo.eval.harness import model_fingerprint as fingerprint
     from ebpo.tasks import task_options
 
@@ -510,7 +500,7 @@ def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[st
             try:
                 tokenizer = AutoTokenizer.from_pretrained(path)
             except Exception as err:  # noqa: BLE001 - a damaged or missing tokenizer file: one line
-                raise ValueError(f"cannot load the tokenizer of {path}: {_first_line(err)}") from err
+                raise ValueError(f"cannot load the tokenizer of {path}: {first_line(err)}") from err
             tokenizer.padding_side = "left"
             prompt_format = PromptFormat.resolve(
                 tokenizer, args.chat_template, option="--chat-template", source=path

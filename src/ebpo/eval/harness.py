@@ -37,27 +37,19 @@ from typing import Any
 
 from ebpo.data.prompts import ChatTemplateSetting, PromptFormat, prompt_text
 from ebpo.data.records import Record
-from ebpo.eval.benchmarks import PAPER_BENCHMARKS
 from ebpo.eval.metrics import ProblemScores, score_problem, summarize
 from ebpo.persist import Journal, write_text_atomic
-from ebpo.registry import Registry
 
 __all__ = [
-    "PAPER_BENCHMARKS",
-    "BenchmarkSpec",
     "EvalResult",
     "SamplingConfig",
     "SamplingOptions",
     "cache_file",
     "evaluate",
-    "get_benchmark",
-    "list_benchmarks",
     "load_model",
     "model_fingerprint",
     "model_generate_fn",
     "problem_seed",
-    "register_benchmark",
-    "split_benchmarks",
 ]
 
 # bump when the cache line format or the sampling scheme changes: old cache files are then ignored
@@ -124,105 +116,6 @@ def problem_seed(seed: int, problem_id: str) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-# --- benchmarks ----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class BenchmarkSpec:
-    """A named evaluation set: how to load its records and which reward grades it.
-
-    ``load(data_dir=None)`` returns the records; ``data_dir`` names a folder of our JSON Lines files for
-    the sets that have a public copy on the hub (``ebpo.eval.benchmarks.load_benchmark``), and is ignored by
-    generated sets (``arith``).
-    """
-
-    name: str
-    load: Callable[..., list[Record]]
-    reward: str
-    max_new_tokens: int  # the CLI's default response budget for this set
-
-
-_BENCHMARKS: Registry[BenchmarkSpec] = Registry("benchmark")
-
-
-def register_benchmark(spec: BenchmarkSpec) -> BenchmarkSpec:
-    """Add a benchmark to the registry (a second one with the same name raises)."""
-    return _BENCHMARKS.register(spec.name, spec)
-
-
-def list_benchmarks() -> list[str]:
-    """Registered benchmark names and families (``gym:<dataset>[,<dataset>...]``), sorted."""
-    return _BENCHMARKS.names(families=True)
-
-
-def get_benchmark(name: str, **options: Any) -> BenchmarkSpec:
-    """The benchmark registered as ``name``, or built by its family (``gym:<datasets>``) with ``options`` (the
-    task's settings); an unknown name lists the valid ones."""
-    return _BENCHMARKS.get(name, **options)
-
-
-def _paper_loader(name: str) -> Callable[..., list[Record]]:
-    def load(data_dir: str | Path | None = None) -> list[Record]:
-        from ebpo.eval.benchmarks import load_benchmark
-
-        return list(load_benchmark(name, data_dir))
-
-    return load
-
-
-ARITH_TEST_SIZE = 450  # 10 problems per (topic, level) cell of the 9 x 5 grid
-ARITH_TEST_SEED = 0
-
-for _name in ("aime24", "aime25", "amc23", "math500", "olympiadbench"):
-    register_benchmark(BenchmarkSpec(_name, _paper_loader(_name), reward="math", max_new_tokens=4096))
-
-
-def _load_arith_test(data_dir: str | Path | None = None) -> list[Record]:
-    """The arith test split (generated; ``data_dir`` is not used)."""
-    from ebpo.tasks import get_task
-
-    return get_task("arith").generate("test", ARITH_TEST_SIZE, seed=ARITH_TEST_SEED)
-
-
-register_benchmark(BenchmarkSpec("arith", _load_arith_test, reward="arith", max_new_tokens=16))
-
-GYM_TEST_SIZE = 450
-"""Problems of a ``gym:<datasets>`` benchmark: the first of its test split (seed 0), balanced over its cells."""
-GYM_MAX_NEW_TOKENS = 64
-
-
-def _gym_benchmark(datasets: str, **settings: Any) -> BenchmarkSpec:
-    """``gym:<datasets>``: the test split of the gym task (``ebpo.tasks.gym``, with its settings), scored by the
-    ``gym`` reward (the datasets' own ``score_answer``)."""
-    from ebpo.tasks import get_task
-
-    task = get_task(f"gym:{datasets}", **settings)
-
-    def load(data_dir: str | Path | None = None) -> list[Record]:
-        return task.generate("test", GYM_TEST_SIZE, seed=0)
-
-    return BenchmarkSpec(task.name, load, reward=task.reward or "gym", max_new_tokens=GYM_MAX_NEW_TOKENS)
-
-
-_BENCHMARKS.register_family("gym", _gym_benchmark, pattern="<dataset>[,<dataset>...]")
-
-
-def split_benchmarks(text: str) -> list[str]:
-    """The benchmark names of a comma-separated list. A family's argument may hold commas itself: a word that
-    is neither a benchmark nor a family name continues the family name before it, so
-    ``gym:chain_sum,gcd,arith`` is ``gym:chain_sum,gcd`` and ``arith``, and ``gym:chain_sum,gym:gcd`` two."""
-    names: list[str] = []
-    for word in (w.strip() for w in text.split(",")):
-        if not word:
-            continue
-        continues = names and _BENCHMARKS.family_of(names[-1]) and word not in _BENCHMARKS and ":" not in word
-        if continues:
-            names[-1] = f"{names[-1]},{word}"
-        else:
-            names.append(word)
-    return names
-
-
 # --- models --------------------------------------------------------------------------------------------
 
 
@@ -264,10 +157,9 @@ def load_model(path: str | Path, *, device: str | None = None, dtype: str = "aut
         # transformers wraps PreTrainedModel.to in functools.wraps: mypy sees an unbound _Wrapped (self first)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device).eval()  # type: ignore[arg-type]
     except Exception as err:  # noqa: BLE001 - a damaged file raises OSError, safetensors' or JSON errors
-        from ebpo.errors import ConfigError
+        from ebpo.errors import ConfigError, first_line
 
-        first_line = (str(err).strip().splitlines() or [""])[0]
-        raise ConfigError(f"cannot load a causal LM from {path}: {type(err).__name__}: {first_line}") from err
+        raise ConfigError(f"cannot load a causal LM from {path}: {first_line(err)}") from err
     tokenizer.padding_side = "left"
     in_kernel_gqa(model)  # sampling without gradient: same numbers, less copying
     return model, tokenizer

@@ -1,8 +1,7 @@
-"""Tests for ebpo.simulate: Theorem 2 reproduction, stream construction, baseline/prior read-out, CLI."""
+"""Tests for ebpo.simulate.study: Theorem 2 reproduction, the baseline and prior read-out, the whole study."""
 
 from __future__ import annotations
 
-import csv
 import math
 
 import numpy as np
@@ -10,7 +9,6 @@ import pytest
 import torch
 
 from ebpo import get_estimator
-from ebpo.cli import main
 from ebpo.simulate import (
     SimulateConfig,
     Stream,
@@ -138,32 +136,6 @@ def test_recover_prior_hand_values():
     assert np.isnan(mu_M[3]) and np.isnan(shrinkage_M[3])
 
 
-def test_make_stream_structure():
-    cfg = SimulateConfig(num_topics=3, **SMALL)
-    topic = make_stream(cfg, "topic", "stationary", seed=1)
-    S, M = cfg.steps, cfg.prompts_per_step
-    assert topic.rewards_SMG.shape == (S, M, cfg.group_size)
-    assert set(np.unique(topic.rewards_SMG)) <= {0.0, 1.0}
-    # topic-coherent: one topic per step, constant over blocks of topic_block steps, each topic used
-    assert np.all(topic.topic_SM == topic.topic_SM[:, :1])
-    blocks = topic.topic_SM[:, 0].reshape(-1, cfg.topic_block)
-    assert np.all(blocks == blocks[:, :1])
-    assert set(topic.topic_SM[:, 0]) == {0, 1, 2}
-    # the stationary oracle topic means do not move; the improving ones rise (drift 2 in logits)
-    topic0_means = topic.oracle_topic_mean_SM[topic.topic_SM == 0]
-    assert np.allclose(topic0_means, topic0_means[0])
-    improving = make_stream(cfg, "topic", "improving", seed=1)
-    assert np.all(improving.oracle_global_mean_SM[-1] > improving.oracle_global_mean_SM[0] + 0.1)
-    assert np.all(np.diff(improving.oracle_global_mean_SM[:, 0]) > 0)
-    shuffled = make_stream(cfg, "shuffled", "stationary", seed=1)
-    assert len(np.unique(shuffled.topic_SM[0])) > 1  # prompts of several topics in one step
-    # harder topic (index 0) has the lower mean latent rate
-    means = [shuffled.theta_SM[shuffled.topic_SM == k].mean() for k in range(3)]
-    assert means[0] < means[1] < means[2]
-    with pytest.raises(ValueError, match=r"'sorted', 'stationary'$"):
-        make_stream(cfg, "sorted", "stationary", seed=0)
-
-
 def test_cluster_prior_reaches_the_propositions_ideal_and_global_prior_does_not():
     # The clustering proposition: a prior adapted to the topic has MSE E_k Var(theta | k), a global one
     # Var(theta). EBPO's cluster scope gets the former on a shuffled stream; the paper's global prior the latter.
@@ -197,34 +169,3 @@ def test_simulate_is_deterministic_by_seed():
         s3, s4 = make_stream(cfg, order, "improving", 3), make_stream(cfg, order, "improving", 4)
         assert not np.array_equal(s3.rewards_SMG, s4.rewards_SMG)
     assert theorem2(cfg, seed=4) != theorem2(cfg, seed=3)
-
-
-def test_config_rejects_bad_settings():
-    with pytest.raises(ValueError, match="steps > warmup"):
-        SimulateConfig(steps=10, warmup=10)
-    with pytest.raises(ValueError, match="group_size >= 2"):
-        SimulateConfig(group_size=1)
-
-
-def test_cli_writes_csv_and_png(tmp_path, capsys):
-    out_dir = tmp_path / "sim"
-    argv = ["simulate", "--steps", "12", "--warmup", "2", "-M", "8", "--seeds", "0", "--theorem2-steps", "20"]
-    assert main([*argv, "--topic-block", "2", "--out-dir", str(out_dir)]) == 0
-    printed = capsys.readouterr().out
-    assert "relative error" in printed and "## Stream topic/improving" in printed
-    assert str(out_dir.resolve()) in printed
-    with (out_dir / "simulate.csv").open() as handle:
-        rows = list(csv.DictReader(handle))
-    stream_rows = [row for row in rows if row["study"] == "stream"]
-    assert len(stream_rows) == 4 * len(estimator_specs(10.0))
-    assert {row["scenario"] for row in stream_rows} == {
-        "shuffled/stationary",
-        "shuffled/improving",
-        "topic/stationary",
-        "topic/improving",
-    }
-    theorem_rows = {row["quantity"]: float(row["value"]) for row in rows if row["study"] == "theorem2"}
-    assert theorem_rows["closed_form_ebpo"] == pytest.approx(0.005)
-    assert all(float(row["baseline_mse"]) > 0 for row in stream_rows)
-    png = (out_dir / "simulate.png").read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000

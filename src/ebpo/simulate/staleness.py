@@ -17,12 +17,14 @@ Every option sees the same stream (seeded by seed, L_max and drift): the compari
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["STALENESS_OPTIONS", "StalenessSettings", "format_staleness", "run_staleness", "staleness_stream"]
+from ebpo.simulate.config import StalenessSettings
+from ebpo.simulate.streams import staleness_stream
+
+__all__ = ["GROUP_MEAN", "METRICS", "STALENESS_OPTIONS", "run_staleness"]
 
 STALENESS_OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("all", {}),
@@ -35,51 +37,6 @@ STALENESS_OPTIONS: list[tuple[str, dict[str, Any]]] = [
 
 GROUP_MEAN = "grpo (group mean)"
 METRICS = ("bias_now", "bias_sample", "rmse_now", "rmse_sample")
-
-
-@dataclass
-class StalenessSettings:
-    """What the study runs (read from ``SimulateConfig``)."""
-
-    lags: list[int]
-    drifts: list[float]
-    memories: list[str]
-    seeds: list[int]
-    steps: int = 150
-    warmup: int = 20
-    prompts_per_step: int = 32
-    group_size: int = 4
-    pool_size: int = 1024
-    mean_rate: float = 0.35
-    concentration: float = 6.0
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-x))
-
-
-def staleness_stream(cfg: StalenessSettings, max_lag: int, drift: float, seed: int) -> dict[str, np.ndarray]:
-    """One run's stream: ``rewards_SMG``, ``lag_SM``, ``p_sample_SM``, ``p_now_SM``, ``pool_now_S``."""
-    rng = np.random.default_rng([seed, max_lag, int(round(drift * 1000))])
-    S, M, G, P = cfg.steps, cfg.prompts_per_step, cfg.group_size, cfg.pool_size
-    kappa, mu = cfg.concentration, cfg.mean_rate
-    theta0_P = np.clip(rng.beta(kappa * mu, kappa * (1 - mu), size=P), 1e-4, 1 - 1e-4)
-    logit0_P = np.log(theta0_P) - np.log1p(-theta0_P)
-    rate = drift / max(S - 1, 1)  # logits per weight version
-    step_S = np.arange(S)
-    prompt_SM = rng.integers(0, P, size=(S, M))
-    lag_SM = np.minimum(rng.integers(0, max_lag + 1, size=(S, M)), step_S[:, None])
-    p_sample_SM = _sigmoid(logit0_P[prompt_SM] + rate * (step_S[:, None] - lag_SM))
-    p_now_SM = _sigmoid(logit0_P[prompt_SM] + rate * step_S[:, None])
-    pool_now_S = _sigmoid(logit0_P[None, :] + rate * step_S[:, None]).mean(axis=1)
-    rewards_SMG = (rng.random((S, M, G)) < p_sample_SM[..., None]).astype(np.float64)
-    return {
-        "rewards_SMG": rewards_SMG,
-        "lag_SM": lag_SM,
-        "p_sample_SM": p_sample_SM,
-        "p_now_SM": p_now_SM,
-        "pool_now_S": pool_now_S,
-    }
 
 
 def _run_one(stream: dict[str, np.ndarray], options: dict[str, Any] | None, warmup: int) -> dict[str, float]:
@@ -152,42 +109,3 @@ def run_staleness(cfg: StalenessSettings) -> list[dict[str, Any]]:
                         )
                     rows.append(row)
     return rows
-
-
-def format_staleness(rows: list[dict[str, Any]]) -> str:
-    """Markdown: per drift and memory, baseline RMSE vs the current rate and the prior's bias, by L_max."""
-    lags = sorted({row["max_lag"] for row in rows})
-    lines = []
-    for drift in dict.fromkeys(row["drift"] for row in rows):
-        for memory in dict.fromkeys(row["prior_memory"] for row in rows if row["prior_memory"] != "-"):
-            lines += [
-                f"## drift {drift:g} logits over the run, prior_memory={memory}",
-                "",
-                "cells: baseline RMSE vs current rate (vs sampling rate); prior bias vs current (vs sampling)",
-                "",
-                "| option | " + " | ".join(f"L_max = {lag}" for lag in lags) + " |",
-                "|---|" + "---|" * len(lags),
-            ]
-            labels = [label for label, _ in STALENESS_OPTIONS] + [GROUP_MEAN]
-            for label in labels:
-                cells = []
-                for lag in lags:
-                    match = [
-                        row
-                        for row in rows
-                        if row["drift"] == drift
-                        and row["max_lag"] == lag
-                        and row["option"] == label
-                        and row["prior_memory"] in (memory, "-")
-                    ]
-                    if not match:
-                        continue
-                    row = match[0]
-                    bias = (
-                        "" if label == GROUP_MEAN else f"; {row['bias_now']:+.4f} ({row['bias_sample']:+.4f})"
-                    )
-                    cells.append(f"{row['rmse_now']:.4f} ({row['rmse_sample']:.4f}){bias}")
-                if cells:
-                    lines.append(f"| {label} | " + " | ".join(cells) + " |")
-            lines.append("")
-    return "\n".join(lines)
