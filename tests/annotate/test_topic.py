@@ -85,6 +85,7 @@ def test_keyword_backend_agrees_with_hand_labels(benchmark_dir):
     assert heldout["n"] == 30 and heldout["accuracy"] >= 0.70
 
 
+@pytest.mark.golden
 def test_cli_evaluate_reads_the_sets_from_the_data_dir(benchmark_dir, capsys):
     from ebpo.cli import main
 

@@ -104,6 +104,7 @@ def test_the_first_sft_steps_rebuild_bit_for_bit_in_portable_mode(name, request)
 # S1, the arith base model
 
 
+@pytest.mark.golden
 def test_the_shipped_model_was_built_from_the_current_recipe(info):
     assert info["key"] == recipe.BaseModelConfig().key(), (
         "the recipe, FORMAT_VERSION, the arith generator or the teacher changed since the shipped model was "
@@ -119,6 +120,7 @@ def test_the_shipped_model_was_built_from_the_current_recipe(info):
     assert info["threads"] == 1
 
 
+@pytest.mark.golden
 def test_the_shipped_weights_are_the_recorded_ones_and_load(info):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -165,6 +167,7 @@ def test_the_shipped_model_has_latent_skill():
 # S2, the gym base model
 
 
+@pytest.mark.golden
 def test_the_shipped_s2_was_built_from_the_current_recipe(gym_info):
     info = gym_info
     assert info["key"] == gr.GymBaseModelConfig().key(), (
@@ -176,6 +179,7 @@ def test_the_shipped_s2_was_built_from_the_current_recipe(gym_info):
     assert info["recipe"] == "gym" and info["threads"] == 1
 
 
+@pytest.mark.golden
 def test_the_shipped_weights_load_as_a_qwen3_chat_model(gym_info):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
