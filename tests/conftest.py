@@ -1,5 +1,9 @@
 """Fixtures for every test: one torch thread, seeded randomness, our benchmark files, a tiny local model, GPU
-skipping. Helpers that several test modules share live in ``tests/helpers/``."""
+skipping. Helpers that several test modules share live in ``tests/helpers/``.
+
+The tests mirror the package: ``tests/<package>/test_<module>.py`` for a module of ``src/ebpo/<package>/``,
+``tests/test_<module>.py`` for a top-level module; the project-wide checks (README, docs paths, the import graph,
+the wheel, input paths across commands, docs/theory.md) sit at the top level too."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ does for every test: tests/conftest.py), or skipped with its reason (a clone, th
 suite itself). What a run may add is named beside it and is only ever more `KEY=VALUE` overrides or flags after
 the command as printed, which override its defaults: fewer steps and validation problems for a run README
 describes at full length, so the test holds that the command starts, trains and finishes, not its figures
-(those are docs/training.md's and tests/test_shipped_model.py's). A placeholder a command names (`my.yaml`,
+(those are docs/training.md's and tests/models/test_shipped.py's). A placeholder a command names (`my.yaml`,
 `DIR`, `train.jsonl`, `my_estimators.py`) is made first, under that name.
 """
 

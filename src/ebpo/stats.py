@@ -1,5 +1,5 @@
 """Student's t quantile, exact, in plain Python: ``ebpo diagnose``'s intervals and the learning benchmark's
-report use this one function (scipy is no dependency of ebpo; ``tests/test_diagnostics.py`` and
+report use this one function (scipy is no dependency of ebpo; ``tests/test_stats.py`` and
 ``tests/bench_learning/test_learning_stats.py`` hold it to scipy's ``t.ppf`` and to the printed table)."""
 
 from __future__ import annotations

@@ -485,6 +485,7 @@ def committed_keys(path: Path) -> set[str]:
         return {row["key"] for row in csv.DictReader(handle)}
 
 
+@pytest.mark.golden
 @pytest.mark.parametrize(
     "cells, argv, best_file, at_least",
     [
@@ -524,6 +525,7 @@ SELECTION_OF = {
 pages may name no such row."""
 
 
+@pytest.mark.golden
 @pytest.mark.parametrize("selection", sorted(set(SELECTION_OF.values())))
 def test_each_committed_selection_says_what_its_runs_give(selection):
     """The leader and whether its lead over ebpo is resolved, recomputed from the selection's committed runs
@@ -539,6 +541,7 @@ def test_each_committed_selection_says_what_its_runs_give(selection):
     assert sorted(chosen.seeds) == sorted({seed for values in scores.values() for seed in values})
 
 
+@pytest.mark.golden
 def test_docs_results_names_ebpo_best_only_where_its_selection_resolved_it():
     """A generated page's ``ebpo-best`` row or line (``| ebpo-best |``, ``- `ebpo-best` = ...``) and a CSV's
     ``ebpo-best`` cells appear only in a folder whose selection's lead is resolved; elsewhere the runs are named

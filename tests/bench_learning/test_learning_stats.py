@@ -116,6 +116,7 @@ def _gym_analysis():
     return module
 
 
+@pytest.mark.golden
 def test_the_s2_replication_table_gives_each_block_and_the_pooled_seeds():
     # docs/results/gym/README.md quotes these rows: EBPO - GRPO at G = 2 on validation AUC (points), per block
     # and pooled. The first two blocks ship in the repository; the third lies in ../shared.

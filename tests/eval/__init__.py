@@ -1,0 +1,1 @@
+"""Tests of ``ebpo.eval``, one module per module of the package."""

@@ -188,3 +188,8 @@ def mlflow_artifact(uri: str, run_id: str, path: str, into: Path) -> Path:
     from mlflow.tracking import MlflowClient
 
     return Path(MlflowClient(uri).download_artifacts(run_id, path, str(into)))
+
+
+def saved_runs(run_dir: Path) -> dict[str, Any]:
+    """The tracker runs a run directory's ``trackers.json`` records, by tracker name."""
+    return json.loads((run_dir / "trackers.json").read_text())

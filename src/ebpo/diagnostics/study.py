@@ -114,7 +114,7 @@ def batch_logp(model: Any, inputs: dict[str, torch.Tensor], temperature: float) 
     """:func:`_logp` of every row, computed once per distinct row (same prompt, response and masks: a group's
     responses often agree) and gathered back to the B rows. A backward pass through the gather adds the
     weights of equal rows before it reaches the model, so each gradient costs a pass over the distinct rows
-    only; the gradient is the same up to the order of float sums (``tests/test_diagnostics.py`` holds it
+    only; the gradient is the same up to the order of float sums (``tests/diagnostics/test_study.py`` holds it
     to a pass over every row)."""
     rows_BL = torch.cat(
         [inputs[name].long() for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")], 1
@@ -216,7 +216,7 @@ def ascent_directions(
     One backward pass per distinct direction: weights that are a multiple of earlier ones (RLOO, Dr. GRPO and
     REINFORCE++-baseline under one loss; any estimator whose advantages are a multiple of another's on this
     batch) reuse that gradient, scaled; zero weights give a zero direction without a pass. Exact up to float
-    rounding, since the gradient is linear in the weights (``tests/test_diagnostics.py`` holds it to one
+    rounding, since the gradient is linear in the weights (``tests/diagnostics/test_study.py`` holds it to one
     backward per loss)."""
     computed: list[tuple[torch.Tensor, torch.Tensor]] = []  # (weights, sketched gradient)
     out = []

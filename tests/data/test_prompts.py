@@ -210,3 +210,38 @@ def test_chat_template_on_without_a_template_is_one_line(tiny_model_dir, tmp_pat
         err.startswith("ebpo eval: error: --chat-template=on, but the tokenizer of")
         and "--chat-template=off" in err
     )
+
+
+# -- chat templates -----------------------------------------------------------------------------------
+
+# A minimal ChatML-like template: each turn "<|role|>content\n", then "<|assistant|>" for generation.
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def test_apply_chat_template_renders_through_the_tokenizer():
+    from ebpo.models.tiny import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    records = [Record(id="a", prompt="1+1=?", answer="2")]
+    with pytest.raises(ValueError, match="no chat_template"):
+        apply_chat_template(records, tokenizer)
+
+    tokenizer.chat_template = TEMPLATE
+    assert apply_chat_template(records, tokenizer) == ["<|user|>1+1=?\n<|assistant|>"]
+    assert apply_chat_template(records, tokenizer, system_prompt="Be brief.") == [
+        "<|system|>Be brief.\n<|user|>1+1=?\n<|assistant|>"
+    ]
+    assert apply_chat_template(records, tokenizer, add_generation_prompt=False) == ["<|user|>1+1=?\n"]
+    # DAPO keeps the original conversation, which wins over the flat prompt
+    dapo = Record(
+        id="d",
+        prompt="Q",
+        answer="1",
+        extra={"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]},
+    )
+    assert apply_chat_template([dapo], tokenizer, system_prompt="ignored") == [
+        "<|system|>S\n<|user|>Q\n<|assistant|>"
+    ]

@@ -1,4 +1,4 @@
-"""``ebpo diagnose`` (``ebpo.diagnostics``): its definitions, and the tool on policies whose answers are known.
+"""``ebpo.diagnostics.study``: the tool on policies whose answers are known, and its fast gradient paths.
 
 The known-answer policy is a softmax over K fixed answers per prompt (:class:`SoftmaxPolicy`, a torch module with
 a causal LM's call contract, so the tool runs it through the same sampler and log-prob pass as a real model):
@@ -8,13 +8,9 @@ J = (1/P) sum_q sum_k pi_qk v_qk and dJ/dtheta_qj = (1/P) pi_qj (v_qj - J_q), J_
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import importlib.util
-import json
 import math
 
-import numpy as np
 import pytest
 import torch
 from transformers import PretrainedConfig
@@ -25,12 +21,8 @@ from ebpo.advantages import AdvantageEstimator, dr_grpo_advantage, register_esti
 from ebpo.data.records import Record
 from ebpo.diagnostics import measures, report, study
 from ebpo.diagnostics.config import DiagnoseConfig
-from ebpo.errors import ConfigError
-from helpers.trackers import mlflow_artifact, offline_trackers, tensorboard_texts, wandb_segments
 
 PAD, EOS = 0, 1
-TRACKERS_HERE = ["tensorboard"] + [name for name in ("wandb", "mlflow") if importlib.util.find_spec(name)]
-"""The trackers the command test reports to: TensorBoard, and wandb and MLflow where their extras are in."""
 
 
 class SoftmaxTokenizer:
@@ -239,133 +231,6 @@ def test_a_constant_shift_of_every_advantage_leaves_the_expected_gradient_unchan
     assert float(mean_D.norm()) < 0.2 * float(plain_RD.mean(dim=0).norm())
 
 
-# ------------------------------------------------------------------------------------------------------
-# definitions
-
-
-def test_t_quantile_against_the_table():
-    # t_{0.975, df} from standard tables
-    for df, value in (
-        (1, 12.706),
-        (2, 4.303),
-        (3, 3.182),
-        (9, 2.262),
-        (15, 2.131),
-        (30, 2.042),
-        (120, 1.980),
-    ):
-        assert measures.t_quantile(df) == pytest.approx(value, abs=1e-3)
-
-
-def test_mean_interval_and_jackknife():
-    interval = measures.mean_interval([1.0, 2.0, 3.0])  # mean 2, s = 1, half = 4.303 / sqrt(3)
-    assert interval.value == 2.0 and interval.high - 2.0 == pytest.approx(4.303 / math.sqrt(3), abs=1e-3)
-    values = np.random.default_rng(0).normal(size=20)
-    jack = measures.jackknife_interval(lambda idx: float(values[idx].mean()), 20)
-    t = measures.mean_interval(values)  # the jackknife of a mean is the t-interval
-    assert (jack.value, jack.low, jack.high) == pytest.approx((t.value, t.low, t.high))
-
-
-def test_gradient_statistics_from_products_match_the_vectors():
-    generator = torch.Generator().manual_seed(1)
-    grad_RK = torch.randn(7, 5, generator=generator, dtype=torch.float64) + torch.linspace(
-        1, 2, 5, dtype=torch.float64
-    )
-    ref_RK = grad_RK * 0.5 + torch.randn(7, 5, generator=generator, dtype=torch.float64)
-    noise_R = torch.rand(7, generator=generator, dtype=torch.float64)
-    products = measures.GradientProducts.of(grad_RK, ref_RK)
-    ref2_R = (ref_RK**2).sum(dim=1).numpy()
-    cos_R = measures.cosines(products.dot_R, products.norm2_R, ref2_R)
-    torch.testing.assert_close(
-        torch.from_numpy(cos_R), torch.nn.functional.cosine_similarity(grad_RK, ref_RK)
-    )
-    # loop reference of the relative squared error and the variance ratio (their docstrings' formulas)
-    scale = sum(float(g @ r) for g, r in zip(grad_RK, ref_RK)) / sum(float(g @ g) for g in grad_RK)
-    error = sum(float(((scale * g - r) ** 2).sum()) - float(n) for g, r, n in zip(grad_RK, ref_RK, noise_R))
-    signal = sum(float(r @ r) - float(n) for r, n in zip(ref_RK, noise_R))
-    rel = measures.relative_squared_error(products.dot_R, products.norm2_R, ref2_R, noise_R.numpy())
-    assert rel == pytest.approx(error / signal)
-    mean_K = grad_RK.mean(dim=0)
-    spread = float(((grad_RK - mean_K) ** 2).sum() / 6)  # tr of the sample covariance
-    pairs = [(r, s) for r in range(7) for s in range(7) if r != s]
-    size = sum(float(grad_RK[r] @ grad_RK[s]) for r, s in pairs) / len(pairs)
-    assert measures.variance_ratio(products.gram_RR) == pytest.approx(spread / size)
-    assert spread == pytest.approx(
-        sum(float(((grad_RK[r] - grad_RK[s]) ** 2).sum()) for r, s in pairs) / len(pairs) / 2
-    )
-    assert measures.variance_ratio(products.gram_RR[:1, :1]) != measures.variance_ratio(
-        products.gram_RR[:1, :1]
-    )  # NaN
-    opposite = torch.stack([torch.ones(5), -torch.ones(5)]).double()  # no common direction: NaN, not a ratio
-    assert math.isnan(measures.variance_ratio((opposite @ opposite.T).numpy()))
-    # and a zero gradient aligns with nothing and is no better than nothing
-    zero = measures.GradientProducts.of(torch.zeros(7, 5, dtype=torch.float64), ref_RK)
-    assert np.all(measures.cosines(zero.dot_R, zero.norm2_R, ref2_R) == 0)
-    assert measures.relative_squared_error(
-        zero.dot_R, zero.norm2_R, ref2_R, noise_R.numpy()
-    ) == pytest.approx(1.0)
-
-
-def test_sketch_keeps_inner_products_in_expectation_and_is_linear():
-    generator = torch.Generator().manual_seed(2)
-    x_D = torch.randn(300, generator=generator, dtype=torch.float64)
-    y_D = torch.randn(300, generator=generator, dtype=torch.float64)
-    y_D = 0.6 * x_D + y_D
-    shapes = [(20, 10), (100,)]
-
-    def split(v: torch.Tensor) -> list[torch.Tensor]:
-        return [v[:200].view(20, 10), v[200:]]
-
-    dots = []
-    for seed in range(400):
-        sketch = measures.GradientSketch([200, 100], 32, seed)
-        sx, sy = sketch(split(x_D)), sketch(split(y_D))
-        torch.testing.assert_close(
-            sketch(split(x_D + 2 * y_D)), sx + 2 * sy
-        )  # linear, same (h, s) every call
-        dots.append(float(sx @ sy))
-    exact = float(x_D @ y_D)
-    bound = math.sqrt(
-        (float(x_D @ x_D) * float(y_D @ y_D) + exact**2) / 32
-    )  # the docstring's bound on its sd
-    assert float(np.std(dots)) <= 1.15 * bound  # the sd of 400 draws is itself off by about 4%
-    assert float(np.mean(dots)) == pytest.approx(exact, abs=4 * bound / math.sqrt(400))
-    whole = measures.GradientSketch([200, 100], 0, 0)(split(x_D))  # dim 0: the gradient itself
-    torch.testing.assert_close(whole, x_D)
-    assert shapes  # the two parameter shapes above: a matrix and a vector
-
-
-@pytest.mark.parametrize(
-    "text",
-    ["grpo", "reinforce_pp_baseline", "dr_grpo", "rloo", "jspo", "ebpo", "ebpo:normalize=prior", "ebpo:normalize=group",
-     "ebpo:prior_scope=cluster,normalize=batch", "grpo:norm_by_std=false"],
-)  # fmt: skip
-def test_raw_advantage_reading_matches_each_estimator(text):
-    # What the table states: the training advantage is (a - m) / c with a = r - b the raw advantage, m the
-    # batch mean of a where the estimator centres (else 0) and c > 0 constant within each group. Checked on
-    # random batches after a few steps of history, the twin fed the same batches.
-    from ebpo.diagnostics.config import parse_estimator
-
-    name, options = parse_estimator(text)
-    read = measures.raw_advantage(name, options)
-    estimator = ebpo.get_estimator(name, **options)
-    twin = ebpo.get_estimator(read.twin[0], **read.twin[1]) if read.twin else None
-    rng = np.random.default_rng(0)
-    for _ in range(4):  # four steps of history
-        rewards_N = torch.from_numpy((rng.random((6, 4)) < rng.random((6, 1))).astype(float).reshape(-1))
-        index_N, cluster_N = torch.arange(6).repeat_interleave(4), [m % 2 for m in range(6) for _ in range(4)]
-        adv_N = estimator(rewards_N, index_N, cluster_N).double()
-        raw_N = adv_N if twin is None else twin(rewards_N, index_N, cluster_N).double()
-        centred_N = (raw_N - raw_N.mean() if read.centres else raw_N).view(6, 4)
-        for adv_G, a_G in zip(adv_N.view(6, 4), centred_N):
-            if float(a_G.abs().max()) < 1e-9:
-                assert float(adv_G.abs().max()) < 1e-5
-                continue
-            scale = float(adv_G @ a_G / (a_G @ a_G))  # 1 / c
-            assert scale > 0
-            torch.testing.assert_close(adv_G, scale * a_G, atol=1e-5, rtol=1e-5)
-
-
 def test_the_fast_gradients_equal_a_plain_backward_per_loss():
     # study's two fast paths, the log-probs of distinct rows only (batch_logp) and one backward per distinct
     # direction (ascent_directions: proportional weights reuse a gradient), against a plain forward and
@@ -406,129 +271,6 @@ def test_the_fast_gradients_equal_a_plain_backward_per_loss():
     assert float(fast[0].norm()) > 0
 
 
-def test_bad_settings_fail_with_one_line():
-    with pytest.raises(ConfigError, match="--estimators ebpo:normalise=prior"):
-        study.estimator_specs(DiagnoseConfig(estimators=["grpo", "ebpo:normalise=prior"]))
-    with pytest.raises(ConfigError, match="--compare-to"):
-        DiagnoseConfig(estimators=["ebpo"])
-    with pytest.raises(ConfigError, match=r"\breference_samples\b"):
-        DiagnoseConfig(reference_samples=7)
-    with pytest.raises(ConfigError, match=r"\['groups'\]"):
-        ebpo.diagnose(groups=[4])
-
-
-# ------------------------------------------------------------------------------------------------------
-# the command, end to end on the shipped model
-
-
-@pytest.fixture
-def offline(monkeypatch, tmp_path):
-    yield from offline_trackers(monkeypatch, tmp_path)
-
-
-def test_command_on_the_shipped_model_writes_the_table_csv_and_figure(
-    tmp_path, capsys, offline, plugin_pkg_dir, plugin_sandbox, monkeypatch
-):
-    from ebpo.cli import main
-    from helpers.plugins import FILE_ESTIMATOR, MY_ESTIMATORS, PKG_ESTIMATOR
-
-    # beside GRPO and EBPO, a lone file's estimator (--plugins) and an installed package's (its entry point)
-    monkeypatch.syspath_prepend(str(plugin_pkg_dir))
-    out = tmp_path / "diag"
-    code = main(
-        ["diagnose", "-M", "4", "-R", "2", "-W", "1", "-G", "2", "4", "--reference-samples", "4", "--quiet",
-         "--plugins", str(MY_ESTIMATORS), "--estimators", "grpo", "ebpo", f"{FILE_ESTIMATOR}:q=0.25",
-         PKG_ESTIMATOR, "--projection-dim", "256", "--out-dir", str(out), "--report-to", *TRACKERS_HERE]
-    )  # fmt: skip
-    assert code == 0
-    printed = capsys.readouterr().out
-    assert (
-        "| ebpo | ebpo: vanilla, token-mean | 4 |" in printed
-        and "| grpo | grpo: vanilla, seq-mean-token-mean | 2 |" in printed
-        and f"| {FILE_ESTIMATOR}:q=0.25 | grpo: vanilla, seq-mean-token-mean | 4 |" in printed
-        and f"| {PKG_ESTIMATOR} | grpo: vanilla, seq-mean-token-mean | 2 |" in printed
-    )
-    for name in ("diagnose.md", "diagnose.csv", "batches.csv", "diagnose.png"):
-        assert (out / name).stat().st_size > 0
-    rows = (out / "diagnose.csv").read_text().splitlines()
-    assert len(rows) == 1 + 4 * 2  # header, 4 estimators x 2 group sizes
-    assert len((out / "batches.csv").read_text().splitlines()) == 1 + 4 * 2 * 2
-    assert "nan" not in (out / "batches.csv").read_text()
-    # the trackers hold the table: the same estimators, group sizes and cosines as diagnose.csv
-    table = [dict(row) for row in csv.DictReader((out / "diagnose.csv").open())]
-    expected = [(row["estimator"], int(row["G"]), float(row["cosine"])) for row in table]
-    text = tensorboard_texts(out / "tensorboard")["diagnose"][0]
-    cells = [line.split(" | ") for line in text.splitlines()[2:]]
-    header = text.splitlines()[0].strip("| ").split(" | ")
-    column = {name: header.index(name) for name in ("estimator", "G", "cosine")}
-    assert [
-        (c[column["estimator"]].strip("| "), int(c[column["G"]]), float(c[column["cosine"]])) for c in cells
-    ] == expected
-    wandb_dir, uri = offline
-    estimators = ["grpo", "ebpo", f"{FILE_ESTIMATOR}:q=0.25", PKG_ESTIMATOR]
-    if "wandb" in TRACKERS_HERE:
-        (segment,) = wandb_segments(wandb_dir)
-        (logged,) = segment.history.values()  # wandb keeps a table as a file, its path in the history
-        data = json.loads((segment.folder / "files" / logged["diagnose.path"]).read_text())
-        got = [dict(zip(data["columns"], row)) for row in data["data"]]
-        assert [(r["estimator"], r["G"], r["cosine"]) for r in got] == expected
-        assert segment.config["estimators"] == estimators
-    if "mlflow" in TRACKERS_HERE:
-        from mlflow.tracking import MlflowClient
-
-        (run,) = MlflowClient(uri).search_runs(
-            [MlflowClient(uri).get_experiment_by_name("ebpo").experiment_id]
-        )
-        data = json.loads(mlflow_artifact(uri, run.info.run_id, "diagnose.json", tmp_path / "a").read_text())
-        got = [dict(zip(data["columns"], row)) for row in data["data"]]
-        assert [(r["estimator"], r["G"], r["cosine"]) for r in got] == expected
-        assert run.data.params["estimators"] == json.dumps(estimators)
-        artifacts = {a.path for a in MlflowClient(uri).list_artifacts(run.info.run_id)}
-        assert artifacts >= {"diagnose.md", "diagnose.csv", "batches.csv", "diagnose.png", "diagnose.json"}
-    assert main(["diagnose", "--estimators", "grpo", "nope", "--quiet"]) == 2
-    assert "unknown advantage estimator 'nope'" in capsys.readouterr().err
-
-
 def test_python_api_is_the_command():
     assert ebpo.diagnose is study.diagnose
     assert {f.name for f in dataclasses.fields(DiagnoseConfig)} >= {"estimators", "group_sizes", "preset"}
-
-
-def test_the_figure_draws_each_estimators_paired_difference_against_compare_to():
-    # Rows as summarize() gives them (estimators in order, G ascending per estimator); the figure's lines are
-    # the table's Δ columns: each estimator but compare_to, per metric, its _diff and the _diff interval (not
-    # its own value and interval).
-    def row(label, G, cos, cos_diff, err_diff):
-        return {
-            "estimator": label,
-            "G": G,
-            "cosine": cos,
-            "cosine_low": cos - 0.1,
-            "cosine_high": cos + 0.1,
-            "cosine_diff": cos_diff,
-            "cosine_diff_low": cos_diff - 0.01,
-            "cosine_diff_high": cos_diff + 0.02,
-            "baseline_error_diff": err_diff,
-            "baseline_error_diff_low": err_diff - 0.003,
-            "baseline_error_diff_high": err_diff + 0.001,
-        }
-
-    rows = [row("grpo", 4, 0.7, 0.0, 0.0), row("grpo", 2, 0.6, 0.0, 0.0)]
-    rows += [
-        row("ebpo", 4, 0.75, 0.05, -0.004),
-        row("ebpo", 2, 0.61, 0.01, -0.02),
-        row("rloo", 2, 0.5, -0.1, 0.03),
-    ]
-    lines = report.difference_series(report.Summary(rows, [], {}), "grpo")
-    assert [(line.metric, line.estimator) for line in lines] == [
-        ("baseline_error", "ebpo"),
-        ("baseline_error", "rloo"),
-        ("cosine", "ebpo"),
-        ("cosine", "rloo"),
-    ]
-    ebpo_cos = lines[2]
-    assert ebpo_cos.G == [2, 4] and ebpo_cos.value == [0.01, 0.05]
-    assert ebpo_cos.low == pytest.approx([0.0, 0.04]) and ebpo_cos.high == pytest.approx([0.03, 0.07])
-    assert lines[0].value == [-0.02, -0.004] and lines[0].low == pytest.approx([-0.023, -0.007])
-    assert lines[3].G == [2] and lines[3].value == [-0.1]
-    assert report.difference_series(report.Summary(rows[:2], [], {}), "grpo") == []  # nothing to compare

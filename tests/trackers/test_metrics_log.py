@@ -1,4 +1,4 @@
-"""``run.report_to``: TensorBoard, wandb and MLflow hold what ``metrics.jsonl`` holds, step by step, across a
+"""``ebpo.trackers.metrics_log`` under ``run.report_to``: TensorBoard, wandb and MLflow hold what ``metrics.jsonl`` holds, step by step, across a
 resume and across a kill, read back through each library's own reader (``helpers.trackers``).
 
 wandb runs offline and MLflow on a local file store, both in ``tmp_path``; no test contacts a server.
@@ -13,13 +13,14 @@ import pytest
 import yaml
 
 from ebpo.errors import ConfigError
-from ebpo.trackers import MetricsLogger, TrackerError, check_trackers, mlflow_metric_name
+from ebpo.trackers import check_trackers, mlflow_metric_name
 from ebpo.trainer.setup import check_setup
 from ebpo.trainer.trainer import Trainer
 from helpers.trackers import (
     mlflow_artifact,
     mlflow_history,
     offline_trackers,
+    saved_runs,
     tensorboard_plugins,
     tensorboard_scalars,
     tensorboard_texts,
@@ -65,38 +66,6 @@ def jsonl(run_dir) -> dict[int, dict[str, float]]:
 
 def in_mlflow(rows: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
     return {step: {mlflow_metric_name(k): v for k, v in row.items()} for step, row in rows.items()}
-
-
-def saved_runs(run_dir) -> dict:
-    return json.loads((run_dir / "trackers.json").read_text())
-
-
-def test_mlflow_metric_names():
-    # MLflow refuses "@" (and anything but letters, digits, _ - . : / and spaces); verl writes "@" as "_at_".
-    # Its file store makes folders of the parts between slashes: eval/pass@1 and eval/pass@1/word would need
-    # eval/pass_at_1 as a file and a folder, so slashes after the first become dots.
-    assert mlflow_metric_name("reward/mean") == "reward/mean"
-    assert mlflow_metric_name("eval/maj@8") == "eval/maj_at_8"
-    assert mlflow_metric_name("eval/pass@1/word problems") == "eval/pass_at_1.word problems"
-    assert mlflow_metric_name("nonfinite/actor/pg_loss") == "nonfinite/actor.pg_loss"
-    assert mlflow_metric_name("eval/pass@1/x+y=?") == "eval/pass_at_1.x_y__"
-
-
-def test_mlflow_calls_keep_a_tracking_servers_limits():
-    # a tracking server takes at most 1000 metrics and 100 parameters a call: 2500 -> 1000 + 1000 + 500,
-    # 250 -> 100 + 100 + 50, each written through
-    from ebpo.trackers.mlflow import _log_batches
-
-    calls = []
-
-    class Client:
-        def log_batch(self, run_id, metrics=(), params=(), synchronous=None):
-            calls.append((run_id, len(metrics), len(params), synchronous))
-
-    _log_batches(Client(), "r", metrics=list(range(2500)), params=list(range(250)))
-    assert calls == [("r", n, 0, True) for n in (1000, 1000, 500)] + [
-        ("r", 0, n, True) for n in (100, 100, 50)
-    ]
 
 
 def test_three_trackers_hold_metrics_jsonl_across_a_resume(tiny_model_dir, tmp_path, offline):
@@ -233,65 +202,3 @@ def test_names_and_packages_are_checked_before_the_run(
     err = capsys.readouterr().err
     assert err == "ebpo train: error: run.report_to: wandb is not installed: pip install 'ebpo[wandb]'\n"
     assert not (tmp_path / "runs").exists()  # stopped before a run directory was made
-
-
-def test_a_tracker_that_cannot_start_is_one_line(tmp_path, monkeypatch, offline):
-    import wandb
-
-    def no_login(**kwargs):
-        raise wandb.errors.UsageError("api_key not configured (no-tty). call wandb.login(key=[your_api_key])")
-
-    monkeypatch.setattr(wandb, "init", no_login)
-    with pytest.raises(TrackerError) as err:
-        MetricsLogger(tmp_path / "run", ["tensorboard", "wandb"])
-    assert str(err.value) == (
-        "wandb: cannot start a run: UsageError: api_key not configured (no-tty). call "
-        "wandb.login(key=[your_api_key]); log in with `wandb login`, or set WANDB_MODE=offline to log locally "
-        "(`wandb sync` uploads it later)"
-    )
-
-
-def test_wandbs_files_go_to_the_run_directory_without_wandb_dir(tmp_path, monkeypatch, offline):
-    monkeypatch.delenv("WANDB_DIR")
-    (tmp_path / "cwd").mkdir()
-    monkeypatch.chdir(tmp_path / "cwd")
-    logger = MetricsLogger(tmp_path / "run", ["wandb"], config={"run": {"steps": 1}})
-    logger.log(0, {"eval/pass@1": 0.25})
-    logger.close()
-    assert list((tmp_path / "cwd").iterdir()) == []  # not ./wandb
-    assert len(list((tmp_path / "run" / "wandb").glob("offline-run-*"))) == 1
-
-
-def test_mlflows_default_store_takes_a_run(tmp_path, monkeypatch, offline):
-    # what `pip install 'ebpo[mlflow]'` adds to mlflow-skinny: a SQLite store, ours without MLFLOW_TRACKING_URI
-    # in the run's own folder, its artifacts beside it: nothing lands in the working directory (the other tests
-    # use the file store, which needs nothing more)
-    for module in ("sqlalchemy", "alembic"):
-        pytest.importorskip(module, reason=f"needs the mlflow extra's {module} (pip install 'ebpo[mlflow]')")
-    monkeypatch.delenv("MLFLOW_TRACKING_URI")
-    (tmp_path / "cwd").mkdir()
-    monkeypatch.chdir(tmp_path / "cwd")
-    check_trackers(["mlflow"])
-    logger = MetricsLogger(tmp_path / "run", ["mlflow"], config={"run": {"steps": 2}})
-    logger.log(0, {"eval/pass@1": 0.25})
-    logger.log(1, {"reward/mean": 0.5, "eval/pass@1": 0.375})
-    logger.close()
-    saved = saved_runs(tmp_path / "run")["mlflow"]
-    assert saved["tracking_uri"] == f"sqlite:///{tmp_path}/run/mlflow.db"
-    assert list((tmp_path / "cwd").iterdir()) == []
-    assert (tmp_path / "run" / "mlflow.db").is_file()
-    expected = {0: {"eval/pass_at_1": 0.25}, 1: {"reward/mean": 0.5, "eval/pass_at_1": 0.375}}
-    assert mlflow_history(saved["tracking_uri"], saved["run_id"]) == expected
-
-
-def test_a_tensorboard_writer_opens_after_the_second_of_every_earlier_events_file(tmp_path):
-    """TensorBoard reads events files by name (``<second>.<host>.<pid>.<n>``, so ``.10`` before ``.9``): a writer
-    opened in the second of an earlier file waits until that second has passed."""
-    import time
-
-    from ebpo.trackers.tensorboard import _after_earlier_files
-
-    now = int(time.time())
-    (tmp_path / f"events.out.tfevents.{now + 1}.host.1.9").write_bytes(b"")
-    _after_earlier_files(tmp_path)
-    assert time.time() >= now + 2

@@ -19,7 +19,7 @@ from ebpo.trainer import setup
 from ebpo.trainer.config import AlgorithmConfig, RunConfig, TrainConfig, describe
 from ebpo.trainer.config_files import PRESETS_DIR, load_config, save_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PRESETS = sorted(PRESETS_DIR.glob("*.yaml"))
 PRESET_NAMES = {
     "ebpo",

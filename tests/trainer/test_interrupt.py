@@ -30,7 +30,7 @@ from ebpo.trainer.trainer import Trainer
 from helpers.trainer import final_params, tiny_config, tiny_overrides, training_rows
 
 STEPS = 6
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 SRC = Path(ebpo.__file__).resolve().parents[1]  # the child runs the ebpo this process imported
 
 

@@ -25,7 +25,7 @@ from ebpo.annotate.topic import (
 )
 from ebpo.cli import main
 
-HAND_LABELS = Path(__file__).resolve().parents[1] / "data" / "topic_labels_hand.jsonl"
+HAND_LABELS = Path(__file__).resolve().parents[2] / "data" / "topic_labels_hand.jsonl"
 
 CLEAR_CASES = {
     "Find the determinant of the matrix $\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}$.": "Linear Algebra",
@@ -85,6 +85,7 @@ def test_keyword_backend_agrees_with_hand_labels(benchmark_dir):
     assert heldout["n"] == 30 and heldout["accuracy"] >= 0.70
 
 
+@pytest.mark.golden
 def test_cli_evaluate_reads_the_sets_from_the_data_dir(benchmark_dir, capsys):
     from ebpo.cli import main
 
@@ -530,7 +531,7 @@ def test_cli_topic_ctrl_c_keeps_finished_labels_and_resumes(raw_judge, tmp_path)
     )
     cache = tmp_path / "out.jsonl.judge_cache.jsonl"
     code = "import sys; from ebpo.cli import main; sys.exit(main(sys.argv[1:]))"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
     argv = [sys.executable, "-c", code, *_topic_argv(src, out, judge.url, "--concurrency", "4")]
     # SIGINT's default disposition in the child: a test run started as a background job (`make test &`) has
     # SIGINT ignored, the child would inherit that, and Python installs no KeyboardInterrupt handler then.

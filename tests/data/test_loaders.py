@@ -1,4 +1,5 @@
-"""Loaders: JSONL / Parquet / hub rows through the schema registry, chat templates."""
+"""``ebpo.data.loaders``: JSON Lines, Parquet and hub rows read into records (errors name the file, line and
+field), written and read back; duplicate ids, bad bytes and non-text prompts."""
 
 from __future__ import annotations
 
@@ -9,10 +10,6 @@ import pytest
 
 from ebpo.data.loaders import (
     RowError,
-    apply_chat_template,
-    get_schema,
-    list_schemas,
-    load_hub,
     load_jsonl,
     load_parquet,
     load_records,
@@ -101,133 +98,6 @@ def test_missing_file_and_unknown_format(tmp_path):
         read_records(tmp_path / "data.csv")
 
 
-def test_schema_registry():
-    assert {
-        "shared",
-        "math500",
-        "aime24",
-        "aime25",
-        "amc23",
-        "olympiadbench",
-        "dapo_math_17k",
-        "records",
-    } <= set(list_schemas())
-    with pytest.raises(ValueError, match="'gsm8k'.*aime24, aime25, amc23, dapo_math_17k"):
-        get_schema("gsm8k")
-
-
-# -- hub schemas, through the same mapping function ------------------------------------------------
-
-
-def test_math500_olympiad_aime_rows_from_an_in_memory_dataset():
-    import datasets
-
-    math500 = datasets.Dataset.from_list(
-        [
-            {
-                "problem": "p0",
-                "answer": "\\frac{1}{2}",
-                "subject": "Algebra",
-                "level": 3,
-                "unique_id": "test/a/1.json",
-            },
-            {"problem": "p1", "answer": "7", "subject": "Geometry", "level": 5, "unique_id": "test/g/2.json"},
-        ]
-    )
-    records = records_from_rows(math500, "math500", source="math500").records
-    assert [(r.id, r.answer, r.topic, r.level) for r in records] == [
-        ("test/a/1.json", "\\frac{1}{2}", "Algebra", 3),
-        ("test/g/2.json", "7", "Geometry", 5),
-    ]
-
-    olympiad = datasets.Dataset.from_list(
-        [
-            {
-                "id": 2231,
-                "question": "q",
-                "final_answer": ["$69$", "$84$"],
-                "subfield": "Combinatorics",
-                "unit": None,
-            },
-            {
-                "id": 2232,
-                "question": "r",
-                "final_answer": ["$2^{1009}$"],
-                "subfield": "Algebra",
-                "unit": None,
-            },
-        ]
-    )
-    records = records_from_rows(olympiad, "olympiadbench", source="ob").records
-    assert [(r.id, r.prompt, r.answer) for r in records] == [
-        ("2231", "q", "$69$,$84$"),
-        ("2232", "r", "$2^{1009}$"),
-    ]
-    assert records[0].extra == {"subfield": "Combinatorics"}
-
-    aime = datasets.Dataset.from_list([{"ID": "2024-I-1", "problem": "p", "answer": 204}])
-    (record,) = records_from_rows(aime, "aime24", source="aime24").records
-    assert (record.id, record.answer) == ("2024-I-1", "204")
-
-    bad = [{"question": "q", "final_answer": []}]
-    with pytest.raises(RowError, match="hub:ob, row 0, field 'final_answer':"):
-        records_from_rows(bad, "olympiadbench", source="ob", file="hub:ob")
-
-
-def _dapo_rows() -> list[dict]:
-    def row(text: str, answer: str) -> dict:
-        return {
-            "data_source": "math_dapo",
-            "prompt": [{"role": "user", "content": text}],
-            "ability": "MATH",
-            "reward_model": {"ground_truth": answer, "style": "rule-lighteval/MATH_v2"},
-            "extra_info": {"index": "x"},
-        }
-
-    # the hub copy repeats each prompt many times: 3 + 2 rows of two unique prompts, then a third prompt
-    return [row("Solve A.", "1")] * 3 + [row("Solve B.", "2")] * 2 + [row("Solve C.", "34")]
-
-
-def test_dapo_math_17k_dedupes_by_prompt_and_keeps_messages(tmp_path):
-    import datasets
-
-    result = records_from_rows(datasets.Dataset.from_list(_dapo_rows()), "dapo_math_17k", source="dapo")
-    assert [(r.prompt, r.answer, r.source) for r in result.records] == [
-        ("Solve A.", "1", "math_dapo"),
-        ("Solve B.", "2", "math_dapo"),
-        ("Solve C.", "34", "math_dapo"),
-    ]
-    assert result.duplicates == 3  # 6 rows, 3 unique prompts
-    assert len({r.id for r in result.records}) == 3
-    assert result.records[0].extra["messages"] == [{"role": "user", "content": "Solve A."}]
-
-    broken = dict(_dapo_rows()[0], reward_model={"style": "rule"})
-    with pytest.raises(RowError, match=r"row 0, field 'reward_model\.ground_truth':"):
-        records_from_rows([broken], "dapo_math_17k", source="dapo")
-
-    # the same rows saved with save_to_disk load through load_hub / read_records
-    datasets.Dataset.from_list(_dapo_rows()).save_to_disk(str(tmp_path / "dapo"))
-    from_disk = read_records(tmp_path / "dapo", "dapo_math_17k")
-    assert [r.id for r in from_disk.records] == [r.id for r in result.records]
-
-
-def test_hub_path_calls_load_dataset(monkeypatch):
-    import datasets
-
-    calls = []
-
-    def fake_load_dataset(name, config=None, split=None, **kwargs):
-        calls.append((name, config, split))
-        return datasets.Dataset.from_list([{"problem": "p", "answer": "42"}])
-
-    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    records = load_records("hf://Maxwell-Jia/AIME_2024", "aime24", split="train")
-    assert calls == [("Maxwell-Jia/AIME_2024", None, "train")]
-    assert [(r.id, r.answer, r.source) for r in records] == [("AIME_2024-0000", "42", "AIME_2024")]
-    assert load_hub("org/x", "shared", split="test").records[0].source == "x"
-    assert calls[-1] == ("org/x", None, "test")
-
-
 # -- writing and round trips ------------------------------------------------------------------------
 
 
@@ -271,41 +141,6 @@ def test_records_schema_rejects_bad_types(tmp_path):
     path = _write_lines(tmp_path / "s.jsonl", [json.dumps({"id": "a", "answer": "1"})])
     with pytest.raises(RowError, match=r"s\.jsonl, line 1, field 'prompt':"):
         load_jsonl(path, "records")
-
-
-# -- chat templates -----------------------------------------------------------------------------------
-
-# A minimal ChatML-like template: each turn "<|role|>content\n", then "<|assistant|>" for generation.
-TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-
-
-def test_apply_chat_template_renders_through_the_tokenizer():
-    from ebpo.models.tiny import build_char_tokenizer
-
-    tokenizer = build_char_tokenizer()
-    records = [Record(id="a", prompt="1+1=?", answer="2")]
-    with pytest.raises(ValueError, match="no chat_template"):
-        apply_chat_template(records, tokenizer)
-
-    tokenizer.chat_template = TEMPLATE
-    assert apply_chat_template(records, tokenizer) == ["<|user|>1+1=?\n<|assistant|>"]
-    assert apply_chat_template(records, tokenizer, system_prompt="Be brief.") == [
-        "<|system|>Be brief.\n<|user|>1+1=?\n<|assistant|>"
-    ]
-    assert apply_chat_template(records, tokenizer, add_generation_prompt=False) == ["<|user|>1+1=?\n"]
-    # DAPO keeps the original conversation, which wins over the flat prompt
-    dapo = Record(
-        id="d",
-        prompt="Q",
-        answer="1",
-        extra={"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]},
-    )
-    assert apply_chat_template([dapo], tokenizer, system_prompt="ignored") == [
-        "<|system|>S\n<|user|>Q\n<|assistant|>"
-    ]
 
 
 # -- duplicate ids, bad bytes, non-text prompts: one line naming the file and line -------------------

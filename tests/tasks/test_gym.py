@@ -30,7 +30,7 @@ SMALL = {
     "spell_backward": {"max_word_len": 5},
 }
 """Two datasets with small settings: chain_sum in two levels of our own, spell_backward without levels."""
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "trl" / "train_ebpo.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "trl" / "train_ebpo.py"
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 duplicate record ids, damaged checkpoints, and the reward's own counters in the metrics.
 
 Each test stages one such event; the tiny random model and the dense digit-fraction reward of
-``tests/test_trainer.py`` keep every run at a few tenths of a second.
+``tests/trainer/test_trainer.py`` keep every run at a few tenths of a second.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Tests of ``ebpo.annotate``, one module per module of the package."""

@@ -1,0 +1,1 @@
+"""Tests of ``ebpo.data``, one module per module of the package."""

@@ -1,0 +1,1 @@
+"""Tests of ``ebpo.diagnostics``, one module per module of the package."""

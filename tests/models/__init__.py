@@ -1,0 +1,1 @@
+"""Tests of ``ebpo.models``, one module per module of the package."""

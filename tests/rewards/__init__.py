@@ -1,0 +1,1 @@
+"""Tests of ``ebpo.rewards``, one module per module of the package."""

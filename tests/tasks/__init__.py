@@ -1,0 +1,1 @@
+"""Tests of ``ebpo.tasks``, one module per module of the package."""

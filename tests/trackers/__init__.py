@@ -1,0 +1,1 @@
+"""Tests of ``ebpo.trackers``, one module per module of the package."""

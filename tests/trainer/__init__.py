@@ -1,0 +1,1 @@
+"""Tests of ``ebpo.trainer``, one module per module of the package."""
