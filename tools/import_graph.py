@@ -26,7 +26,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors",),  # ConfigError, first_line: no ebpo imports
+    ("errors", "console"),  # ConfigError, first_line; the console a command sets up, --debug: no ebpo imports
     (
         "registry",
         "welford",
@@ -49,7 +49,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("logprobs",),  # token log-probs of sampled responses: the reference and its fast paths
     ("eval",),  # metrics and the evaluation harness
     ("models",),  # the base models: recipes, SFT, build, names, their grid (measured with eval's metrics)
-    ("annotate", "simulate_staleness"),  # dataset annotation; the staleness study of the prior (``ebpo simulate``)
+    (
+        "annotate",
+        "simulate_staleness",
+    ),  # dataset annotation; the staleness study of the prior (``ebpo simulate``)
     ("simulate",),  # the estimators' Monte Carlo study
     ("trackers",),  # metrics.jsonl and the experiment trackers, for the trainer and ebpo diagnose
     ("trainer",),  # the reference trainer
