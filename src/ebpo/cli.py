@@ -59,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
-        console.set_debug(args.debug)  # after the command's name too: ebpo.dataclass_cli turns it on
+        console.set_debug(
+            getattr(args, "debug", False)
+        )  # after the command's name too: ebpo.dataclass_cli turns it on
         if getattr(args, "func", None) is None:
             parser.print_help()
             return 0 if args.command is None else 2
