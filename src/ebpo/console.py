@@ -43,7 +43,7 @@ class _Console(logging.Handler):
         self.below = below
         self.setFormatter(logging.Formatter("%(message)s"))
 
-    def filter(self, record: logging.LogRecord) -> bool:  # type: ignore[override]
+    def filter(self, record: logging.LogRecord) -> bool:
         return (self.below is None or record.levelno < self.below) and bool(super().filter(record))
 
     def emit(self, record: logging.LogRecord) -> None:
