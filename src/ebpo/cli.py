@@ -59,9 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
-        console.set_debug(
-            getattr(args, "debug", False)
-        )  # after the command's name too: ebpo.dataclass_cli turns it on
+        # ebpo --debug COMMAND; after the command's name, ebpo.dataclass_cli's add_command turns it on
+        console.set_debug(getattr(args, "debug", False))
         if getattr(args, "func", None) is None:
             parser.print_help()
             return 0 if args.command is None else 2
