@@ -354,6 +354,9 @@ def resolve_model(args: argparse.Namespace, tmp: Path) -> tuple[str, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from ebpo import console
+
+    console.setup()  # the library's messages (a built-in model's build) as the ebpo commands show them
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--model",

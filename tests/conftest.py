@@ -65,6 +65,19 @@ def _one_torch_thread():
 
 
 @pytest.fixture(autouse=True)
+def _console():
+    """Every test sees the library's messages as the commands' console shows them (``ebpo.console.setup``, as
+    ``ebpo`` and the other entry points do first), whether it runs a command or calls the library directly; the
+    ``ebpo`` logger is left as Python has it afterwards (a test of the embedded default calls
+    ``ebpo.console.teardown`` first)."""
+    from ebpo import console
+
+    console.setup()
+    yield
+    console.teardown()
+
+
+@pytest.fixture(autouse=True)
 def _seed_everything():
     random.seed(0)
     np.random.seed(0)

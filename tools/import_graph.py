@@ -26,7 +26,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors",),  # ConfigError, first_line: no ebpo imports
+    ("errors", "console"),  # ConfigError, first_line; the console a command sets up, --debug: no ebpo imports
     (
         "registry",
         "welford",

@@ -35,6 +35,7 @@ from benchmarks.learning.methods import (
 from benchmarks.learning.run import LOG_FILE, add_answer_kinds, load_results, run_dir, write_json_atomic
 from benchmarks.learning.spec import FIXED_PROMPTS, VARIANTS, Budget, model_path_from
 from benchmarks.learning.testbeds import DEFAULT_TESTBED, TESTBEDS, Testbed, get_testbed
+from ebpo import console
 from ebpo.plugins import HELP as PLUGINS_HELP
 from ebpo.plugins import load_plugins
 
@@ -347,11 +348,13 @@ def describe(plan: matrix.Plan, root: Path, budget: Budget, testbed: Testbed | N
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    console.setup()  # the library's messages (the base model's build) as the ebpo commands show them
     args = build_parser().parse_args(argv)
     command = "python -m benchmarks.learning " + shlex.join(list(sys.argv[1:] if argv is None else argv))
     try:
         return _main(args, command)
-    except ValueError as err:  # ConfigError is a ValueError: one line, no traceback
+    except ValueError as err:  # ConfigError is a ValueError: one line (EBPO_DEBUG=1: its traceback before it)
+        console.show_traceback(err)
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -337,6 +337,9 @@ def execute_logged(spec: RunSpec, root: str, keep_checkpoints: bool, command: st
     """:func:`execute` in a worker process, its output appended to the run's ``run.log``. Returns
     (key, "") on success or (key, one line naming the error and the log) on failure, so that one failed run
     never stops the matrix."""
+    from ebpo import console
+
+    console.setup()  # a spawned worker: the trainer's messages into run.log, as `ebpo train` shows them
     directory = run_dir(Path(root), spec)
     directory.mkdir(parents=True, exist_ok=True)
     with (

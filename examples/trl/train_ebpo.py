@@ -290,10 +290,12 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoTokenizer
 
+    from ebpo import console
     from ebpo.data.prompts import PromptFormat
     from ebpo.integrations.trl import EBPOTrainer
     from ebpo.models.names import builtin_recipe
 
+    console.setup()  # ebpo's messages (its warnings on resume) as the ebpo commands show them
     try:
         script, config = parse_arguments(sys.argv[1:] if argv is None else argv)
         model = model_path(script.model)

@@ -14,6 +14,11 @@ import os
 import select
 import sys
 
+DEBUG_HELP = (
+    "show the traceback behind a one-line error (on stderr, before the line; also EBPO_DEBUG=1); also after "
+    "the command: ebpo train --debug ..."
+)
+
 # subcommand -> module that defines add_parser(subparsers)
 SUBCOMMANDS: dict[str, str] = {
     "simulate": "ebpo.simulate.cli",
@@ -33,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Empirical Bayes Policy Optimization (EBPO) for RL with verifiable rewards.",
     )
     parser.add_argument("--version", action="version", version=f"ebpo {__version__}")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in SUBCOMMANDS.values():
         importlib.import_module(module_name).add_parser(subparsers)
@@ -44,11 +50,17 @@ def main(argv: list[str] | None = None) -> int:
 
     Ctrl-C at any moment, while a command imports torch as much as during its work, ends the process with
     one line and exit code 130; a command that keeps something on Ctrl-C (``ebpo train``'s checkpoint)
-    catches it first and says what it kept."""
+    catches it first and says what it kept. The library's messages show as :func:`ebpo.console.setup` shows
+    them; ``--debug`` (or ``EBPO_DEBUG=1``) adds the traceback behind each one-line error."""
+    from ebpo import console
+
     words = sys.argv[1:] if argv is None else argv
+    console.setup()
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
+        # ebpo --debug COMMAND; after the command's name, ebpo.settings' add_command turns it on
+        console.set_debug(getattr(args, "debug", False))
         if getattr(args, "func", None) is None:
             parser.print_help()
             return 0 if args.command is None else 2

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ebpo.console import show_traceback
 from ebpo.settings import add_command, dataclass_parser, from_args
 
 SCHEMA_HELP = (
@@ -164,6 +165,7 @@ def run_difficulty(args: argparse.Namespace) -> int:
         )
         return 130
     except (ValueError, OSError, ImportError) as err:  # messages name the flag, file or row and the fix
+        show_traceback(err)
         print(f"ebpo annotate difficulty: error: {_one_line(err)}", file=sys.stderr)
         return 2
 
@@ -227,6 +229,7 @@ def run_topic(args: argparse.Namespace) -> int:
         print(f"ebpo annotate topic: interrupted; {kept}", file=sys.stderr)
         return 130
     except (ValueError, OSError, ImportError) as err:  # messages name the flag, file or row and the fix
+        show_traceback(err)
         print(f"ebpo annotate topic: error: {_one_line(err)}", file=sys.stderr)
         return 2
 

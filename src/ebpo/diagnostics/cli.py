@@ -52,6 +52,7 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Entry point: run, print the table, write the files and send them to the trackers; a bad setting is one
     line on stderr, exit 2; a tracker that cannot take them, exit 1."""
+    from ebpo.console import show_traceback
     from ebpo.diagnostics.report import write_outputs
     from ebpo.diagnostics.study import diagnose
     from ebpo.errors import ConfigError
@@ -61,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = from_args(DiagnoseConfig, args)
         result = diagnose(cfg)
     except ConfigError as err:
+        show_traceback(err)
         print(f"ebpo diagnose: error: {err}", file=sys.stderr)
         return 2
     out_dir = Path(cfg.out_dir)
@@ -83,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
                 files=files,
             )
         except TrackerError as err:
+            show_traceback(err)
             print(f"ebpo diagnose: error: {err}; the outputs are in {out_dir}", file=sys.stderr)
             return 1
     return 0

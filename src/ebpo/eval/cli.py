@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ebpo.console import show_traceback
 from ebpo.data.prompts import ChatTemplateSetting
 from ebpo.errors import first_line
 from ebpo.models.names import BUILTIN
@@ -371,12 +372,14 @@ def run(args: argparse.Namespace, *, generate_fns: dict[str, Any] | None = None)
         print(f"ebpo eval: interrupted; {kept}", file=sys.stderr)
         return 130
     except WriteError as err:  # the cache or the results: what was finished stays cached
+        show_traceback(err)
         print(
             f"ebpo eval: error: cannot write {err.path}: {err.reason}; {kept} once you {err.fix}",
             file=sys.stderr,
         )
         return 1
     except (ValueError, OSError) as err:  # our messages name the flag, file or line and the fix
+        show_traceback(err)
         print(f"ebpo eval: error: {err}", file=sys.stderr)
         return 2
 
@@ -528,6 +531,7 @@ def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[st
                 try:
                     rewards[reward_name] = get_reward(reward_name, **reward_options)
                 except TypeError as err:
+                    show_traceback(err)
                     raise SystemExit(
                         f"ebpo eval: error: --reward-option not accepted by reward {reward_name!r}: {err}"
                     ) from err

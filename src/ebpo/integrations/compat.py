@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import sys
 import warnings
 from importlib import metadata
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["TRL_CONFLICT_FIX", "VERL_MISSING", "trl_conflict", "check_environment"]
 
@@ -81,6 +84,6 @@ def check_environment() -> None:
     if problem is None:
         return
     if _launched_as_cli():
-        print(f"ebpo.integrations.verl: {problem}", file=sys.stderr)
+        logger.error(f"ebpo.integrations.verl: {problem}")
         raise SystemExit(2)
     raise ImportError(problem)

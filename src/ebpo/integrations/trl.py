@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import copy
 import inspect
+import logging
 import math
 import os
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
@@ -51,6 +51,8 @@ from ebpo.integrations import ESTIMATOR_STATE_FILE
 from ebpo.persist import load_torch, save_torch_atomic
 from ebpo.plugins import load_plugins
 from ebpo.registry import check_choice
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["ESTIMATOR_STATE_FILE", "EBPOConfig", "EBPOTrainer", "reward_function"]
 
@@ -400,11 +402,9 @@ class EBPOTrainer(GRPOTrainer):
                 stream = (
                     " and the prompt stream from its first epoch" if self._prompt_stream is not None else ""
                 )
-                print(
+                logger.warning(
                     f"[ebpo] WARNING: no {ESTIMATOR_STATE_FILE} in {checkpoint}: the estimator starts from an "
-                    f"empty prior{stream}",
-                    file=sys.stderr,
-                    flush=True,
+                    f"empty prior{stream}"
                 )
             return
         fix = "resume from an earlier checkpoint-N folder, or delete the file to start from an empty prior"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import time
 from dataclasses import asdict, fields
@@ -27,6 +28,8 @@ from typing import Any
 
 from ebpo.models.recipes import RECIPES, default_config, recipe_of
 from ebpo.persist import replace_dir
+
+logger = logging.getLogger(__name__)
 
 BUILD_INFO = "build_info.json"
 PREFIX_STEPS = 25
@@ -172,10 +175,9 @@ def _train(config: Any, progress: bool, describe_target: str, *, portable: bool 
         model, tokenizer = recipe.new_model(config)
         n_params = sum(p.numel() for p in model.parameters())
         if progress:
-            print(
+            logger.info(
                 f"building the {recipe.what} ({n_params / 1e6:.2f}M parameters, {config.steps} SFT steps, "
-                f"one thread) into {describe_target}",
-                flush=True,
+                f"one thread) into {describe_target}"
             )
         prefix = min(PREFIX_STEPS, config.steps)
         prefix_sha = train_prefix_sha256(config, prefix)  # what the guard test retrains
@@ -243,7 +245,7 @@ def build_base_model(
     path = Path(out_dir) if out_dir is not None else base_model_path(config, cache_dir)
     if is_built(path) and not force and load_build_info(path).get("key") == config.key():
         if progress:
-            print(f"reusing the base model built in {path} (--force rebuilds)")
+            logger.info(f"reusing the base model built in {path} (--force rebuilds)")
         return path
 
     started = time.perf_counter()
@@ -253,7 +255,7 @@ def build_base_model(
     info["build_seconds"] = time.perf_counter() - started
     _save(model, tokenizer, info, path)
     if progress:
-        print(f"built in {info['build_seconds']:.0f} s, final loss {info['final_loss']:.3f}: {path}")
+        logger.info(f"built in {info['build_seconds']:.0f} s, final loss {info['final_loss']:.3f}: {path}")
     return path
 
 
@@ -267,7 +269,7 @@ def measure_grid(model, tokenizer, config: Any, *, split: str, progress: bool) -
 
     grid = recipe_of(config).grid(model, tokenizer, config, split=split, progress=progress)
     if progress:
-        print(
+        logger.info(
             grid_report(grid, split=split, samples=config.eval_samples, temperature=config.eval_temperature)
         )
     return grid

@@ -109,12 +109,14 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ebpo.console import show_traceback
     from ebpo.models.build import build_base_model, check_base_model, load_build_info
     from ebpo.models.recipes import RECIPES
 
     try:
         config = from_args(RECIPES.get(args.recipe).config_cls, args)
     except ValueError as err:  # a recipe that cannot be built: one line naming the field
+        show_traceback(err)
         print(f"ebpo base-model: error: {err}", file=sys.stderr)
         return 2
     if args.grid_samples is not None and args.grid_samples < 1:

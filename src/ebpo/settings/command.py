@@ -64,10 +64,16 @@ def command_prefix() -> str:
 
 
 def _plugins_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """``parser`` with the ``--plugins NAME`` flag every command takes (repeatable, comma-separated)."""
+    """``parser`` with the flags every command takes: ``--plugins NAME`` (repeatable, comma-separated) and
+    ``--debug`` (:mod:`ebpo.console`)."""
     from ebpo.plugins import HELP
 
     parser.add_argument("--plugins", action="append", default=[], metavar="NAME", help=HELP)
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="show the traceback behind a one-line error (on stderr, before the line; also EBPO_DEBUG=1)",
+    )
     return parser
 
 
@@ -79,14 +85,18 @@ def _start(
 ) -> int:
     """Import the plugins (entry points and ``--plugins``), then parse ``words`` with the command's parser and
     run it."""
+    from ebpo import console
     from ebpo.plugins import PluginError, load_plugins
 
     named, _ = _plugins_flag(argparse.ArgumentParser(add_help=False, allow_abbrev=False)).parse_known_args(
         words
     )
+    if named.debug:
+        console.set_debug(True)
     try:
         load_plugins(named.plugins)
     except PluginError as err:
+        console.show_traceback(err)
         print(f"{prog}: error: {err}", file=sys.stderr)
         return 2
     args = _plugins_flag(parser(prog)).parse_args(words)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,8 @@ from typing import Any
 from ebpo.errors import first_line
 from ebpo.persist import WriteError
 from ebpo.trackers.base import Status, Tracker, TrackerError
+
+logger = logging.getLogger(__name__)
 
 
 class TrackerRuns:
@@ -24,11 +27,11 @@ class TrackerRuns:
         """The trackers whose runs :meth:`close` ended."""
 
     def add(self, tracker: Tracker, note: str | None = None) -> None:
-        """Keep ``tracker`` and print where its run is (after ``note``, if any)."""
+        """Keep ``tracker`` and log where its run is (after ``note``, if any)."""
         self.trackers.append(tracker)
         line = " ".join(part for part in (note, tracker.describe()) if part)
         if line:
-            print(line, flush=True)
+            logger.info(line)
 
     def send(self, tracker: Tracker, what: str, call: Callable[..., Any], *args: Any) -> None:
         """``call(*args)``, a method of ``tracker``, doing ``what`` (for the message)."""

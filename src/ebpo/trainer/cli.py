@@ -90,7 +90,9 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``ebpo train``. Returns the exit code: 0; 2 for a bad config, path or checkpoint; 1 when the reward
     raised, the disk refused a write or a tracker could not start or log; 130 / 143 when Ctrl-C / SIGTERM
-    stopped it (one line on stderr saying what was kept and the command that continues, never a traceback)."""
+    stopped it (one line on stderr saying what was kept and the command that continues, never a traceback). With
+    ``--debug`` an error's one line follows its traceback (:func:`ebpo.console.show_traceback`)."""
+    from ebpo.console import show_traceback
     from ebpo.errors import ConfigError
     from ebpo.persist import WriteError
     from ebpo.settings import read_yaml
@@ -115,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
 
         trainer = Trainer(cfg, run_dir=args.run_dir, resume=args.resume, overwrite=args.overwrite)
     except (ConfigError, ValueError, FileNotFoundError, WriteError) as err:
+        show_traceback(err)
         print(f"ebpo train: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -135,12 +138,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = trainer.train()
     except RewardError as err:
+        show_traceback(err)
         print(f"ebpo train: error: {err}", file=sys.stderr)
         return 1
     except TrackerError as err:  # could not start or log: metrics.jsonl and the checkpoints are kept
+        show_traceback(err)
         print(f"ebpo train: error: {err}; {_continue_from(trainer)}", file=sys.stderr)
         return 1
     except WriteError as err:
+        show_traceback(err)
         print(
             f"ebpo train: error: cannot write {err.path}: {err.reason}; {_kept(trainer, err)}",
             file=sys.stderr,

@@ -15,13 +15,15 @@ the context does nothing and signals keep their usual effect.
 
 from __future__ import annotations
 
+import logging
 import signal
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
+
+logger = logging.getLogger(__name__)
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -97,7 +99,7 @@ class StopRequest:
 
 @contextmanager
 def stop_at_step_boundary() -> Iterator[StopRequest]:
-    """Within the block, the first SIGINT or SIGTERM sets the request (and prints one line to stderr); a
+    """Within the block, the first SIGINT or SIGTERM sets the request (and logs one warning line); a
     second raises :class:`StoppedAtOnce` wherever the program is. The previous handlers come back at the
     end of the block."""
     request = StopRequest()
@@ -109,20 +111,16 @@ def stop_at_step_boundary() -> Iterator[StopRequest]:
         if request.signum is not None and request.holding:
             if request.pending is None:
                 request.pending = signum
-                print(
-                    f"\n{signal_name(signum)}: stopping once the checkpoint being written is complete",
-                    file=sys.stderr,
-                    flush=True,
+                logger.warning(
+                    f"\n{signal_name(signum)}: stopping once the checkpoint being written is complete"
                 )
             return
         if request.signum is not None:
             raise StoppedAtOnce(signum)
         request.signum = signum
         again = "Ctrl-C again" if signum == signal.SIGINT else "send it again"
-        print(
-            f"\n{signal_name(signum)}: stopping after this step, with a checkpoint ({again} to stop now)",
-            file=sys.stderr,
-            flush=True,
+        logger.warning(
+            f"\n{signal_name(signum)}: stopping after this step, with a checkpoint ({again} to stop now)"
         )
 
     previous = {signum: signal.signal(signum, handle) for signum in SIGNALS}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -34,6 +35,8 @@ from ebpo.rewards import get_reward, list_rewards
 from ebpo.tasks import get_task
 from ebpo.trackers import check_trackers
 from ebpo.trainer.config import ConfigError, OptimConfig, TrainConfig
+
+logger = logging.getLogger(__name__)
 
 
 class Prompts(NamedTuple):
@@ -287,7 +290,7 @@ def resolve_shared_prompts(
     attention = attention_of(model)
     if gradient_checkpointing or attention not in SHARED_PROMPT_ATTENTION:
         why = "model.gradient_checkpointing=true" if gradient_checkpointing else f"{attention!r} attention"
-        print(f"optim.shared_prompts: off with {why} (each row runs its own copy of the prompt)", flush=True)
+        logger.info(f"optim.shared_prompts: off with {why} (each row runs its own copy of the prompt)")
         return False
     return True
 

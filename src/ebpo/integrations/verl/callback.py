@@ -22,7 +22,7 @@ group setup asks torch for ``cpu:gloo,cpu:gloo``, which torch refuses, and offer
 
 from __future__ import annotations
 
-import sys
+import logging
 from typing import Any
 
 try:
@@ -53,6 +53,8 @@ from ebpo.integrations.verl.estimators import (
     served_by_ebpo,
     to_plain,
 )
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "CALLBACK_AVAILABLE",
@@ -121,18 +123,16 @@ def launcher_gaps(config: Any, *, callback: bool) -> list[str]:
 
 
 def warn_about_launcher(config: Any, *, callback: bool, holder: EstimatorHolder | None = None) -> None:
-    """Print the one warning about verl's launcher (:func:`launcher_gaps`), once per process; nothing under
+    """Log the one warning about verl's launcher (:func:`launcher_gaps`), once per process; nothing under
     ``python -m ebpo.integrations.verl`` (its trainers mark :data:`HOLDER` managed)."""
     owner = holder if holder is not None else HOLDER
     if owner.managed or owner.warned:
         return
     owner.warned = True
     name = str(_get(config, "algorithm.adv_estimator", "ebpo"))
-    print(
+    logger.warning(
         f"[ebpo] WARNING: verl's launcher runs {name!r} without: {'; '.join(launcher_gaps(config, callback=callback))}. "
-        f"All of it: {SWITCH}",
-        file=sys.stderr,
-        flush=True,
+        f"All of it: {SWITCH}"
     )
 
 

@@ -11,15 +11,17 @@ from an empty prior, with one warning line.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 from ebpo.integrations import ESTIMATOR_STATE_FILE
 from ebpo.integrations.verl.estimators import HOLDER, EstimatorHolder
 from ebpo.persist import load_torch, save_torch_atomic
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "ESTIMATOR_STATE_FILE",
@@ -79,11 +81,9 @@ def restore_estimator_state(folder: str | os.PathLike, holder: EstimatorHolder |
             f"stopped after verl marked the checkpoint complete and before the prior was written): {fix}, or "
             f"delete {folder}"
         )
-    print(
+    logger.warning(
         f"[ebpo] WARNING: {folder / ESTIMATOR_STATE_FILE} does not exist (a checkpoint written by another "
-        "trainer): the estimator resumes with an empty prior",
-        file=sys.stderr,
-        flush=True,
+        "trainer): the estimator resumes with an empty prior"
     )
     return False
 

@@ -25,14 +25,18 @@ entry points are loaded everywhere without it.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
 from typing import Any
 
+from ebpo import console
 from ebpo.integrations.verl.estimators import to_plain
 from ebpo.integrations.verl.quiet import QUIET_ENV, verbose_requested
 from ebpo.integrations.verl.quiet import install as quiet_log
+
+logger = logging.getLogger(__name__)
 
 
 def _task_runner_class():
@@ -78,7 +82,8 @@ def _task_runner_class():
             from ebpo.integrations.verl.samplers import create_sampler
             from ebpo.integrations.verl.trainer import EBPORayPPOTrainer
 
-            print(
+            console.setup()  # this Ray process's messages, as the launcher's console shows them
+            logger.info(
                 f"[ebpo] task runner on {socket.gethostname()} pid {os.getpid()}; our estimators: {REGISTERED}"
             )
             OmegaConf.resolve(config)
@@ -142,7 +147,8 @@ def _task_runner_v1_class():
             from ebpo.integrations.verl.v1 import trainer_class
 
             configure_verl_logging()
-            print(
+            console.setup()  # this Ray process's messages, as the launcher's console shows them
+            logger.info(
                 f"[ebpo] v1 task runner on {socket.gethostname()} pid {os.getpid()}; our estimators: {REGISTERED}"
             )
             config.transfer_queue.enable = True
@@ -217,6 +223,7 @@ def _configure_v1(config: Any) -> None:
         try:
             kwargs["ebpo"] = replay_buffer_settings(config)
         except ValueError as error:
+            console.show_traceback(error)
             raise SystemExit(f"ebpo.integrations.verl: {error}") from None
         sampler.sampler_kwargs = kwargs
 
@@ -266,6 +273,7 @@ def _resolve_model_path(config: Any) -> None:
             return
         directory = resolve_model(str(path)).path
     except ConfigError as error:
+        console.show_traceback(error)
         raise SystemExit(f"ebpo.integrations.verl: actor_rollout_ref.model.path: {error}") from None
     with open_dict(config):
         config.actor_rollout_ref.model.path = str(directory)
@@ -285,6 +293,7 @@ def run(config: Any) -> None:
     try:
         refuse_rejection_after_advantage(config.algorithm)
     except ValueError as error:
+        console.show_traceback(error)
         raise SystemExit(f"ebpo.integrations.verl: {error}") from None
     _resolve_model_path(config)
     if not verbose_requested():
@@ -336,7 +345,9 @@ def take_plugins(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def main(argv: list[str] | None = None) -> None:
     """Hydra CLI over verl's ``ppo_trainer.yaml`` (same overrides as ``verl.trainer.main_ppo``), after
-    ``--plugins``."""
+    ``--plugins``. The console of :mod:`ebpo.console` (``EBPO_DEBUG=1``: the traceback behind a one-line
+    error)."""
+    console.setup()
     # importing this module already ran the package's environment check and registrations
     from ebpo.integrations.verl.registration import register_plugins
     from ebpo.plugins import ENV_VAR, PluginError
@@ -346,6 +357,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             resolved = register_plugins(names)
         except PluginError as error:
+            console.show_traceback(error)
             raise SystemExit(f"ebpo.integrations.verl: {error}") from None
         os.environ[ENV_VAR] = os.pathsep.join([*filter(None, [os.environ.get(ENV_VAR)]), *resolved])
     sys.argv = [sys.argv[0], *overrides]

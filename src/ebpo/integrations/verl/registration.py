@@ -19,18 +19,20 @@ of verl's is patched.
 
 from __future__ import annotations
 
-import sys
+import logging
 
 from ebpo.integrations.compat import check_environment
+
+logger = logging.getLogger(__name__)
 
 try:
     check_environment()
 except ImportError as error:
-    print(f"ebpo.integrations.verl: {error}", file=sys.stderr, flush=True)
+    logger.error(f"ebpo.integrations.verl: {error}")
     raise
 
 from ebpo.integrations.verl.quiet import install as quiet_log  # noqa: E402
-from ebpo.integrations.verl.quiet import quiet_requested
+from ebpo.integrations.verl.quiet import quiet_requested  # noqa: E402
 
 if quiet_requested():  # a run of python -m ebpo.integrations.verl (not VERBOSE=1): repeated messages once
     quiet_log()
@@ -48,7 +50,7 @@ from ebpo.plugins import PluginError, load_plugins  # noqa: E402
 try:
     load_plugins()
 except PluginError as error:
-    print(f"ebpo.integrations.verl: {error}", file=sys.stderr, flush=True)
+    logger.error(f"ebpo.integrations.verl: {error}")
     raise
 
 from ebpo.integrations.verl.estimators import HOLDER, register_with_verl  # noqa: E402

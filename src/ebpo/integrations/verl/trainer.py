@@ -26,8 +26,8 @@ Everything else is verl's own ``fit``. What the subclass adds, hook by hook:
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 
 import numpy as np
 from verl import DataProto
@@ -48,6 +48,8 @@ from ebpo.integrations.verl.estimators import (
 )
 from ebpo.integrations.verl.filtering import layout_filtered_update
 from ebpo.integrations.verl.registration import REGISTERED
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["EBPORayPPOTrainer", "ignored_settings", "refuse_unsupported"]
 
@@ -106,7 +108,7 @@ class EBPORayPPOTrainer(RayPPOTrainer):
         refuse_rejection_after_advantage(self.config.algorithm)
         HOLDER.managed = True
         for line in ignored_settings(self.config):
-            print(f"[ebpo] WARNING: {line}", file=sys.stderr, flush=True)
+            logger.warning(f"[ebpo] WARNING: {line}")
 
     def _estimator_name(self) -> str:
         return str(self.config.algorithm.adv_estimator)

@@ -44,8 +44,8 @@ nccl, nixl, mooncake...), so with ``trainer.device=cpu`` it is refused at start 
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -73,6 +73,8 @@ from ebpo.integrations.verl.estimators import (
 )
 from ebpo.integrations.verl.registration import REGISTERED
 from ebpo.persist import Journal
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "SUPPORTED_MODE",
@@ -367,12 +369,10 @@ class _EBPOTrainer:
         HOLDER.managed = True
         super().__init__(config)  # type: ignore[call-arg]
         if config.actor_rollout_ref.rollout.get("multi_turn", {}).get("enable", False):
-            print(
+            logger.warning(
                 "[ebpo] WARNING: actor_rollout_ref.rollout.multi_turn.enable=True: multi-turn agent loops are not "
                 "validated with ebpo's estimators (an agent loop's several outputs would count as several group "
-                "members)",
-                file=sys.stderr,
-                flush=True,
+                "members)"
             )
         # DAPO filtering happens in the replay buffer here; the estimator must not filter a second time
         HOLDER.filter_in_estimator = False
