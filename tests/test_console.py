@@ -16,6 +16,7 @@ from ebpo import console
 from ebpo.cli import main
 from ebpo.trackers.runs import TrackerRuns
 from ebpo.trainer.interrupt import stop_at_step_boundary
+from helpers.base_model import TINY_COMMAND
 
 STOP_LINE = "Ctrl-C (SIGINT): stopping after this step, with a checkpoint (Ctrl-C again to stop now)"
 
@@ -47,23 +48,7 @@ def first_signal_warning() -> None:
     assert request.signum == signal.SIGINT
 
 
-BASE_MODEL = [
-    "base-model",
-    "--hidden-size",
-    "32",
-    "--num-layers",
-    "1",
-    "--num-heads",
-    "2",
-    "--steps",
-    "3",
-    "--batch-size",
-    "8",
-    "--train-problems",
-    "45",
-    "--eval-per-cell",
-    "0",
-]
+BASE_MODEL = TINY_COMMAND
 
 
 @pytest.fixture

@@ -19,3 +19,22 @@ TINY = recipe.BaseModelConfig(
     eval_samples=2,
     max_new_tokens=6,
 )
+
+# ``ebpo base-model``'s flags for a build of a few steps with no grid (the command's own tests, the console's).
+TINY_COMMAND = [
+    "base-model",
+    "--hidden-size",
+    "32",
+    "--num-layers",
+    "1",
+    "--num-heads",
+    "2",
+    "--steps",
+    "3",
+    "--batch-size",
+    "8",
+    "--train-problems",
+    "45",
+    "--eval-per-cell",
+    "0",
+]

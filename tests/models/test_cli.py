@@ -9,6 +9,7 @@ import pytest
 
 from ebpo.models import build as bm
 from ebpo.models.recipes import arith as recipe
+from helpers.base_model import TINY_COMMAND
 
 # --- CLI ------------------------------------------------------------------------------------------------------
 
@@ -17,23 +18,9 @@ def test_cli_builds_into_cache_dir_and_prints_the_path_last(tmp_path, capsys):
     from ebpo.cli import main
 
     argv = [
-        "base-model",
+        *TINY_COMMAND,
         "--cache-dir",
         str(tmp_path),
-        "--hidden-size",
-        "32",
-        "--num-layers",
-        "1",
-        "--num-heads",
-        "2",
-        "--steps",
-        "3",
-        "--batch-size",
-        "8",
-        "--train-problems",
-        "45",
-        "--eval-per-cell",
-        "0",
         "--near-miss-offsets=-1,1",  # "=": a value that starts with "-" would read as a flag
         "--quiet",
     ]
