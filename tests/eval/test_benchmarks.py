@@ -228,7 +228,7 @@ def test_hub_copy_with_a_bad_row_names_the_dataset_row_and_field(hub_copies):
 def test_hub_copy_of_our_files_gives_the_same_records(benchmark_dir, hub_copies, name):
     """Every problem of our JSON Lines copy, written in the hub copy's layout and value types, loads back
     through the hub path as the same records (ids, prompts, answers): the same cache key in ``ebpo eval``."""
-    from ebpo.eval.cli import records_digest
+    from ebpo.eval.harness import records_digest
 
     ours = load_benchmark(name, data_dir=benchmark_dir)
     pairs = [(r.prompt[: -len(INSTRUCTION_SUFFIX)], r.answer) for r in ours]

@@ -144,23 +144,6 @@ def test_cli_tiny_model_dir_on_arith(tiny_model_dir, tmp_path, monkeypatch):
     assert again["results"] == out["results"]
 
 
-def test_results_table_average_by_hand():
-    results = {
-        "A": {"b1": {"pass@1": 0.5}, "b2": {"pass@1": 0.25}},
-        "B": {"b1": {"pass@1": 0.1}},
-    }
-    table = eval_cli.results_table(results, ["b1", "b2"], "pass@1")
-    # A: (50 + 25) / 2 = 37.5; B lacks b2, so no average
-    assert "| A | 50.00 | 25.00 | 37.50 |" in table
-    assert "| B | 10.00 | - | - |" in table
-
-
-def test_results_table_se_average_by_hand():
-    # se 0.03 and 0.04: se of the mean of two independent estimates = sqrt(0.03^2 + 0.04^2) / 2 = 0.025
-    results = {"A": {"b1": {"pass@1/se_problems": 0.03}, "b2": {"pass@1/se_problems": 0.04}}}
-    assert "| A | 3.00 | 4.00 | 2.50 |" in eval_cli.results_table(results, ["b1", "b2"], "pass@1/se_problems")
-
-
 def _quick_args(tmp_path, *extra: str) -> argparse.Namespace:
     return parse_eval_args(
         ["scripted", "--benchmarks", "arith", "--limit", "6", "--n", "2", "--batch-size", "4", "--quiet"]

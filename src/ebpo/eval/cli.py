@@ -11,11 +11,8 @@ Writes ``results.md`` (the paper-style table: one row per model, one column per 
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -24,9 +21,7 @@ from ebpo.console import show_traceback
 from ebpo.data.prompts import ChatTemplateSetting
 from ebpo.errors import first_line
 from ebpo.models.names import BUILTIN
-from ebpo.persist import write_text_atomic
 from ebpo.settings import add_command, dataclass_parser
-from ebpo.tables import Align, markdown_table
 
 CLIP_WARNING = 0.01  # warn when at least this fraction of a benchmark's responses hit --max-new-tokens
 
@@ -228,128 +223,6 @@ def _json_key(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-def _percent(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.2f}"
-
-
-def results_table(
-    results: dict[str, dict[str, dict[str, float]]], benchmarks: Sequence[str], metric: str
-) -> str:
-    """One row per model, one column per benchmark plus Average, in %.
-
-    Average is the unweighted mean over benchmarks (the paper's column); for a standard-error metric
-    (``.../se_...``) it is the standard error of that mean, sqrt(sum of se^2) / #benchmarks, treating the
-    benchmarks as independent. Blank ("-") when a benchmark is missing.
-    """
-    is_se = "/se_" in metric
-    rows = []
-    for model, per_bench in results.items():
-        values = [per_bench.get(b, {}).get(metric) for b in benchmarks]
-        known = [v for v in values if v is not None]
-        average = None
-        if values and len(known) == len(values):
-            if is_se:
-                average = sum(v * v for v in known) ** 0.5 / len(known)
-            else:
-                average = sum(known) / len(known)
-        rows.append([model, *(_percent(v) for v in values), _percent(average)])
-    numbers: list[Align] = ["right"] * (len(benchmarks) + 1)  # the model's name, then right-aligned numbers
-    return markdown_table(["Model", *benchmarks, "Average"], rows, align=["", *numbers])
-
-
-def render_markdown(
-    results: dict[str, dict[str, dict[str, float]]], benchmarks: Sequence[str], settings: dict
-) -> str:
-    """The results page: Pass@1 table, its standard errors, then one table per pass@k / maj@k."""
-    n = settings["n"]
-    parts = [
-        f"## Pass@1 (%), averaged over n = {n} samples per problem",
-        "",
-        results_table(results, benchmarks, "pass@1"),
-        "",
-        "Standard error of Pass@1 across problems (%):",
-        "",
-        results_table(results, benchmarks, "pass@1/se_problems"),
-        "",
-        f"Standard error of Pass@1 across the n = {n} sample seeds (%):",
-        "",
-        results_table(results, benchmarks, "pass@1/se_seeds"),
-    ]
-    extra = sorted(
-        {m for per in results.values() for s in per.values() for m in s if m.startswith(("pass@", "maj@"))}
-        - {"pass@1"},
-        key=lambda m: (m.startswith("maj@"), int(m.split("@")[1].split("/")[0]), m),  # pass@k first
-    )
-    for metric in (m for m in extra if "/" not in m):
-        parts += ["", f"{metric} (%):", "", results_table(results, benchmarks, metric)]
-    if any("response/clip_ratio" in summary for per in results.values() for summary in per.values()):
-        parts += [
-            "",
-            "Responses cut at max new tokens (response/clip_ratio, %): a cut response usually has no final "
-            "answer and counts as wrong, so a large value means Pass@1 measures the token budget.",
-            "",
-            results_table(results, benchmarks, "response/clip_ratio"),
-        ]
-    if settings.get("skipped_metrics"):
-        parts += ["", f"Not reported (n = {n} is below k): {', '.join(settings['skipped_metrics'])}."]
-    parts += [
-        "",
-        f"Sampling: temperature {settings['temperature']}, top-p {settings['top_p']}, seed {settings['seed']}, "
-        f"max new tokens {settings['max_new_tokens'] or 'per benchmark'}"
-        + (f", first {settings['limit']} problems per benchmark" if settings.get("limit") else "")
-        + ".",
-    ]
-    return "\n".join(parts) + "\n"
-
-
-def write_outputs(out_dir: Path, results: dict, benchmarks: Sequence[str], settings: dict[str, Any]) -> str:
-    """Write results.md / results.csv / results.json (each atomically); returns the markdown."""
-    markdown = render_markdown(results, benchmarks, settings)
-    write_text_atomic(out_dir / "results.md", markdown)
-    metric_names = sorted({m for per in results.values() for s in per.values() for m in s})
-    table = io.StringIO(newline="")
-    writer = csv.writer(table)
-    writer.writerow(["model", "benchmark", *metric_names])
-    for model, per_bench in results.items():
-        for bench in benchmarks:
-            if bench in per_bench:
-                writer.writerow([model, bench, *(per_bench[bench].get(m, "") for m in metric_names)])
-    write_text_atomic(out_dir / "results.csv", table.getvalue())
-    write_text_atomic(
-        out_dir / "results.json",
-        json.dumps({"settings": settings, "benchmarks": list(benchmarks), "results": results}, indent=2)
-        + "\n",
-    )
-    return markdown
-
-
-def records_digest(records: Sequence[Any]) -> str:
-    """12 hex digits over every record's id, prompt and answer: a changed data file gets a new cache."""
-    import hashlib
-
-    payload = json.dumps([[str(r.id), r.prompt, r.answer] for r in records])
-    return hashlib.sha256(payload.encode()).hexdigest()[:12]
-
-
-class LazyModel:
-    """Loads a model on the first chunk that needs sampling, so a run answered fully from the cache never
-    loads it; ``generate_fn(sampling)`` gives the harness's ``(prompts, n, seeds)`` callable."""
-
-    def __init__(self, path: Path, tokenizer: Any, *, device: str | None, dtype: str):
-        self.path, self.tokenizer, self.device, self.dtype = path, tokenizer, device, dtype
-        self.model = None
-
-    def generate_fn(self, sampling: Any):
-        from ebpo.eval.harness import load_model, model_generate_fn
-
-        def generate(prompts: list[str], n: int, seeds: list[int]):
-            if self.model is None:
-                self.model, _ = load_model(self.path, device=self.device, dtype=self.dtype)
-            return model_generate_fn(self.model, self.tokenizer, sampling)(prompts, n, seeds)
-
-        return generate
-
-
 def run(args: argparse.Namespace, *, generate_fns: dict[str, Any] | None = None) -> int:
     """Run ``ebpo eval``. ``generate_fns`` (model name -> ``(prompts, n, seeds) -> texts``) replaces model
     loading for those names: used by tests and by callers with their own inference engine.
@@ -413,8 +286,9 @@ def _settings_of(benchmark: str, settings: dict[str, Any]) -> dict[str, Any]:
 def _run(args: argparse.Namespace, cache_dir: Path | None, generate_fns: dict[str, Any]) -> int:
     from ebpo.data.prompts import PromptFormat
     from ebpo.eval.benchmarks import PAPER_BENCHMARKS, get_benchmark, split_benchmarks
-    from ebpo.eval.harness import SamplingConfig, cache_file, evaluate
+    from ebpo.eval.harness import LazyModel, SamplingConfig, cache_file, evaluate, records_digest
     from ebpo.eval.harness import model_fingerprint as fingerprint
+    from ebpo.eval.report import write_outputs
     from ebpo.tasks import task_options
 
     models = list(args.models) or [BUILTIN]

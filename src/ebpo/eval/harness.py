@@ -412,3 +412,30 @@ def evaluate(
     )
     cache_file_path = cache.path if cache is not None else None
     return EvalResult(problems=problems, summary=summary, cache_path=cache_file_path, num_cached=num_cached)
+
+
+def records_digest(records: Sequence[Any]) -> str:
+    """12 hex digits over every record's id, prompt and answer: a changed data file gets a new cache."""
+    import hashlib
+
+    payload = json.dumps([[str(r.id), r.prompt, r.answer] for r in records])
+    return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+
+class LazyModel:
+    """Loads a model on the first chunk that needs sampling, so a run answered fully from the cache never
+    loads it; ``generate_fn(sampling)`` gives the harness's ``(prompts, n, seeds)`` callable."""
+
+    def __init__(self, path: Path, tokenizer: Any, *, device: str | None, dtype: str):
+        self.path, self.tokenizer, self.device, self.dtype = path, tokenizer, device, dtype
+        self.model = None
+
+    def generate_fn(self, sampling: Any):
+        from ebpo.eval.harness import load_model, model_generate_fn
+
+        def generate(prompts: list[str], n: int, seeds: list[int]):
+            if self.model is None:
+                self.model, _ = load_model(self.path, device=self.device, dtype=self.dtype)
+            return model_generate_fn(self.model, self.tokenizer, sampling)(prompts, n, seeds)
+
+        return generate
