@@ -3,7 +3,8 @@ skipping. Helpers that several test modules share live in ``tests/helpers/``.
 
 The tests mirror the package: ``tests/<package>/test_<module>.py`` for a module of ``src/ebpo/<package>/``,
 ``tests/test_<module>.py`` for a top-level module; the project-wide checks (README, docs paths, the import graph,
-the wheel, input paths across commands, docs/theory.md) sit at the top level too."""
+the wheel, input paths across commands, a refused write across persist and the trainer, docs/theory.md) sit at the
+top level too; ``tests/test_benchmarks.py`` and ``tests/bench_learning/`` hold ``benchmarks/`` to account."""
 
 from __future__ import annotations
 
