@@ -4,7 +4,7 @@ For each of the 1,800 test problems of ``ebpo base-model --grid test`` (40 per t
 samples 64 answers at T = 1 and measures, on the problems whose most frequent answer of the 64 is right:
 the right answer's share, the likeliest wrong answer's share and kind (``arith.answer_kind``), the expected
 maj@8 over random 8-subsets of the 64 (``ebpo.eval.metrics.maj_at_k``), and, for comparison, the probability
-with which the model's teacher writes any one wrong label (``ebpo.models.recipe``).
+with which the model's teacher writes any one wrong label (``ebpo.models.recipes.arith``).
 
     python docs/results/long_sft/vote_collisions.py src/ebpo/models/arith_base            # D2, about a minute
     python docs/results/long_sft/vote_collisions.py ~/.cache/ebpo/base_models/arith-6cacd0f01581   # L2
@@ -26,8 +26,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ebpo.eval.metrics import maj_at_k, score_problem
 from ebpo.generation import sample
-from ebpo.models import recipe
-from ebpo.models.recipe import BaseModelConfig
+from ebpo.models.recipes import arith as recipe
+from ebpo.models.recipes.arith import BaseModelConfig
 from ebpo.tasks import arith
 
 SAMPLES, VOTERS, BATCH = 64, 8, 128
