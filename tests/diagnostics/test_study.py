@@ -1,4 +1,5 @@
-"""``ebpo.diagnostics.study``: the tool on policies whose answers are known, and its fast gradient paths.
+"""``ebpo.diagnostics.study``: the tool on policies whose answers are known, its fast gradient paths, and the tiny
+model on a gym task.
 
 The known-answer policy is a softmax over K fixed answers per prompt (:class:`SoftmaxPolicy`, a torch module with
 a causal LM's call contract, so the tool runs it through the same sampler and log-prob pass as a real model):
@@ -21,6 +22,7 @@ from ebpo.advantages import AdvantageEstimator, dr_grpo_advantage, register_esti
 from ebpo.data.records import Record
 from ebpo.diagnostics import measures, report, study
 from ebpo.diagnostics.config import DiagnoseConfig
+from helpers.gym import needs_gym
 
 PAD, EOS = 0, 1
 
@@ -274,3 +276,29 @@ def test_the_fast_gradients_equal_a_plain_backward_per_loss():
 def test_python_api_is_the_command():
     assert ebpo.diagnose is study.diagnose
     assert {f.name for f in dataclasses.fields(DiagnoseConfig)} >= {"estimators", "group_sizes", "preset"}
+
+
+@needs_gym
+def test_ebpo_diagnose_on_a_gym_task(tiny_model_dir, tmp_path):
+    from ebpo.diagnostics import study
+    from ebpo.diagnostics.config import DiagnoseConfig
+
+    cfg = DiagnoseConfig(
+        model=str(tiny_model_dir),
+        task="gym:chain_sum",
+        task_options="{chain_sum: {max_terms: 2, max_digits: 1}}",
+        prompts=4,
+        batches=2,
+        warmup_batches=1,
+        group_sizes=[2],
+        reference_samples=4,
+        estimators=["grpo", "ebpo"],
+        projection_dim=64,
+        max_new_tokens=4,
+        out_dir=str(tmp_path / "diag"),
+        quiet=True,
+    )
+    records = study._load_records(cfg)
+    assert {r.topic for r in records} == {"chain_sum"} and type(study._reward(cfg)).__name__ == "GymReward"
+    result = study.diagnose(cfg)
+    assert set(result.arms) == {("grpo", 2), ("ebpo", 2)}

@@ -1,5 +1,6 @@
 """Tests for ebpo.eval.cli (``ebpo eval``): real benchmark files with a scripted generator, the tiny model on
-arith and its cache, the results table, one-line errors, Ctrl-C, skipped metrics, truncation."""
+arith and its cache, gym benchmarks, the results table, one-line errors, Ctrl-C, skipped metrics,
+truncation."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from ebpo.eval import cli as eval_cli
 from ebpo.eval.benchmarks import get_benchmark
 from ebpo.registry import PLUGINS_HINT
 from helpers.evaluation import SeededGenerator
+from helpers.gym import needs_gym
 
 PAPER_SETS = ["aime24", "aime25", "amc23", "math500", "olympiadbench"]
 
@@ -336,3 +338,36 @@ def test_quiet_silences_the_loading_bars_of_transformers_too(tmp_path):
     out = tmp_path / "out"
     assert proc.stderr == f"wrote {out / 'results.md'}, results.csv, results.json\n", proc.stderr
     assert "| builtin:arith |" in proc.stdout
+
+
+@needs_gym
+def test_ebpo_eval_on_gym_benchmarks(tiny_model_dir, tmp_path, capsys):
+    from ebpo.cli import main
+    from ebpo.eval.benchmarks import get_benchmark, split_benchmarks
+
+    assert split_benchmarks("gym:chain_sum,gcd,arith") == ["gym:chain_sum,gcd", "arith"]
+    assert split_benchmarks("gym:chain_sum,gym:gcd") == ["gym:chain_sum", "gym:gcd"]
+    assert get_benchmark("gym:gcd").reward == "gym"
+    common = ["--n", "2", "--limit", "4", "--max-new-tokens", "4", "--ks", "1,2", "--maj-ks", "2", "--quiet"]
+    common += ["--device", "cpu", "--cache-dir", str(tmp_path / "cache")]
+    code = main(
+        ["eval", str(tiny_model_dir), "--benchmarks", "gym:chain_sum,spell_backward,gym:gcd", *common,
+         "--task-options", "{chain_sum: {max_terms: 2}}", "--out-dir", str(tmp_path / "out")]
+    )  # fmt: skip
+    assert code == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["benchmarks"] == ["gym:chain_sum,spell_backward", "gym:gcd"]
+    assert results["settings"]["task_options"] == {"chain_sum": {"max_terms": 2}}
+    for bench in results["benchmarks"]:  # a random model writes no <answer> tags
+        assert results["results"][str(tiny_model_dir)][bench]["pass@1"] == 0.0
+    capsys.readouterr()
+    bad = main(
+        ["eval", str(tiny_model_dir), "--benchmarks", "gym:gcd", "--task-options", "{gcd: {x: 1}}", *common]
+    )
+    assert bad == 2
+    assert "--benchmarks: gym dataset 'gcd': unknown setting 'x'" in capsys.readouterr().err
+    assert (
+        main(["eval", str(tiny_model_dir), "--benchmarks", "gym:gcd", "--task-options", "{lcm: {}}", *common])
+        == 2
+    )
+    assert "--task-options: 'lcm' is not a dataset of any gym benchmark" in capsys.readouterr().err

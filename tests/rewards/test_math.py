@@ -1,4 +1,5 @@
-"""Rewards: final-answer extraction, the registry, and math-verify scoring on every shared benchmark gold."""
+"""The ``math`` and ``math_dapo`` rewards (``ebpo.rewards.math``): final-answer extraction, math-verify scoring
+in process and in its pool, and on every shared benchmark gold."""
 
 from __future__ import annotations
 
@@ -9,9 +10,8 @@ import re
 
 import pytest
 
-from ebpo.rewards import get_reward, list_rewards, register_reward
-from ebpo.rewards.math import MathReward, extract_final_answer, normalize_answer
-from ebpo.tasks import arith
+from ebpo.rewards import get_reward
+from ebpo.rewards.math import extract_final_answer, normalize_answer
 
 # -- extraction: hand cases --------------------------------------------------------------------------
 
@@ -110,16 +110,7 @@ def test_extract_matches_reference_on_random_strings(seed):
         assert extract_final_answer(text) == _reference_extract(text), text
 
 
-# -- the registry -----------------------------------------------------------------------------------------
-
-
-def test_registry_names_and_errors():
-    assert {"math", "math_dapo", "arith"} <= set(list_rewards())
-    with pytest.raises(ValueError, match="'gsm8k'.*arith.*math.*math_dapo"):
-        get_reward("gsm8k")
-    with pytest.raises(ValueError, match="^reward 'math' "):
-        register_reward("math")(lambda **kw: None)
-    assert isinstance(get_reward("math", num_workers=0), MathReward)
+# -- scoring: math and math_dapo in process, and through the pool -----------------------------------------
 
 
 def test_math_and_dapo_values_in_process():
@@ -157,17 +148,6 @@ def test_reward_pickles_without_its_pool():
     reward = get_reward("math", num_workers=1, timeout_s=5.0)
     clone = pickle.loads(pickle.dumps(reward))
     assert clone("\\boxed{4}", "4") == 1.0
-
-
-def test_arith_reward_wraps_the_task_verifier():
-    reward = get_reward("arith")
-    records = arith.generate("test", 20, 0)
-    right = [f"{r.answer}" for r in records]
-    wrong = [f"{r.answer}1" for r in records]
-    answers = [r.answer for r in records]
-    assert reward.batch(right, answers) == [float(arith.verify(c, a)) for c, a in zip(right, answers)]
-    assert reward.batch(wrong, answers) == [float(arith.verify(c, a)) for c, a in zip(wrong, answers)]
-    assert sum(reward.batch(right, answers)) == 20
 
 
 # -- every gold answer of the five shared benchmarks ---------------------------------------------------

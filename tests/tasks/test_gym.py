@@ -1,6 +1,6 @@
-"""The ``gym:<dataset>`` task family (``ebpo.tasks.gym``) and the ``gym`` reward (``ebpo.rewards.gym``): splits,
-determinism, topics and levels, the reward against reasoning-gym's own ``score_answer``, bad names and settings,
-and the commands (train, eval, diagnose, annotate, the verl and TRL data) on a gym task."""
+"""The ``gym:<dataset>`` task family (``ebpo.tasks.gym``): splits, determinism, topics and levels, bad names and
+settings; and the commands that cross modules on a gym task (train then eval of its checkpoint, annotate and the
+TRL data)."""
 
 from __future__ import annotations
 
@@ -14,32 +14,18 @@ import pytest
 
 pytest.importorskip("reasoning_gym", reason="the gym tasks need the ebpo[gym] extra")
 
-import reasoning_gym  # noqa: E402
-
 from ebpo.errors import ConfigError  # noqa: E402
-from ebpo.rewards import get_reward  # noqa: E402
 from ebpo.tasks import get_task, list_tasks, task_options, task_options_text  # noqa: E402
-from ebpo.tasks.gym import (
-    decode_entry,  # noqa: E402
-    encode_entry,  # noqa: E402
-)
+from ebpo.tasks.gym import decode_entry  # noqa: E402
 from ebpo.tasks.splits import SPLITS, split_of  # noqa: E402
+from helpers.gym import SMALL, gold  # noqa: E402
 
-SMALL = {
-    "chain_sum": {"max_terms": 2, "levels": {1: {"max_digits": 1}, 2: {"min_digits": 2, "max_digits": 2}}},
-    "spell_backward": {"max_word_len": 5},
-}
-"""Two datasets with small settings: chain_sum in two levels of our own, spell_backward without levels."""
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "trl" / "train_ebpo.py"
 
 
 @pytest.fixture(scope="module")
 def task():
     return get_task("gym:chain_sum,spell_backward", **SMALL)
-
-
-def gold(record) -> str:
-    return json.loads(record.answer)["answer"]
 
 
 def test_the_family_is_in_the_task_registry():
@@ -109,60 +95,6 @@ def test_curriculum_levels_are_reasoning_gyms_own():
         n = int(record.prompt.rsplit(" ", 1)[1].rstrip("?"))
         low, high = ranges[record.level]
         assert low <= n <= high, (record.level, n)
-
-
-@pytest.mark.parametrize("partial", [False, True])
-def test_reward_is_score_answer_on_hand_made_completions(task, partial):
-    reward = get_reward("gym", partial_credit=partial)
-    for record in task.generate("test", 12, seed=1):
-        entry = decode_entry(record.answer)
-        # the generator that made the entry scores it: reasoning-gym's own, with the record's settings
-        dataset = reasoning_gym.create_dataset(entry["dataset"], **entry.get("config", {}))
-        original = dataset[0]  # any entry of the same dataset: score_answer reads answer and metadata
-        assert set(original) >= {"question", "answer", "metadata"}
-        right, wrong = gold(record), gold(record) + "7"
-        cases = {
-            f"<answer>{right}</answer>": right,  # right, in tags
-            f"so <answer> {right} </answer>": right,  # spaces inside the tags are stripped
-            f"<answer>1</answer> then <answer>{right}</answer>": right,  # the last pair counts
-            f"<answer>{wrong}</answer>": wrong,  # wrong (partial credit where the dataset gives it)
-            right: None,  # missing tags: no answer
-            f"<answer>{right}": None,  # an unclosed tag: no answer
-        }
-        for completion, extracted in cases.items():
-            expected = dataset.score_answer(extracted, entry)
-            if not partial:
-                expected = 1.0 if expected == 1.0 else 0.0
-            assert reward(completion, record.answer) == expected, (completion, record.answer)
-            assert reward.extract(completion) == extracted
-        assert reward(f"<answer>{right}</answer>", record.answer) == 1.0
-        assert reward(right, record.answer) == 0.0
-    assert get_reward("gym", partial_credit=True)(
-        "<answer>427</answer>", _chain_sum_gold("42")
-    ) == pytest.approx(2 / 3)
-    assert get_reward("gym")("<answer>427</answer>", _chain_sum_gold("42")) == 0.0
-
-
-def _chain_sum_gold(answer: str) -> str:
-    return encode_entry("chain_sum", {"answer": answer, "metadata": {}}, {})
-
-
-def test_reward_counts_no_answers_and_scorer_errors_and_rejects_bad_gold():
-    reward = get_reward("gym")
-    prime = encode_entry("prime_factorization", {"answer": "2 × 3", "metadata": {"number": 6}}, {})
-    assert reward("<answer>2 × 3</answer>", prime) == 1.0
-    assert reward("<answer>two and three</answer>", prime) == 0.0  # its score_answer raises on this: scored 0
-    assert reward("no tags", prime) == 0.0
-    assert reward.metrics() == {
-        "reward/verified": 3.0,
-        "reward/no_answer": 1.0,
-        "reward/verifier_errors": 1.0,
-    }
-    assert reward.batch(["<answer>2 × 3</answer>"], [prime]) == [1.0]
-    with pytest.raises(ValueError, match=r"gym reward: the gold answer '42' is not a gym entry"):
-        reward("<answer>42</answer>", "42")
-    with pytest.raises(TypeError, match="partial_credit"):
-        get_reward("gym", partial_credit="yes")
 
 
 def test_unknown_names_and_settings_are_one_line_listing_the_valid_ones():
@@ -246,63 +178,6 @@ def test_ebpo_train_config_gym_then_ebpo_eval_of_the_checkpoint_it_prints(tmp_pa
         ConfigError, match=r"^data\.task: gym dataset 'chain_sum': unknown setting 'max_term'"
     ):
         Trainer(load_config("gym", [*small, "data.task_options={chain_sum: {max_term: 2}}"]), run_dir="b")
-
-
-def test_ebpo_eval_on_gym_benchmarks(tiny_model_dir, tmp_path, capsys):
-    from ebpo.cli import main
-    from ebpo.eval.benchmarks import get_benchmark, split_benchmarks
-
-    assert split_benchmarks("gym:chain_sum,gcd,arith") == ["gym:chain_sum,gcd", "arith"]
-    assert split_benchmarks("gym:chain_sum,gym:gcd") == ["gym:chain_sum", "gym:gcd"]
-    assert get_benchmark("gym:gcd").reward == "gym"
-    common = ["--n", "2", "--limit", "4", "--max-new-tokens", "4", "--ks", "1,2", "--maj-ks", "2", "--quiet"]
-    common += ["--device", "cpu", "--cache-dir", str(tmp_path / "cache")]
-    code = main(
-        ["eval", str(tiny_model_dir), "--benchmarks", "gym:chain_sum,spell_backward,gym:gcd", *common,
-         "--task-options", "{chain_sum: {max_terms: 2}}", "--out-dir", str(tmp_path / "out")]
-    )  # fmt: skip
-    assert code == 0
-    results = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert results["benchmarks"] == ["gym:chain_sum,spell_backward", "gym:gcd"]
-    assert results["settings"]["task_options"] == {"chain_sum": {"max_terms": 2}}
-    for bench in results["benchmarks"]:  # a random model writes no <answer> tags
-        assert results["results"][str(tiny_model_dir)][bench]["pass@1"] == 0.0
-    capsys.readouterr()
-    bad = main(
-        ["eval", str(tiny_model_dir), "--benchmarks", "gym:gcd", "--task-options", "{gcd: {x: 1}}", *common]
-    )
-    assert bad == 2
-    assert "--benchmarks: gym dataset 'gcd': unknown setting 'x'" in capsys.readouterr().err
-    assert (
-        main(["eval", str(tiny_model_dir), "--benchmarks", "gym:gcd", "--task-options", "{lcm: {}}", *common])
-        == 2
-    )
-    assert "--task-options: 'lcm' is not a dataset of any gym benchmark" in capsys.readouterr().err
-
-
-def test_ebpo_diagnose_on_a_gym_task(tiny_model_dir, tmp_path):
-    from ebpo.diagnostics import study
-    from ebpo.diagnostics.config import DiagnoseConfig
-
-    cfg = DiagnoseConfig(
-        model=str(tiny_model_dir),
-        task="gym:chain_sum",
-        task_options="{chain_sum: {max_terms: 2, max_digits: 1}}",
-        prompts=4,
-        batches=2,
-        warmup_batches=1,
-        group_sizes=[2],
-        reference_samples=4,
-        estimators=["grpo", "ebpo"],
-        projection_dim=64,
-        max_new_tokens=4,
-        out_dir=str(tmp_path / "diag"),
-        quiet=True,
-    )
-    records = study._load_records(cfg)
-    assert {r.topic for r in records} == {"chain_sum"} and type(study._reward(cfg)).__name__ == "GymReward"
-    result = study.diagnose(cfg)
-    assert set(result.arms) == {("grpo", 2), ("ebpo", 2)}
 
 
 def test_annotate_and_the_trl_data_carry_the_entry(tiny_model_dir, tmp_path, monkeypatch):

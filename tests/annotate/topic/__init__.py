@@ -1,0 +1,1 @@
+"""Tests of ``ebpo.annotate.topic``, one module per module of the package."""
