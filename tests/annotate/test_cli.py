@@ -12,17 +12,7 @@ import pytest
 from ebpo.annotate import read_rows
 from ebpo.annotate.topic import TOPICS, JudgeTopicClassifier
 from ebpo.cli import main
-from helpers.topic import CLEAR_CASES, HAND_LABELS, fake_judge_server, raw_judges
-
-
-@pytest.fixture
-def judge_server():
-    yield from fake_judge_server()
-
-
-@pytest.fixture
-def raw_judge():
-    yield from raw_judges()
+from helpers.topic import CLEAR_CASES, HAND_LABELS
 
 
 @pytest.mark.golden

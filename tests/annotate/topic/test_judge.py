@@ -12,17 +12,7 @@ import time
 import pytest
 
 from ebpo.annotate.topic import JudgeTopicClassifier
-from helpers.topic import RawJudge, fake_judge_server, raw_judges
-
-
-@pytest.fixture
-def judge_server():
-    yield from fake_judge_server()
-
-
-@pytest.fixture
-def raw_judge():
-    yield from raw_judges()
+from helpers.topic import RawJudge
 
 
 def test_judge_retries_reasks_reports_and_caches(judge_server, tmp_path):
