@@ -1,5 +1,5 @@
 """Markdown tables: the one writer for every table ebpo renders as text (a tracker's table, a benchmark's
-report, ``ebpo eval``'s results, ``ebpo simulate``'s tables)."""
+report, ``ebpo eval``'s results, ``ebpo simulate``'s and ``ebpo diagnose``'s tables, a base model's grid)."""
 
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ import numpy as np
 from ebpo.diagnostics import measures
 from ebpo.diagnostics.study import DiagnoseResult
 from ebpo.persist import write_bytes_atomic, write_text_atomic
+from ebpo.tables import markdown_table
 
 MEAN_METRICS = ("baseline_error", "centred_baseline_error", "cosine", "grad_norm")
 """Per-batch means, with t-intervals and paired t-intervals of the differences."""
@@ -203,46 +204,72 @@ def format_table(result: DiagnoseResult, summary: Summary) -> str:
         f"Reference gradient: signal fraction |∇J|² / E|ref|² = {_num(summary.reference['signal_fraction'], 3)} "
         "(the cosines of every estimator are shrunk alike by about its square root).",
         "",
-        "| G | success rate | sigma2 (within) | tau2 (between) | S* | group-mean MSE sigma2/G | optimal (1-S*) sigma2/G |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for p in summary.pool:
-        lines.append(
-            f"| {p['G']} | {_num(p['success_rate'], 3)} | {_num(p['sigma2'])} | {_num(p['tau2'])} | "
-            f"{_num(p['optimal_shrinkage'], 3)} | {_num(p['group_mean_mse'])} | {_num(p['optimal_mse'])} |"
-        )
-    lines += [
+        markdown_table(
+            [
+                "G",
+                "success rate",
+                "sigma2 (within)",
+                "tau2 (between)",
+                "S*",
+                "group-mean MSE sigma2/G",
+                "optimal (1-S*) sigma2/G",
+            ],
+            [
+                [
+                    str(p["G"]),
+                    _num(p["success_rate"], 3),
+                    _num(p["sigma2"]),
+                    _num(p["tau2"]),
+                    _num(p["optimal_shrinkage"], 3),
+                    _num(p["group_mean_mse"]),
+                    _num(p["optimal_mse"]),
+                ]
+                for p in summary.pool
+            ],
+        ),
         "",
         f"Differences (Δ) are against {base} on the same batches; 95% intervals in brackets (t over batches for "
         "baseline errors, cosine and norm; delete-one jackknife for rel. sq. error and variance ratio).",
         "",
-        f"| estimator | loss | G | baseline MSE | Δ vs {base} | centred baseline MSE | cosine | Δ vs {base} | "
-        f"rel. sq. error | Δ vs {base} | variance ratio | norm | zero A: responses / groups | constant groups |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    header = [
+        "estimator",
+        "loss",
+        "G",
+        "baseline MSE",
+        f"Δ vs {base}",
+        "centred baseline MSE",
+        "cosine",
+        f"Δ vs {base}",
+        "rel. sq. error",
+        f"Δ vs {base}",
+        "variance ratio",
+        "norm",
+        "zero A: responses / groups",
+        "constant groups",
+    ]
+    rows = []
     for row in summary.rows:
-        lines.append(
-            " | ".join(
-                [
-                    f"| {row['estimator']}",
-                    row["loss"],
-                    str(row["G"]),
-                    _with_interval(row, "baseline_error"),
-                    _with_interval(row, "baseline_error_diff", signed=True)
-                    if row["estimator"] != base
-                    else "",
-                    _with_interval(row, "centred_baseline_error"),
-                    _with_interval(row, "cosine"),
-                    _with_interval(row, "cosine_diff", signed=True) if row["estimator"] != base else "",
-                    _with_interval(row, "rel_sq_error"),
-                    _with_interval(row, "rel_sq_error_diff", signed=True) if row["estimator"] != base else "",
-                    _with_interval(row, "variance_ratio"),
-                    _num(row["grad_norm"], 3),
-                    f"{row['zero_responses']:.2f} / {row['zero_groups']:.2f}",
-                    f"{row['constant_groups']:.2f} |",
-                ]
-            )
+        compared = row["estimator"] != base
+        rows.append(
+            [
+                row["estimator"],
+                row["loss"],
+                str(row["G"]),
+                _with_interval(row, "baseline_error"),
+                _with_interval(row, "baseline_error_diff", signed=True) if compared else "",
+                _with_interval(row, "centred_baseline_error"),
+                _with_interval(row, "cosine"),
+                _with_interval(row, "cosine_diff", signed=True) if compared else "",
+                _with_interval(row, "rel_sq_error"),
+                _with_interval(row, "rel_sq_error_diff", signed=True) if compared else "",
+                _with_interval(row, "variance_ratio"),
+                _num(row["grad_norm"], 3),
+                f"{row['zero_responses']:.2f} / {row['zero_groups']:.2f}",
+                f"{row['constant_groups']:.2f}",
+            ]
         )
+    lines.append(markdown_table(header, rows))
     return "\n".join(lines) + "\n"
 
 

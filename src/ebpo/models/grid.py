@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ebpo.tables import markdown_table
+
 GRID_METRICS: tuple[str, ...] = ("pass@1", "maj@n", "greedy")
 
 # {topic: {level: {metric: value}}}
@@ -148,18 +150,13 @@ def normalize_grid(grid: Mapping) -> Grid:
 def format_grid(grid: Grid, metric: str = "pass@1") -> str:
     """One metric of the grid as a markdown table: a row per topic, a column per level, plus means."""
     levels = sorted({lv for row in grid.values() for lv in row})
-    lines = [
-        "| topic | " + " | ".join(f"L{lv}" for lv in levels) + " | mean |",
-        "|---" * (len(levels) + 2) + "|",
-    ]
+    rows = []
     for topic, row in grid.items():
         cells = [row[lv][metric] for lv in levels]
-        lines.append(
-            f"| {topic} | " + " | ".join(f"{c:.2f}" for c in cells) + f" | {sum(cells) / len(cells):.2f} |"
-        )
+        rows.append([topic, *(f"{c:.2f}" for c in cells), f"{sum(cells) / len(cells):.2f}"])
     means = [sum(row[lv][metric] for row in grid.values()) / len(grid) for lv in levels]
-    lines.append("| mean | " + " | ".join(f"{m:.2f}" for m in means) + f" | {sum(means) / len(means):.2f} |")
-    return "\n".join(lines)
+    rows.append(["mean", *(f"{m:.2f}" for m in means), f"{sum(means) / len(means):.2f}"])
+    return markdown_table(["topic", *(f"L{lv}" for lv in levels), "mean"], rows)
 
 
 def grid_means(grid: Grid) -> dict[str, float]:
