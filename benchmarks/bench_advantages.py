@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 import ebpo
+from ebpo.tables import markdown_table
 
 SHAPES = [(512, 4), (512, 16), (8192, 16)]  # prompts x G
 
@@ -126,23 +127,29 @@ def bench_shape(prompts: int, group_size: int, args: argparse.Namespace) -> dict
     return dict(zip(fns, medians, strict=True))
 
 
+def shape_row(prompts: int, group_size: int, times: dict[str, float]) -> list[str]:
+    """One shape's cells: the shape, milliseconds per call of each of :data:`COLUMNS` (``n/a`` where not
+    timed), then EBPO / verl vectorised and verl loop / EBPO (``n/a`` where verl does not import)."""
+    cells = [f"{prompts} x {group_size}"]
+    cells += [f"{1e3 * times[name]:.2f} ms" if name in times else "n/a" for name in COLUMNS]
+    if "verl vectorised GRPO" not in times:
+        return cells + ["n/a", "n/a"]
+    ebpo_s = times["our EBPO"]
+    return cells + [
+        f"{ebpo_s / times['verl vectorised GRPO']:.2f}x",
+        f"{times['verl loop GRPO'] / ebpo_s:.1f}x",
+    ]
+
+
+def render(rows: list[list[str]]) -> list[str]:
+    """The markdown table's lines, one row of :func:`shape_row` cells per shape."""
+    header = ["prompts x G", *COLUMNS, "EBPO / verl vec", "verl loop / EBPO"]
+    return markdown_table(header, rows).split("\n")
+
+
 def table(shapes: list[tuple[int, int]], args: argparse.Namespace) -> list[str]:
     """The markdown table's lines: milliseconds per call and the ratios (those against verl where it imports)."""
-    lines = [
-        "| prompts x G | " + " | ".join(COLUMNS) + " | EBPO / verl vec | verl loop / EBPO |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for prompts, group_size in shapes:
-        times = bench_shape(prompts, group_size, args)
-        cells = " | ".join(f"{1e3 * times[name]:.2f} ms" if name in times else "n/a" for name in COLUMNS)
-        ratios = "n/a | n/a"
-        if "verl vectorised GRPO" in times:
-            ebpo_s = times["our EBPO"]
-            ratios = (
-                f"{ebpo_s / times['verl vectorised GRPO']:.2f}x | {times['verl loop GRPO'] / ebpo_s:.1f}x"
-            )
-        lines.append(f"| {prompts} x {group_size} | {cells} | {ratios} |")
-    return lines
+    return render([shape_row(p, g, bench_shape(p, g, args)) for p, g in shapes])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ebpo.integrations.verl.estimators import EstimatorHolder, make_verl_estimator
+from ebpo.tables import markdown_table
 
 
 def make_batch(prompts: int, group_size: int, length: int, seed: int):
@@ -41,6 +42,15 @@ def make_batch(prompts: int, group_size: int, length: int, seed: int):
         for p, v in enumerate(torch.randint(0, 9, (prompts,), generator=gen))
     }
     return rewards, mask, uids, lags
+
+
+def table(times: dict[str, list[float]], step_seconds: float) -> str:
+    """The markdown table: each call's median over its repeats, and that median's share of a step."""
+    rows = []
+    for name, values in times.items():
+        median = statistics.median(values)
+        rows.append([name, f"{median * 1e3:.2f} ms", f"{100 * median / step_seconds:.4f}%"])
+    return markdown_table(["call at 512 x 16", "median", f"share of a {step_seconds:g} s step"], rows)
 
 
 def main() -> None:
@@ -85,11 +95,7 @@ def main() -> None:
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
-    print(f"| call at 512 x 16 | median | share of a {args.step_seconds:g} s step |")
-    print("|---|---|---|")
-    for name, values in times.items():
-        median = statistics.median(values)
-        print(f"| {name} | {median * 1e3:.2f} ms | {100 * median / args.step_seconds:.4f}% |")
+    print(table(times, args.step_seconds))
 
 
 if __name__ == "__main__":

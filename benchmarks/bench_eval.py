@@ -26,6 +26,7 @@ from collections.abc import Callable
 import torch
 
 from ebpo.generation import sample, stop_token_ids
+from ebpo.tables import markdown_table
 
 
 def timed_interleaved(
@@ -97,12 +98,18 @@ def main() -> None:
         f"model {path} on {device_name}, {args.dtype}; {args.prompts} prompts x n={args.n} = {num_samples} samples, "
         f"max_new_tokens={args.max_new_tokens}, T={args.temperature}, top_p={args.top_p}; median of {args.repeats}"
     )
-    print("| sampler | s / batch | samples / s | tokens / s |")
-    print("|---|---:|---:|---:|")
+    print(table(result, num_samples))
+    print(f"ratio (ours / HF, samples/s): {result['hf'][0] / result['ours'][0]:.2f}x")
+
+
+def table(result: dict[str, tuple[float, int]], num_samples: int) -> str:
+    """The markdown table of :func:`compare_samplers`' ``result`` for ``num_samples`` responses per batch."""
+    rows = []
     for name, label in (("ours", "ebpo.generation.sample"), ("hf", "HF generate (peer)")):
         seconds, tokens = result[name]
-        print(f"| {label} | {seconds:.3f} | {num_samples / seconds:.1f} | {tokens / seconds:.0f} |")
-    print(f"ratio (ours / HF, samples/s): {result['hf'][0] / result['ours'][0]:.2f}x")
+        rows.append([label, f"{seconds:.3f}", f"{num_samples / seconds:.1f}", f"{tokens / seconds:.0f}"])
+    header = ["sampler", "s / batch", "samples / s", "tokens / s"]
+    return markdown_table(header, rows, align=["", "right", "right", "right"])
 
 
 def compare_samplers(

@@ -27,6 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ebpo.models.recipes.arith import SHIPPED_DIR
 from ebpo.persist import verify_manifest, write_manifest
+from ebpo.tables import markdown_table
 from ebpo.trainer import checkpoint as ckpt
 
 
@@ -61,6 +62,24 @@ def one_round(model, tokenizer, state, work: Path) -> dict[str, float]:
     return seconds
 
 
+PARTS = (
+    ("save checkpoint", None),
+    ("write manifest", "save checkpoint"),
+    ("load checkpoint", None),
+    ("check manifest", "load checkpoint"),
+)
+"""Each part of a round, and the peer a manifest part is a fraction of."""
+
+
+def table(median: dict[str, float]) -> str:
+    """The markdown table: each part's median seconds, and a manifest part's as a fraction of its peer's."""
+    rows = []
+    for name, peer in PARTS:
+        ratio = f"{median[name] / median[peer]:.3f}" if peer else ""
+        rows.append([name, f"{median[name]:.4f}", ratio])
+    return markdown_table(["part", "seconds", "manifest / peer"], rows, align=["", "right", "right"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -83,16 +102,7 @@ def main() -> None:
         size = sum(p.stat().st_size for p in (Path(work) / "checkpoints" / "last").rglob("*") if p.is_file())
     median = {name: statistics.median(r[name] for r in rounds) for name in rounds[0]}
     print(f"checkpoint of {args.model}: {size / 1e6:.2f} MB; medians over {args.rounds} rounds")
-    print("| part | seconds | manifest / peer |")
-    print("|---|---:|---:|")
-    for name, peer in (
-        ("save checkpoint", None),
-        ("write manifest", "save checkpoint"),
-        ("load checkpoint", None),
-        ("check manifest", "load checkpoint"),
-    ):
-        ratio = f"{median[name] / median[peer]:.3f}" if peer else ""
-        print(f"| {name} | {median[name]:.4f} | {ratio} |")
+    print(table(median))
     print(f"SHA-256 (hashlib): {sha256_throughput() / 1e9:.2f} GB/s")
 
 

@@ -61,6 +61,7 @@ import bench_eval  # noqa: E402
 import throughput  # noqa: E402
 
 from benchmarks.pages import portable_command  # noqa: E402
+from ebpo.tables import markdown_table  # noqa: E402
 
 TOLERANCE = {"float32": (1e-3, 1e-4), "bfloat16": (0.25, 0.05)}
 """(relative, absolute) bound on |device - CPU| for the first steps' metrics, per ``model.dtype``: a metric
@@ -397,12 +398,13 @@ def environment(device: str, argv: Sequence[str]) -> list[str]:
 
 
 def render(header: Sequence[str], rows: Sequence[Row]) -> str:
-    lines = ["# GPU check", "", *header, ""]
-    lines += ["| check | setting | measured | bound | verdict |", "|---|---|---|---|---|"]
-    for row in rows:
-        cells = [row.check, row.setting, row.measured, row.bound, row.verdict]
-        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
-    return "\n".join(lines) + "\n"
+    """The page: its title, the ``header`` lines, then the table of ``rows`` (a ``|`` in a cell escaped)."""
+    cells = [
+        [cell.replace("|", "\\|") for cell in (row.check, row.setting, row.measured, row.bound, row.verdict)]
+        for row in rows
+    ]
+    table = markdown_table(["check", "setting", "measured", "bound", "verdict"], cells)
+    return "\n".join(["# GPU check", "", *header, "", table]) + "\n"
 
 
 def run_checks(device: str, sizes: Sizes, work: Path, sections: list[str] | None = None) -> list[Row]:

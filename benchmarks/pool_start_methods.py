@@ -29,6 +29,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ebpo.tables import markdown_table
+
 METHODS = ("exec", "spawn", "forkserver", "fork")
 LIMIT_S = 2.0
 HUNG = "\\boxed{9^{9^{9^{9^{9}}}}}"  # math-verify evaluates the tower: far beyond any limit
@@ -106,26 +108,43 @@ def run_parent(method: str, guard: bool, src: Path) -> dict:
     ]  # without a guard a spawned child may print its own (failed) row first: the parent's is last
 
 
-def table(rows: list[tuple[str, dict]]) -> list[str]:
-    lines = [
-        "| method | parent | scores | torch in worker | worker PSS | hung call | script re-run | first answer s |",
-        "|---|---|---|---|---|---|---|---|",
+HEADER = [
+    "method",
+    "parent",
+    "scores",
+    "torch in worker",
+    "worker PSS",
+    "hung call",
+    "script re-run",
+    "first answer s",
+]
+
+
+def row_cells(parent: str, row: dict) -> list[str]:
+    """One parent's cells; a method that gave no measurement has its error in ``scores``, and the five
+    columns after it stay blank (bare ``| |`` separators, part of that last cell)."""
+    if "error" in row and "scores" not in row:
+        return [row["method"], parent, f"fails: {row['error']} | | | | |"]
+    hung = (
+        f"timeout in {row['hung_s']} s, worker killed"
+        if row.get("hung_timeout") and row.get("hung_worker_killed")
+        else f"NOT killed ({row.get('hung_s')} s)"
+    )
+    return [
+        row["method"],
+        parent,
+        "yes" if row.get("scores") else "no",
+        "yes" if row.get("torch_in_worker") else "no",
+        f"{row.get('worker_pss_mb')} MB",
+        hung,
+        f"{row.get('script_reruns')}",
+        f"{row.get('first_answer_s')}",
     ]
-    for parent, row in rows:
-        if "error" in row and "scores" not in row:
-            lines.append(f"| {row['method']} | {parent} | fails: {row['error']} | | | | | |")
-            continue
-        hung = (
-            f"timeout in {row['hung_s']} s, worker killed"
-            if row.get("hung_timeout") and row.get("hung_worker_killed")
-            else f"NOT killed ({row.get('hung_s')} s)"
-        )
-        lines.append(
-            f"| {row['method']} | {parent} | {'yes' if row.get('scores') else 'no'} | "
-            f"{'yes' if row.get('torch_in_worker') else 'no'} | {row.get('worker_pss_mb')} MB | {hung} | "
-            f"{row.get('script_reruns')} | {row.get('first_answer_s')} |"
-        )
-    return lines
+
+
+def table(rows: list[tuple[str, dict]]) -> str:
+    """The markdown table: one line per (parent, its row)."""
+    return markdown_table(HEADER, [row_cells(parent, row) for parent, row in rows])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         for method in args.methods:
             rows.append(("main guard" if guard else "no guard", run_parent(method, guard, src)))
     print(f"python {sys.version.split()[0]}, limit {LIMIT_S:g} s, one worker")
-    print("\n".join(table(rows)))
+    print(table(rows))
     return 0
 
 

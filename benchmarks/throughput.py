@@ -51,6 +51,7 @@ if str(REPO) not in sys.path:  # run as a script: the repository root, for bench
     sys.path.append(str(REPO))
 
 from benchmarks.pages import portable_command, portable_path  # noqa: E402
+from ebpo.tables import markdown_table  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -302,15 +303,28 @@ def format_table(setting: Setting, ours: Timing, trl: Timing, repeats: int, mode
         f"{s.task.split(':')[0] if s.task.startswith('gym:') else s.task}"
         f"{' (the ' + str(s.task.count(',') + 1) + '-dataset mixture)' if s.task.startswith('gym:') else ''}.",
         "",
-        "| trainer | median wall s / step | rollouts / s | median CPU s / step | rollouts / CPU s | whole runs s |",
-        "|---|---|---|---|---|---|",
+        markdown_table(
+            [
+                "trainer",
+                "median wall s / step",
+                "rollouts / s",
+                "median CPU s / step",
+                "rollouts / CPU s",
+                "whole runs s",
+            ],
+            [
+                [
+                    t.name,
+                    f"{t.median_wall_s:.3f}",
+                    f"{t.rollouts_per_s:.1f}",
+                    f"{t.median_cpu_s:.3f}",
+                    f"{t.rollouts_per_cpu_s:.1f}",
+                    ", ".join(f"{x:.1f}" for x in t.run_s),
+                ]
+                for t in (ours, trl)
+            ],
+        ),
     ]
-    for t in (ours, trl):
-        runs = ", ".join(f"{x:.1f}" for x in t.run_s)
-        lines.append(
-            f"| {t.name} | {t.median_wall_s:.3f} | {t.rollouts_per_s:.1f} | {t.median_cpu_s:.3f} | "
-            f"{t.rollouts_per_cpu_s:.1f} | {runs} |"
-        )
     wall_ratio = ours.rollouts_per_s / trl.rollouts_per_s
     cpu_ratio = ours.rollouts_per_cpu_s / trl.rollouts_per_cpu_s
     lines += [
