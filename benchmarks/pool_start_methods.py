@@ -121,10 +121,10 @@ HEADER = [
 
 
 def row_cells(parent: str, row: dict) -> list[str]:
-    """One parent's cells; a method that gave no measurement has its error in ``scores``, and the five
-    columns after it stay blank (bare ``| |`` separators, part of that last cell)."""
+    """One parent's cells; a method that gave no measurement has its error in ``scores`` and the five
+    columns after it blank."""
     if "error" in row and "scores" not in row:
-        return [row["method"], parent, f"fails: {row['error']} | | | | |"]
+        return [row["method"], parent, f"fails: {row['error']}", *[""] * (len(HEADER) - 3)]
     hung = (
         f"timeout in {row['hung_s']} s, worker killed"
         if row.get("hung_timeout") and row.get("hung_worker_killed")
