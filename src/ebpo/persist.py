@@ -48,7 +48,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
-from ebpo.errors import ConfigError
+from ebpo.errors import ConfigError, first_line
 
 __all__ = [
     "MANIFEST",
@@ -263,8 +263,7 @@ def load_torch(path: StrPath, *, fix: str) -> Any:
                 after = text.split("WeightsUnpickler error:", 1)[1].strip().splitlines() or [""]
                 reason = f"is damaged or not a state file, and cannot be read as plain data ({after[0]})"
                 raise DamagedFile(path, reason, fix) from None
-            first_line = (text.strip().splitlines() or [""])[0]
-            reason = f"is damaged and cannot be read ({type(err).__name__}: {first_line})"
+            reason = f"is damaged and cannot be read ({first_line(err)})"
             raise DamagedFile(path, reason, fix) from err
 
 
