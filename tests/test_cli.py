@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import builtins
+import importlib
 import os
 import signal
 import subprocess
@@ -119,3 +121,54 @@ def test_the_printed_command_is_the_form_that_runs_from_this_shell(tmp_path, mon
     assert command_prefix() == str(bin_dir / "ebpo")
     (bin_dir / "ebpo").unlink()  # no console script (run from a source tree): the module form
     assert command_prefix() == f"{bin_dir / 'python'} -m ebpo.cli"
+
+
+def test_a_ctrl_c_inside_an_import_is_sent_again_and_raises_outside_one(tmp_path, monkeypatch):
+    # torch's C++ calls back into Python while it is imported, where a KeyboardInterrupt aborts the process
+    sent = []
+
+    class Timer:
+        def __init__(self, delay, function, args):
+            sent.append((delay, function, args))
+
+        def start(self):
+            pass
+
+    monkeypatch.setattr(cli.threading, "Timer", Timer)
+    handler = cli.InterruptOutsideImports()
+    (tmp_path / "module_being_imported.py").write_text(
+        "import sys\nHANDLER(2, sys._getframe())  # SIGINT, in this module's top-level code\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(builtins, "HANDLER", handler, raising=False)
+    importlib.import_module("module_being_imported")  # no KeyboardInterrupt inside the import
+    assert sent == [(cli.RESEND_S, os.kill, (os.getpid(), 2))]
+    with pytest.raises(KeyboardInterrupt):  # outside an import: raised at once, and the count starts again
+        handler(signal.SIGINT, sys._getframe())
+    assert len(sent) == 1 and handler.resent == 0
+    handler.resent = cli.RESEND_AT_MOST  # an import that outlasts every resend: raised there after all
+    sys.modules.pop("module_being_imported")
+    with pytest.raises(KeyboardInterrupt):
+        importlib.import_module("module_being_imported")
+
+
+def test_main_puts_pythons_handler_back_and_leaves_an_ignored_sigint_alone(monkeypatch):
+    seen = []
+
+    class Parser:
+        def parse_args(self, argv):
+            return argparse.Namespace(
+                command="fake", func=lambda args: seen.append(signal.getsignal(signal.SIGINT))
+            )
+
+    monkeypatch.setattr(cli, "build_parser", Parser)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert cli.main(["fake"]) == 0
+    assert isinstance(seen[-1], cli.InterruptOutsideImports)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a background job's
+    try:
+        assert cli.main(["fake"]) == 0
+        assert seen[-1] == signal.SIG_IGN and signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)

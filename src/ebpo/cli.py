@@ -12,7 +12,10 @@ import argparse
 import importlib
 import os
 import select
+import signal
 import sys
+import threading
+from types import FrameType
 
 DEBUG_HELP = (
     "show the traceback behind a one-line error (on stderr, before the line; also EBPO_DEBUG=1); also after "
@@ -45,6 +48,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+RESEND_S = 0.05
+RESEND_AT_MOST = 200
+"""A Ctrl-C during an import is sent again every ``RESEND_S`` seconds, ``RESEND_AT_MOST`` times at most (10 s)."""
+
+
+def _importing(frame: FrameType | None) -> bool:
+    """Whether ``frame`` runs inside an import (a module's top-level code, or what it calls)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+class InterruptOutsideImports:
+    """SIGINT's handler while ``ebpo`` runs: Python's own ``KeyboardInterrupt``, except during an import.
+
+    torch's C++ calls back into Python while it is imported; a ``KeyboardInterrupt`` raised in such a callback
+    cannot unwind through the C++ frames and aborts the process (``terminate called after throwing an
+    instance of 'pybind11::error_already_set'``, SIGABRT). So a Ctrl-C that lands inside an import is sent to
+    the process again a moment later, until it arrives outside one and raises there."""
+
+    def __init__(self) -> None:
+        self.resent = 0
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.resent < RESEND_AT_MOST and _importing(frame):
+            self.resent += 1
+            timer = threading.Timer(RESEND_S, os.kill, (os.getpid(), signum))
+            timer.daemon = True
+            timer.start()
+            return
+        self.resent = 0
+        raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``ebpo`` with ``argv`` (default: the process's arguments) and return its exit code.
 
@@ -56,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
 
     words = sys.argv[1:] if argv is None else argv
     console.setup()
+    # Python's own Ctrl-C handler only (not an ignored SIGINT, nor a handler of the program calling main)
+    interrupts = threading.current_thread() is threading.main_thread()
+    interrupts = interrupts and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if interrupts:
+        signal.signal(signal.SIGINT, InterruptOutsideImports())
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
@@ -76,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         print("ebpo: standard output was closed (its reader exited); stopped", file=sys.stderr)
         return 141  # the status of a process that SIGPIPE ended (`ebpo train --help-config | head`)
+    finally:
+        if interrupts:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _stdout_closed() -> bool:
