@@ -87,7 +87,7 @@ def test_ctrl_c_while_the_command_imports_is_one_line(monkeypatch, capsys):
 def test_ctrl_c_in_the_first_second_of_ebpo_train_is_one_line(tmp_path, after_s):
     # the console script's own code (pyproject's [project.scripts]); SIGINT as a terminal sends it, while
     # the command imports torch and transformers
-    code = "import sys; from ebpo.cli import main; sys.exit(main())"
+    code = "from ebpo.cli import run; run()"
     child = subprocess.Popen(
         [sys.executable, "-c", code, "train", "--run-dir", str(tmp_path / "run"), "run.steps=1"],
         stdout=subprocess.PIPE,
@@ -172,3 +172,62 @@ def test_main_puts_pythons_handler_back_and_leaves_an_ignored_sigint_alone(monke
         assert seen[-1] == signal.SIG_IGN and signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_main_drops_a_ctrl_c_it_would_send_again_once_it_returns(monkeypatch):
+    timers = []
+
+    class Timer:
+        def __init__(self, delay, function, args):
+            self.cancelled = False
+            timers.append(self)
+
+        def start(self):
+            pass
+
+        def cancel(self):
+            self.cancelled = True
+
+    def command(args):  # a Ctrl-C inside an import, just before the command returns
+        signal.getsignal(signal.SIGINT)(signal.SIGINT, sys._getframe())
+        return 0
+
+    class Parser:
+        def parse_args(self, argv):
+            return argparse.Namespace(command="fake", func=command)
+
+    monkeypatch.setattr(cli.threading, "Timer", Timer)
+    monkeypatch.setattr(cli, "_importing", lambda frame: True)
+    monkeypatch.setattr(cli, "build_parser", Parser)
+    assert cli.main(["fake"]) == 0
+    assert len(timers) == 1 and timers[0].cancelled
+
+
+def test_a_ctrl_c_in_an_exit_handler_ends_the_console_script_with_its_code_and_no_traceback():
+    # an exit handler that runs long (torch's and the trackers' run after the command returned)
+    code = (
+        "import atexit, sys, time\n"
+        "from ebpo import cli\n"
+        "def exiting():\n"
+        "    print('exiting', flush=True)\n"
+        "    time.sleep(60)\n"
+        "def main(argv=None):\n"
+        "    atexit.register(exiting)\n"
+        "    print('done', flush=True)\n"
+        "    return 3\n"
+        "cli.main = main\n"
+        "cli.run()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a background job ignores it
+    )
+    assert child.stdout is not None
+    assert [child.stdout.readline(), child.stdout.readline()] == ["done\n", "exiting\n"]
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=30)
+    assert child.returncode == 3, err
+    assert out == "" and err == ""

@@ -9,6 +9,7 @@ stays fast.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import os
 import select
@@ -16,6 +17,7 @@ import signal
 import sys
 import threading
 from types import FrameType
+from typing import NoReturn
 
 DEBUG_HELP = (
     "show the traceback behind a one-line error (on stderr, before the line; also EBPO_DEBUG=1); also after "
@@ -72,16 +74,23 @@ class InterruptOutsideImports:
 
     def __init__(self) -> None:
         self.resent = 0
+        self._timer: threading.Timer | None = None
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         if self.resent < RESEND_AT_MOST and _importing(frame):
             self.resent += 1
-            timer = threading.Timer(RESEND_S, os.kill, (os.getpid(), signum))
-            timer.daemon = True
-            timer.start()
+            self._timer = threading.Timer(RESEND_S, os.kill, (os.getpid(), signum))
+            self._timer.daemon = True
+            self._timer.start()
             return
         self.resent = 0
         raise KeyboardInterrupt
+
+    def cancel(self) -> None:
+        """Drop a Ctrl-C not yet sent again: once ``main`` has returned, nothing is left for it to stop."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,8 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     # Python's own Ctrl-C handler only (not an ignored SIGINT, nor a handler of the program calling main)
     interrupts = threading.current_thread() is threading.main_thread()
     interrupts = interrupts and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    handler = InterruptOutsideImports()
     if interrupts:
-        signal.signal(signal.SIGINT, InterruptOutsideImports())
+        signal.signal(signal.SIGINT, handler)
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
@@ -123,6 +133,31 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if interrupts:
             signal.signal(signal.SIGINT, signal.default_int_handler)
+            handler.cancel()
+
+
+def run(argv: list[str] | None = None) -> NoReturn:
+    """The ``ebpo`` console script: :func:`main`, then the process's exit with its code.
+
+    A Ctrl-C that arrives once ``main`` has returned (a second press while the command stops) would raise
+    inside Python's exit handlers (torch's, a tracker's) and print their traceback. From then on it ends the
+    process at once instead, with the command's exit code, its output flushed."""
+    code = main(argv)
+    if (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    ):
+        signal.signal(signal.SIGINT, functools.partial(_exit_at_once, code))
+    sys.exit(code)
+
+
+def _exit_at_once(code: int, signum: int, frame: FrameType | None) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or file: nothing more can reach it
+            pass
+    os._exit(code)
 
 
 def _stdout_closed() -> bool:
@@ -136,4 +171,4 @@ def _stdout_closed() -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -128,7 +128,7 @@ def test_cli_topic_ctrl_c_keeps_finished_labels_and_resumes(raw_judge, tmp_path)
         "".join(json.dumps({"id": i, "problem": p, "answer": "0"}) + "\n" for i, p in enumerate(problems))
     )
     cache = tmp_path / "out.jsonl.judge_cache.jsonl"
-    code = "import sys; from ebpo.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from ebpo.cli import run; run(sys.argv[1:])"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
     argv = [sys.executable, "-c", code, *_topic_argv(src, out, judge.url, "--concurrency", "4")]
     # SIGINT's default disposition in the child: a test run started as a background job (`make test &`) has

@@ -171,8 +171,8 @@ def test_a_second_signal_during_a_checkpoint_write_stops_once_the_write_is_compl
 
 
 CHILD = (
-    "import sys; sys.path.insert(0, sys.argv[1]); import helpers.trainer; from ebpo.cli import main; "
-    "sys.exit(main(sys.argv[2:]))"
+    "import sys; sys.path.insert(0, sys.argv[1]); import helpers.trainer; from ebpo.cli import run; "
+    "run(sys.argv[2:])"
 )
 """``ebpo train`` in a child process, with the tests' dense reward registered (``helpers.trainer``)."""
 
@@ -220,7 +220,9 @@ def test_ebpo_train_stops_with_one_line_and_the_command_that_continues(
         child.send_signal(signum)
         time.sleep(rng.uniform(0.0, 0.05))
     out, err = child.communicate(timeout=300)
-    assert child.returncode == 128 + signals[0], err
+    # a second Ctrl-C that lands once Python has put the system's handler back, late in the process's exit,
+    # ends it by the signal itself: the same status 130 to a shell
+    assert child.returncode in {128 + signals[0], *([-signals[0]] if len(signals) > 1 else [])}, err
     assert "Traceback" not in err and "Traceback" not in out
     last = err.strip().splitlines()[-1]
     name = "Ctrl-C (SIGINT)" if signals[0] == signal.SIGINT else "SIGTERM"
