@@ -152,7 +152,15 @@ def test_a_ctrl_c_inside_an_import_is_sent_again_and_raises_outside_one(tmp_path
         importlib.import_module("module_being_imported")
 
 
-def test_main_puts_pythons_handler_back_and_leaves_an_ignored_sigint_alone(monkeypatch):
+@pytest.fixture
+def pythons_sigint():
+    """Python's own SIGINT handler for the test, as in a terminal (a suite run as a background job ignores it)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_main_puts_pythons_handler_back_and_leaves_an_ignored_sigint_alone(monkeypatch, pythons_sigint):
     seen = []
 
     class Parser:
@@ -174,7 +182,7 @@ def test_main_puts_pythons_handler_back_and_leaves_an_ignored_sigint_alone(monke
         signal.signal(signal.SIGINT, previous)
 
 
-def test_main_drops_a_ctrl_c_it_would_send_again_once_it_returns(monkeypatch):
+def test_main_drops_a_ctrl_c_it_would_send_again_once_it_returns(monkeypatch, pythons_sigint):
     timers = []
 
     class Timer:
