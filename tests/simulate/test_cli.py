@@ -47,3 +47,34 @@ def test_cli_staleness_study_prints_its_tables_and_writes_its_csv(tmp_path, caps
         rows = list(csv.DictReader(handle))
     assert len(rows) == 2 * 6  # five options and the group mean, two lag distributions
     assert list(rows[0])[:4] == ["drift", "prior_memory", "option", "max_lag"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (["--group-size", "0"], "need: group_size >= 2 (got group_size=0)"),
+        (["--steps", "0"], "need: steps > warmup >= 0 (got steps=0, warmup=20)"),
+        (
+            ["--study", "staleness", "--staleness-memories", "all", "soon"],
+            "need: staleness_memories non-empty, each 'all' or a half-life > 0 "
+            "(got staleness_memories=['all', 'soon'])",
+        ),
+    ],
+)
+def test_a_bad_setting_is_one_line_and_exit_2_before_anything_runs(tmp_path, capsys, flags, line):
+    out_dir = tmp_path / "sim"
+    assert main(["simulate", *flags, "--out-dir", str(out_dir)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"ebpo simulate: error: invalid simulate settings, {line}\n"
+    assert not out_dir.exists()
+
+
+def test_debug_shows_the_traceback_behind_a_bad_setting_then_the_same_line(capsys):
+    assert main(["--debug", "simulate", "--group-size", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):")
+    assert "ebpo.errors.ConfigError: invalid simulate settings" in err
+    assert err.endswith(
+        "ebpo simulate: error: invalid simulate settings, need: group_size >= 2 (got group_size=1)\n"
+    )

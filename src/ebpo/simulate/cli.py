@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -47,12 +48,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Entry point of ``ebpo simulate``: run, print the tables, write CSV and PNG, print their folder."""
+    """Entry point of ``ebpo simulate``: run, print the tables, write CSV and PNG, print their folder; a bad
+    setting is one line on stderr, exit 2."""
+    from ebpo.console import show_traceback
+    from ebpo.errors import ConfigError
     from ebpo.settings import from_args
     from ebpo.simulate.report import format_tables, write_csv, write_plot
     from ebpo.simulate.study import simulate
 
-    cfg = from_args(SimulateConfig, args)
+    try:
+        cfg = from_args(SimulateConfig, args)
+    except ConfigError as err:
+        show_traceback(err)
+        print(f"ebpo simulate: error: {err}", file=sys.stderr)
+        return 2
     if cfg.study == "staleness":
         return _run_staleness(cfg)
     result = simulate(cfg)

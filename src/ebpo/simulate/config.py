@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+import re
+from dataclasses import dataclass, field, fields
 from typing import Literal
+
+from ebpo.errors import ConfigError
 
 __all__ = ["SimulateConfig", "StalenessSettings"]
 
@@ -107,10 +111,31 @@ class SimulateConfig:
             "half_life > 0": self.half_life > 0,
             "theorem2_steps > warmup": self.theorem2_steps > self.warmup,
             "theorem2_tau2 > 0 and theorem2_sigma2 > 0": self.theorem2_tau2 > 0 and self.theorem2_sigma2 > 0,
+            "staleness_lags non-empty, each >= 0": bool(self.staleness_lags)
+            and all(lag >= 0 for lag in self.staleness_lags),
+            "staleness_drifts non-empty, each finite": bool(self.staleness_drifts)
+            and all(math.isfinite(drift) for drift in self.staleness_drifts),
+            "staleness_memories non-empty, each 'all' or a half-life > 0": bool(self.staleness_memories)
+            and all(_is_memory(memory) for memory in self.staleness_memories),
         }
         failed = [rule for rule, ok in checks.items() if not ok]
         if failed:
-            raise ValueError(f"invalid simulate settings, need: {'; '.join(failed)} (got {self})")
+            named = [
+                f.name for f in fields(self) if any(re.search(rf"\b{f.name}\b", rule) for rule in failed)
+            ]
+            got = ", ".join(f"{name}={getattr(self, name)!r}" for name in named)
+            raise ConfigError(f"invalid simulate settings, need: {'; '.join(failed)} (got {got})")
+
+
+def _is_memory(memory: object) -> bool:
+    """Whether ``memory`` is a ``prior_memory`` EBPO takes: ``all`` or a finite half-life > 0."""
+    if memory == "all":
+        return True
+    try:
+        half_life = float(memory)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return math.isfinite(half_life) and half_life > 0
 
 
 @dataclass
