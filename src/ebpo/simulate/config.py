@@ -127,15 +127,17 @@ class SimulateConfig:
             raise ConfigError(f"invalid simulate settings, need: {'; '.join(failed)} (got {got})")
 
 
-def _is_memory(memory: object) -> bool:
-    """Whether ``memory`` is a ``prior_memory`` EBPO takes: ``all`` or a finite half-life > 0."""
-    if memory == "all":
-        return True
+def _is_memory(memory: str) -> bool:
+    """Whether ``memory`` is a ``prior_memory`` EBPO takes (``all`` or a finite half-life > 0), by EBPO's own
+    check of its options."""
+    from ebpo.advantages.checks import OptionError
+    from ebpo.advantages.ebpo import EBPOOptions
+
     try:
-        half_life = float(memory)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+        EBPOOptions(prior_memory=memory)
+    except OptionError:
         return False
-    return math.isfinite(half_life) and half_life > 0
+    return True
 
 
 @dataclass
